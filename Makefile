@@ -1,0 +1,29 @@
+# Two commands: `make lab` opens the product, `make test` runs every test.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# CPU build of torch: a bare `torch` requirement would resolve to a multi-GB CUDA build on CPU machines.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: lab test venv bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_PIN)" -e ".[jupyter,test]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+lab: venv
+	$(VENV)/bin/jupyter lab --allow-root notebooks/01_quickstart.ipynb
+
+test: venv
+	$(PY) -m pytest
+
+bench: venv
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .coverage htmlcov

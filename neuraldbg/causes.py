@@ -1,0 +1,22 @@
+"""The cause vocabulary: what a hypothesis can name as the root of a failing run."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Cause(str, Enum):
+    """Root causes, as strings so that ``hyp.cause == "dead_units"`` holds."""
+
+    VANISHING_GRADIENTS = "vanishing_gradients"
+    EXPLODING_GRADIENTS = "exploding_gradients"
+    DEAD_UNITS = "dead_units"
+    SATURATED_ACTIVATIONS = "saturated_activations"
+    NON_FINITE = "non_finite"
+    LEARNING_RATE_TOO_HIGH = "learning_rate_too_high"
+    LEARNING_RATE_TOO_LOW = "learning_rate_too_low"
+    BAD_INITIALIZATION = "bad_initialization"
+    LOSS_PLATEAU = "loss_plateau"
+    DATA = "data"
+
+    def __str__(self) -> str:  # print the value, not "Cause.DATA"
+        return self.value

@@ -1,0 +1,151 @@
+"""The ``.ndbg`` trace file: versioned, self-describing, and never unpickled.
+
+Layout (all integers little-endian)::
+
+    8 bytes   magic  b"NDBGTRC\\x00"
+    4 bytes   format version (uint32), currently 1
+    8 bytes   header length H (uint64)
+    H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "capacity" and "arrays",
+              where each array is {"name", "dtype", "shape", "offset", "nbytes"}
+    ...       the arrays' raw bytes, C order, at ``offset`` from the end of the header
+
+Reading checks every declared size against the file's real size before allocating anything,
+accepts only the numeric dtypes it writes, and raises ``ValueError`` with one line for any
+truncated, foreign or inconsistent file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+
+from .layers import LayerInfo
+from .trace import GLOBAL_COLUMNS, BoundedSeries, NonFiniteOrigin, Trace
+from .stats import N_STATS
+
+MAGIC = b"NDBGTRC\x00"
+VERSION = 1
+_PREFIX = struct.Struct("<8sIQ")
+_DTYPES = {"<f4": np.float32, "<f8": np.float64, "<i8": np.int64}
+_MAX_HEADER = 64 * 1024 * 1024
+
+_ARRAYS = ("stats_steps", "stats", "globals", "loss_steps", "loss")
+
+
+def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
+    arrays = {
+        "stats_steps": trace.stats.steps.astype("<i8"),
+        "stats": trace.stats.data.astype("<f4"),
+        "globals": trace.globals.data.astype("<f4"),
+        "loss_steps": trace.loss.steps.astype("<i8"),
+        "loss": trace.loss.data.astype("<f8"),
+    }
+    specs, offset = [], 0
+    for name in _ARRAYS:
+        a = np.ascontiguousarray(arrays[name])
+        arrays[name] = a
+        specs.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape), "offset": offset,
+                      "nbytes": int(a.nbytes)})
+        offset += a.nbytes
+    header = {
+        "meta": {**trace.meta, **(extra_meta or {})},
+        "layers": [l.to_dict() for l in trace.layers],
+        "nonfinite": trace.nonfinite.to_dict() if trace.nonfinite else None,
+        "capacity": trace.capacity, "loss_capacity": trace.loss_capacity,
+        "n_stats": N_STATS, "global_columns": list(GLOBAL_COLUMNS),
+        "arrays": specs,
+    }
+    blob = json.dumps(header, allow_nan=True, default=str).encode("utf-8")
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(_PREFIX.pack(MAGIC, VERSION, len(blob)))
+        f.write(blob)
+        for name in _ARRAYS:
+            f.write(arrays[name].tobytes())
+    os.replace(tmp, path)
+
+
+def _fail(path, why: str):
+    raise ValueError(f"{os.fspath(path)} is not a readable NeuralDbg trace: {why}")
+
+
+def load(path: str | os.PathLike) -> tuple[Trace, dict]:
+    """Read a trace file; returns (trace, meta). Raises ValueError for anything malformed."""
+    try:
+        size = os.path.getsize(path)
+        f = open(path, "rb")
+    except OSError as exc:
+        raise ValueError(f"cannot open trace {os.fspath(path)}: {exc.strerror or exc}") from None
+    with f:
+        prefix = f.read(_PREFIX.size)
+        if len(prefix) < _PREFIX.size:
+            _fail(path, "file too short")
+        magic, version, hlen = _PREFIX.unpack(prefix)
+        if magic != MAGIC:
+            _fail(path, "wrong magic bytes (not a .ndbg file)")
+        if version != VERSION:
+            _fail(path, f"format version {version} is not supported (this NeuralDbg reads version {VERSION})")
+        if hlen > min(_MAX_HEADER, size - _PREFIX.size):
+            _fail(path, "declared header size exceeds the file")
+        try:
+            header = json.loads(f.read(hlen).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            _fail(path, "corrupt header")
+        if not isinstance(header, dict):
+            _fail(path, "corrupt header")
+        body = size - _PREFIX.size - hlen
+        try:
+            arrays = _read_arrays(f, header, _PREFIX.size + hlen, body)
+            layers = [LayerInfo.from_dict(d) for d in header["layers"]]
+            n_stats = int(header["n_stats"])
+            if n_stats != N_STATS or list(header["global_columns"]) != list(GLOBAL_COLUMNS):
+                _fail(path, "statistics columns differ from this version's")
+            n = len(arrays["stats_steps"])
+            if (arrays["stats"].shape != (n, len(layers), N_STATS)
+                    or arrays["globals"].shape != (n, len(GLOBAL_COLUMNS))
+                    or arrays["loss"].shape != arrays["loss_steps"].shape):
+                _fail(path, "array shapes are inconsistent")
+            cap, lcap = int(header["capacity"]), int(header["loss_capacity"])
+            trace = Trace(layers, capacity=max(cap, 4), loss_capacity=max(lcap, 4),
+                          stats=BoundedSeries.from_arrays(arrays["stats_steps"], arrays["stats"], cap),
+                          globals=BoundedSeries.from_arrays(arrays["stats_steps"], arrays["globals"], cap),
+                          loss=BoundedSeries.from_arrays(arrays["loss_steps"], arrays["loss"], lcap),
+                          nonfinite=NonFiniteOrigin.from_dict(header["nonfinite"]) if header.get("nonfinite") else None,
+                          meta=dict(header.get("meta") or {}))
+        except ValueError as exc:
+            if "not a readable NeuralDbg trace" in str(exc):
+                raise
+            _fail(path, f"inconsistent content ({exc})")
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            _fail(path, f"missing or malformed field ({type(exc).__name__}: {exc})")
+    return trace, trace.meta
+
+
+def _read_arrays(f, header: dict, base: int, body: int) -> dict[str, np.ndarray]:
+    specs = {s["name"]: s for s in header["arrays"]}
+    out = {}
+    for name in _ARRAYS:
+        s = specs[name]
+        dtype = _DTYPES.get(s["dtype"])
+        if dtype is None:
+            raise ValueError(f"array {name} has unsupported dtype {s['dtype']!r}")
+        shape = tuple(int(d) for d in s["shape"])
+        if any(d < 0 for d in shape):
+            raise ValueError(f"array {name} has a negative dimension")
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes, offset = int(s["nbytes"]), int(s["offset"])
+        if nbytes != count * np.dtype(dtype).itemsize or offset < 0 or offset + nbytes > body:
+            raise ValueError(f"array {name} declares {nbytes} bytes at {offset}, beyond the file's {body}")
+        out[name] = (offset, nbytes, dtype, shape)
+    result = {}
+    for name, (offset, nbytes, dtype, shape) in out.items():
+        f.seek(base + offset)
+        raw = f.read(nbytes)
+        if len(raw) != nbytes:
+            raise ValueError(f"array {name} is truncated")
+        result[name] = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape).copy()
+    return result

@@ -1,0 +1,129 @@
+"""What a watched layer is: its name, kind, activation bounds and the layout of its units."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from torch import nn
+
+
+class Kind(str, Enum):
+    """The family a module belongs to, as far as diagnosis is concerned."""
+
+    RELU = "relu"            # outputs exactly zero below a threshold: can die
+    BOUNDED = "bounded"      # sigmoid/tanh family: can saturate
+    SMOOTH = "smooth"        # GELU, SiLU, ELU, LeakyReLU...: neither dies nor saturates hard
+    LINEAR = "linear"
+    CONV = "conv"
+    NORM = "norm"
+    EMBEDDING = "embedding"
+    RECURRENT = "recurrent"
+    ATTENTION = "attention"
+    DROPOUT = "dropout"
+    POOL = "pool"
+    OTHER = "other"
+
+
+_KIND_BY_TYPE: list[tuple[tuple[type, ...], Kind]] = [
+    ((nn.ReLU, nn.ReLU6, nn.Threshold), Kind.RELU),
+    ((nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Softsign, nn.Hardsigmoid), Kind.BOUNDED),
+    ((nn.GELU, nn.SiLU, nn.ELU, nn.SELU, nn.CELU, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.Mish,
+      nn.Softplus, nn.Hardswish, nn.LogSigmoid, nn.Softmax, nn.LogSoftmax, nn.GLU), Kind.SMOOTH),
+    ((nn.Linear, nn.Bilinear), Kind.LINEAR),
+    ((nn.modules.conv._ConvNd,), Kind.CONV),
+    ((nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
+      getattr(nn, "RMSNorm", nn.LayerNorm)), Kind.NORM),
+    ((nn.Embedding, nn.EmbeddingBag), Kind.EMBEDDING),
+    ((nn.RNNBase, nn.RNNCellBase), Kind.RECURRENT),
+    ((nn.MultiheadAttention,), Kind.ATTENTION),
+    ((nn.modules.dropout._DropoutNd,), Kind.DROPOUT),
+    ((nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
+      nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd), Kind.POOL),
+]
+
+# Modules whose 3-D outputs are (batch, channels, length) rather than (batch, time, features).
+_CHANNELS_FIRST = (nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d,
+                   nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)
+
+
+def classify(module: nn.Module) -> Kind:
+    for types, kind in _KIND_BY_TYPE:
+        if isinstance(module, types):
+            return kind
+    return Kind.OTHER
+
+
+def output_bounds(module: nn.Module) -> tuple[float, float] | None:
+    """The range a bounded activation maps into, or None when the module is not bounded."""
+    if isinstance(module, (nn.Sigmoid, nn.Hardsigmoid)):
+        return (0.0, 1.0)
+    if isinstance(module, (nn.Tanh, nn.Softsign)):
+        return (-1.0, 1.0)
+    if isinstance(module, nn.Hardtanh):  # also ReLU6 (0, 6)
+        return (float(module.min_val), float(module.max_val))
+    return None
+
+
+@dataclass
+class LayerInfo:
+    """A watched module. ``index`` is its row in the trace; ``order`` its place in forward execution."""
+
+    index: int
+    name: str
+    type_name: str
+    kind: Kind
+    bounds: tuple[float, float] | None = None
+    n_params: int = 0
+    n_trainable: int = 0
+    channels_first: bool = False
+    order: int | None = None             # set when first seen in a forward pass
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def frozen(self) -> bool:
+        return self.n_params > 0 and self.n_trainable == 0
+
+    def unit_dim(self, ndim: int) -> int | None:
+        """Which dimension of an output of this rank holds the units (None: no unit structure)."""
+        if ndim < 2:
+            return None
+        if ndim >= 4 or self.channels_first:
+            return 1
+        return ndim - 1
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "name": self.name, "type": self.type_name, "kind": self.kind.value,
+                "bounds": list(self.bounds) if self.bounds else None, "n_params": self.n_params,
+                "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayerInfo":
+        bounds = d.get("bounds")
+        return cls(index=int(d["index"]), name=str(d["name"]), type_name=str(d["type"]), kind=Kind(d["kind"]),
+                   bounds=(float(bounds[0]), float(bounds[1])) if bounds else None,
+                   n_params=int(d.get("n_params", 0)), n_trainable=int(d.get("n_trainable", 0)),
+                   channels_first=bool(d.get("channels_first", False)),
+                   order=None if d.get("order") is None else int(d["order"]))
+
+
+def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Leaf modules, plus containers that own parameters directly (their own computation is otherwise unseen)."""
+    out = []
+    for name, module in model.named_modules():
+        if not name:
+            if not any(True for _ in module.children()):
+                out.append((name, module))  # the model itself is a single layer
+            continue
+        has_children = any(True for _ in module.children())
+        owns_params = any(True for _ in module.parameters(recurse=False))
+        if not has_children or owns_params:
+            out.append((name, module))
+    return out
+
+
+def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
+    own = list(module.parameters(recurse=False))
+    return LayerInfo(index=index, name=name, type_name=type(module).__name__, kind=classify(module),
+                     bounds=output_bounds(module), n_params=sum(p.numel() for p in own),
+                     n_trainable=sum(p.numel() for p in own if p.requires_grad),
+                     channels_first=isinstance(module, _CHANNELS_FIRST))

@@ -1,0 +1,129 @@
+"""Finding where NaN/Inf was first produced, by replaying the offending pass on a copy of the model.
+
+The recorder checks finiteness cheaply every step (model output, output gradient, parameter
+gradients). Only when that check trips does it pay for the precise answer: the pass is
+re-run on a deep copy of the model, with the same inputs, the same random state and the same
+gradient arriving at the output, with a hook on every module. The user's model, optimizer
+and random state are left untouched.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from .trace import NonFiniteOrigin
+
+
+def float_tensors(obj) -> list[torch.Tensor]:
+    """The floating-point tensors in a nested output (tuples, lists, dicts, namedtuples, PackedSequence)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj] if obj.is_floating_point() else []
+    if isinstance(obj, nn.utils.rnn.PackedSequence):
+        return [obj.data] if obj.data.is_floating_point() else []
+    leaves, _ = tree_flatten(obj)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, nn.utils.rnn.PackedSequence):
+            leaf = leaf.data
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            out.append(leaf)
+    return out
+
+
+def _nonfinite(t: torch.Tensor) -> bool:
+    return not bool(torch.isfinite(t.detach()).all())
+
+
+def _own_params_nonfinite(module: nn.Module) -> bool:
+    return any(_nonfinite(p) for p in module.parameters(recurse=False))
+
+
+def _innermost_last(fired: list[tuple[str, int]]) -> str:
+    """The module that last passed on a finite gradient; among modules sharing that output tensor
+    (a container and its last child), the innermost, whose hook fired first."""
+    last_id = fired[-1][1]
+    i = len(fired) - 1
+    while i > 0 and fired[i - 1][1] == last_id:
+        i -= 1
+    return fired[i][0]
+
+
+def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_grads: list | None,
+           step: int) -> NonFiniteOrigin:
+    """Replay one pass of ``module`` and return where NaN/Inf first appears."""
+    for t in float_tensors((args, kwargs)):
+        if _nonfinite(t):
+            return NonFiniteOrigin(step, "input", "input", "the input batch contains NaN/Inf")
+    try:
+        replica = copy.deepcopy(module)
+    except Exception as exc:  # a module that cannot be copied: say so rather than guess
+        return NonFiniteOrigin(step, "", "unknown", f"could not replay the pass ({type(exc).__name__})")
+    for sub in replica.modules():  # hooks copied along with the model (ours included) stay silent
+        sub._forward_hooks.clear()
+        sub._forward_pre_hooks.clear()
+        sub._backward_hooks.clear()
+        if hasattr(sub, "_forward_hooks_with_kwargs"):
+            sub._forward_hooks_with_kwargs.clear()
+        if hasattr(sub, "_forward_pre_hooks_with_kwargs"):
+            sub._forward_pre_hooks_with_kwargs.clear()
+
+    found: list[NonFiniteOrigin] = []
+    fired: list[tuple[str, int]] = []  # (module, id of its output gradient), in backward order
+
+    def forward_hook(name, mod):
+        def hook(_m, _inputs, output):
+            if found:
+                return
+            outs = float_tensors(output)
+            if any(_nonfinite(t) for t in outs):
+                phase = "weights" if _own_params_nonfinite(mod) else "forward"
+                detail = ("its parameters are already NaN/Inf (made so by an earlier update)"
+                          if phase == "weights" else "its forward output is the first to contain NaN/Inf")
+                found.append(NonFiniteOrigin(step, name, phase, detail))
+                return
+            for t in outs:
+                if t.requires_grad:
+                    t.register_hook(grad_hook(name))
+        return hook
+
+    def grad_hook(name):
+        def hook(g):
+            if found or g is None:
+                return
+            if _nonfinite(g):
+                if fired:
+                    found.append(NonFiniteOrigin(step, _innermost_last(fired), "backward",
+                                                 "its backward pass turns a finite gradient into NaN/Inf"))
+                else:
+                    found.append(NonFiniteOrigin(step, "", "loss",
+                                                 "the gradient arriving from the loss is already NaN/Inf"))
+            else:
+                fired.append((name, id(g)))
+        return hook
+
+    for name, sub in replica.named_modules():
+        sub.register_forward_hook(forward_hook(name, sub))
+
+    devices = sorted({t.device.index for t in float_tensors((args, kwargs)) if t.device.type == "cuda"}
+                     - {None})
+    with torch.random.fork_rng(devices=devices, enabled=rng_state is not None):
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        with torch.enable_grad():
+            output = replica(*args, **kwargs)
+            if found:
+                return found[0]
+            outs = [t for t in float_tensors(output) if t.requires_grad]
+            grads = list(out_grads or [])
+            pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+            if pairs and any(_nonfinite(g) for _, g in pairs):
+                return NonFiniteOrigin(step, "", "loss", "the model output is finite; the loss or its gradient is not"
+                                       " (look at the targets and the loss function)")
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    if found:
+        return found[0]
+    return NonFiniteOrigin(step, "", "unknown", "NaN/Inf seen but not reproduced by a replay of the pass")

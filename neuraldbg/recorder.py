@@ -1,0 +1,373 @@
+"""Extraction: hooks on the model and optimizer that turn a training loop into trace rows.
+
+Costs, by design:
+- every step: a forward pre/post hook on the model itself, one gradient hook on its output,
+  a finiteness check of the output, its gradient and the parameter gradients (one fused norm),
+  and the optimizer step hooks;
+- sampled steps only (see ``Schedule``): a hook on every watched layer, each computing a few
+  statistics on the tensor's device; all of them reach the host in one transfer at step end.
+In eager mode the per-layer hooks exist only during the forward pass of a sampled step. For a
+``torch.compile``d model they stay registered, excluded from compilation (no recompiles), and
+return at once on unsampled steps.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import nanhunt
+from .layers import LayerInfo, describe, watched_modules
+from .schedule import Schedule, Throttle
+from .stats import FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, forward_stats, grad_stats, norms, per_layer_norms
+from .trace import GLOBAL_COLUMNS, Trace
+
+_ACT_COLS = [int(s) for s in FORWARD_STATS]
+_GRAD_COLS = [int(s) for s in GRAD_STATS]
+_PARAM_COLS = [int(s) for s in PARAM_STATS]
+
+
+def _queue_backward_callback(fn: Callable[[], None]) -> None:
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+def _disable_under_compile(fn):
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(fn) if disable is not None else fn
+
+
+class _StepRecord:
+    """What one sampled step has gathered so far (device tensors, not yet on the host)."""
+
+    __slots__ = ("fwd", "grad", "params", "input", "prev_params", "forward_done")
+
+    def __init__(self, n_layers: int):
+        self.fwd: list[torch.Tensor | None] = [None] * n_layers
+        self.grad: list[torch.Tensor | None] = [None] * n_layers
+        self.params: torch.Tensor | None = None      # (3, n_layers): weight, grad, update norms
+        self.input: torch.Tensor | None = None
+        self.prev_params: list[torch.Tensor] | None = None
+        self.forward_done = False
+
+
+class Recorder:
+    """Attaches to a model (and optionally its optimizer) and fills a ``Trace``."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 every: int | None = None, capacity: int = 2048, schedule: Schedule | None = None,
+                 on_step: Callable[[], None] | None = None, throttle: Throttle | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"NeuralDbg watches a torch.nn.Module, got {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.model = model
+        self.inner: nn.Module = getattr(model, "_orig_mod", model)  # torch.compile wrapper -> original
+        self.compiled = self.inner is not model
+        self.optimizer = optimizer
+        self.schedule = schedule or Schedule(every)
+        self.on_step = on_step
+        self.throttle = throttle or Throttle()
+
+        mods = watched_modules(self.inner)
+        self.modules = [m for _, m in mods]
+        self.layers: list[LayerInfo] = [describe(i, name, m) for i, (name, m) in enumerate(mods)]
+        index_of = {id(m): i for i, m in enumerate(self.modules)}
+        owner_of: dict[int, int] = {}
+        for name, m in self.inner.named_modules():
+            for p in m.parameters(recurse=False):
+                if id(p) in owner_of:
+                    continue  # shared parameter: counted once, at its first owner
+                # a parameter of an unwatched container belongs to the model as a whole: skip
+                if id(m) in index_of:
+                    owner_of[id(p)] = index_of[id(m)]
+        all_params = {id(p): p for p in self.inner.parameters()}
+        self._params = [all_params[k] for k in owner_of]
+        self._owner = torch.tensor([owner_of[id(p)] for p in self._params], dtype=torch.long)
+        if optimizer is not None:
+            owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            if owned and not any(id(p) in owned for p in self.inner.parameters()):
+                raise ValueError("the optimizer does not own any parameter of the model")
+
+        self.trace = Trace(self.layers, capacity=capacity)
+        self.trace.meta.update(model=type(self.inner).__name__, compiled=self.compiled,
+                               optimizer=type(optimizer).__name__ if optimizer is not None else None)
+        self.step = 0                 # completed steps
+        self.passes = 0               # completed backward passes through the model
+        self._rec: _StepRecord | None = None
+        self._sample_now = self.schedule.should_sample(0)
+        self._handles: list = []
+        self._layer_handles: list = []
+        self._next_order = 0
+        self._pass_step = 0           # the step the latest forward pass belongs to
+        self._pending_losses: list = []
+        self._out_grads: list = []
+        self._out_leaves: list = []
+        self._out_finite: torch.Tensor | None = None
+        self._last_inputs = None
+        self._rng_state = None
+        self._backward_queued = False
+        self._replaying = False
+        self.attached = False
+        self._no_params = np.array([i for i, l in enumerate(self.layers) if l.n_params == 0], dtype=np.int64)
+        self._fwd_hooks = [self._make_forward_hook(i, l) for i, l in enumerate(self.layers)]
+
+    # -- attach / detach ---------------------------------------------------------------------------
+    def attach(self) -> None:
+        if self.attached:
+            return
+        if getattr(self.model, "_neuraldbg_watcher", None) is not None and self.model._neuraldbg_watcher() is not None:
+            raise RuntimeError("this model is already watched by another NeuralDbg session; close that one first")
+        self.model._neuraldbg_watcher = weakref.ref(self)
+        try:
+            self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))
+            self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True))
+            if self.optimizer is not None:
+                self._handles.append(self.optimizer.register_step_pre_hook(self._on_optimizer_pre))
+                self._handles.append(self.optimizer.register_step_post_hook(self._on_optimizer_post))
+            if self.compiled:  # permanent, excluded from the graph: no recompiles
+                for m, h in zip(self.modules, self._fwd_hooks):
+                    self._handles.append(m.register_forward_hook(_disable_under_compile(h)))
+        except BaseException:
+            self.detach()
+            raise
+        self.attached = True
+
+    def detach(self) -> None:
+        """Remove every hook; safe to call more than once, from any exit path."""
+        for h in self._layer_handles + self._handles:
+            h.remove()
+        self._layer_handles.clear()
+        self._handles.clear()
+        self._rec = None
+        if getattr(self.model, "_neuraldbg_watcher", None) is not None:
+            try:
+                del self.model._neuraldbg_watcher
+            except AttributeError:
+                pass
+        self.flush_losses()
+        self.attached = False
+
+    # -- loss --------------------------------------------------------------------------------------
+    def record_loss(self, loss) -> None:
+        if isinstance(loss, torch.Tensor):
+            value = loss.detach()
+            value = value.float().mean() if value.numel() != 1 else value.reshape(()).float()
+            if value.device.type == "cpu":
+                value = float(value)
+        else:
+            value = float(loss)
+        self._pending_losses.append((self._pass_step, value))
+        if len(self._pending_losses) >= 256:
+            self.flush_losses()
+
+    def flush_losses(self) -> None:
+        if not self._pending_losses:
+            return
+        pending, self._pending_losses = self._pending_losses, []
+        tensors = [v for _, v in pending if isinstance(v, torch.Tensor)]
+        host = iter(torch.stack(tensors).cpu().tolist()) if tensors else iter(())
+        for step, v in pending:
+            self.trace.add_loss(step, next(host) if isinstance(v, torch.Tensor) else v)
+
+    # -- forward -----------------------------------------------------------------------------------
+    def _on_forward_start(self, module, args, kwargs):
+        if self._replaying or not torch.is_grad_enabled():
+            return None  # evaluation passes under no_grad are neither steps nor statistics
+        self._pass_step = self.step
+        self._last_inputs = (args, kwargs)
+        if self.trace.nonfinite is None:
+            self._rng_state = torch.get_rng_state()
+        if self._sample_now and (self._rec is None or not self._rec.forward_done):
+            if self._rec is None:
+                self._rec = _StepRecord(len(self.layers))
+            x = nanhunt.float_tensors((args, kwargs))
+            if x:
+                self._rec.input = forward_stats(x[0], None, None)[:4]
+            if not self.compiled:
+                for m, h in zip(self.modules, self._fwd_hooks):
+                    self._layer_handles.append(m.register_forward_hook(h))
+        return None
+
+    def _on_forward_end(self, module, args, kwargs, output):
+        if self._replaying or not torch.is_grad_enabled():
+            return None
+        for h in self._layer_handles:
+            h.remove()
+        self._layer_handles.clear()
+        if self._rec is not None:
+            self._rec.forward_done = True
+        leaves = nanhunt.float_tensors(output)
+        check = self.trace.nonfinite is None
+        if check and leaves:
+            self._out_finite = torch.stack([torch.isfinite(t.detach()).all() for t in leaves]).all()
+        self._out_leaves = [t for t in leaves if t.requires_grad]
+        self._out_grads = [None] * len(self._out_leaves)
+        self._backward_queued = False
+        for i, t in enumerate(self._out_leaves):
+            t.register_hook(self._make_output_grad_hook(i))
+        return None
+
+    def _make_forward_hook(self, idx: int, layer: LayerInfo):
+        def hook(module, args, output):
+            rec = self._rec
+            if rec is None or rec.forward_done or rec.fwd[idx] is not None or self._replaying:
+                return None
+            outs = nanhunt.float_tensors(output)
+            if not outs:
+                return None
+            t = outs[0]
+            if layer.order is None:
+                layer.order = self._next_order
+                self._next_order += 1
+            unit_dim = layer.unit_dim(t.dim())
+            rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds)
+            if t.requires_grad:
+                t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+            return None
+        return hook
+
+    def _make_grad_hook(self, idx: int, unit_dim: int | None, rec: _StepRecord):
+        def hook(g):
+            if g is not None and rec.grad[idx] is None:
+                rec.grad[idx] = grad_stats(g, unit_dim)
+            return None
+        return hook
+
+    def _make_output_grad_hook(self, i: int):
+        def hook(g):
+            if i < len(self._out_grads):
+                self._out_grads[i] = g
+            if not self._backward_queued:
+                self._backward_queued = True
+                _queue_backward_callback(self._on_backward_end)
+            return None
+        return hook
+
+    # -- backward / optimizer -----------------------------------------------------------------------
+    def _grads(self) -> tuple[list[torch.Tensor], list[int]]:
+        grads, owners = [], []
+        for p, o in zip(self._params, self._owner.tolist()):
+            if p.grad is not None and not p.grad.is_sparse:
+                grads.append(p.grad)
+                owners.append(o)
+        return grads, owners
+
+    def _on_backward_end(self) -> None:
+        if not self.attached:
+            return
+        self.passes += 1
+        grads, owners = self._grads()
+        if self.trace.nonfinite is None:
+            self._check_finite(grads)
+        rec = self._rec
+        if rec is not None and rec.params is None:
+            n = len(self.layers)
+            w = per_layer_norms([p.detach() for p in self._params], self._owner, n) if self._params else None
+            if w is not None:
+                gn = (per_layer_norms(grads, torch.tensor(owners, dtype=torch.long), n) if grads
+                      else torch.zeros(n))
+                has_grad = torch.zeros(n, dtype=torch.bool)
+                if owners:
+                    has_grad[owners] = True
+                gn = torch.where(has_grad.to(gn.device), gn, torch.full_like(gn, float("nan")))
+                rec.params = torch.stack([w, gn.to(w.device), torch.full_like(w, float("nan"))])
+        if self.optimizer is None:
+            self._finish_step()
+
+    def _check_finite(self, grads: list[torch.Tensor]) -> None:
+        flags = []
+        if self._out_finite is not None:
+            flags.append(self._out_finite.reshape(1).cpu())
+        out_grads = [g for g in self._out_grads if g is not None]
+        checked = grads + out_grads
+        if checked:
+            flags.append(torch.isfinite(norms(checked).sum()).reshape(1).cpu())
+        if flags and not bool(torch.cat(flags).all()):
+            args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
+            self._replaying = True
+            try:
+                self.trace.nonfinite = nanhunt.locate(self.inner, args, kwargs, self._rng_state,
+                                                      list(self._out_grads), self._pass_step)
+            finally:
+                self._replaying = False
+            self._last_inputs = None
+
+    def _on_optimizer_pre(self, optimizer, args, kwargs):
+        rec = self._rec
+        if rec is not None and self._params:
+            rec.prev_params = [p.detach().clone() for p in self._params]
+        return None
+
+    def _on_optimizer_post(self, optimizer, args, kwargs):
+        rec = self._rec
+        if rec is not None and rec.prev_params is not None:
+            diffs = [p.detach() - q for p, q in zip(self._params, rec.prev_params)]
+            upd = per_layer_norms(diffs, self._owner, len(self.layers))
+            if rec.params is None:
+                nan = torch.full_like(upd, float("nan"))
+                w = per_layer_norms([p.detach() for p in self._params], self._owner, len(self.layers))
+                rec.params = torch.stack([w, nan, nan])
+            rec.params[2] = upd.to(rec.params.device)
+            rec.prev_params = None
+        self._finish_step()
+
+    # -- step end ----------------------------------------------------------------------------------
+    def _finish_step(self) -> None:
+        rec, self._rec = self._rec, None
+        for h in self._layer_handles:
+            h.remove()
+        self._layer_handles.clear()
+        if rec is not None:
+            self._flush(rec)
+        self.schedule.step_done(self.step, sampled=rec is not None)
+        self.step += 1
+        self._sample_now = self.schedule.should_sample(self.step)
+        self._out_grads = []
+        self._out_leaves = []
+        if self.on_step is not None and self.throttle.ready():
+            self.on_step()
+
+    def _flush(self, rec: _StepRecord) -> None:
+        """Move one sampled step's statistics to the host in a single transfer."""
+        fwd_idx = [i for i, v in enumerate(rec.fwd) if v is not None]
+        grad_idx = [i for i, v in enumerate(rec.grad) if v is not None]
+        parts = [rec.fwd[i] for i in fwd_idx] + [rec.grad[i] for i in grad_idx]
+        if rec.params is not None:
+            parts.append(rec.params.reshape(-1))
+        if rec.input is not None:
+            parts.append(rec.input)
+        row = np.full((len(self.layers), N_STATS), np.nan, dtype=np.float32)
+        g = np.full(len(GLOBAL_COLUMNS), np.nan, dtype=np.float32)
+        if parts:
+            dev = parts[0].device
+            flat = torch.cat([p.reshape(-1).to(dev) for p in parts]).cpu().numpy()
+            k = 0
+            nf, ng = len(fwd_idx) * len(_ACT_COLS), len(grad_idx) * len(_GRAD_COLS)
+            if fwd_idx:
+                row[np.ix_(fwd_idx, _ACT_COLS)] = flat[k:k + nf].reshape(len(fwd_idx), -1)
+            k += nf
+            if grad_idx:
+                row[np.ix_(grad_idx, _GRAD_COLS)] = flat[k:k + ng].reshape(len(grad_idx), -1)
+            k += ng
+            if rec.params is not None:
+                n = len(self.layers)
+                row[:, _PARAM_COLS] = flat[k:k + 3 * n].reshape(3, n).T
+                k += 3 * n
+            if rec.input is not None:
+                g[1:5] = flat[k:k + 4]
+        row[np.ix_(self._no_params, _PARAM_COLS)] = np.nan
+        g[0] = self._lr()
+        self.trace.add_sample(self.step, row, g)
+        self.flush_losses()
+
+    def _lr(self) -> float:
+        if self.optimizer is None or not self.optimizer.param_groups:
+            return float("nan")
+        lr = self.optimizer.param_groups[0].get("lr", float("nan"))
+        try:
+            return float(lr)
+        except (TypeError, ValueError):
+            return float("nan")

@@ -1,0 +1,174 @@
+"""``NeuralDbg``: the public session object tying extraction, the trace and the analysis together."""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import fileformat
+from .recorder import Recorder
+from .schedule import Clock, Schedule, Throttle
+from .thresholds import Thresholds
+from .trace import Trace
+
+
+class NeuralDbg:
+    """Watch a training loop and explain why it fails.
+
+    >>> with NeuralDbg(model, optimizer=opt) as dbg:
+    ...     for x, y in batches:
+    ...         opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
+    ...         dbg.record_loss(loss)
+    >>> print(dbg.report())
+
+    Options: ``every`` (full statistics every N steps; default: adaptive, dense at the start),
+    ``capacity`` (rows kept per series), ``on_step`` (called with the session at most every
+    ``update_interval`` seconds of ``clock``; the notebook dashboard uses it).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 thresholds: Thresholds | None = None, *, every: int | None = None, capacity: int = 2048,
+                 on_step: Callable[["NeuralDbg"], None] | None = None, update_interval: float = 0.25,
+                 clock: Clock | None = None):
+        if thresholds is not None and not isinstance(thresholds, Thresholds):
+            raise TypeError(f"thresholds must be a neuraldbg.Thresholds, got {type(thresholds).__name__}")
+        self.thresholds = thresholds or Thresholds()
+        self.model = model
+        self.optimizer = optimizer
+        self._analysis = None
+        self._analysis_key = None
+        self._on_step = on_step
+        throttle = Throttle(update_interval, clock) if clock is not None else Throttle(update_interval)
+        self._recorder: Recorder | None = Recorder(
+            model, optimizer, every=every, capacity=capacity, schedule=Schedule(every),
+            on_step=self._notify if on_step is not None else None, throttle=throttle)
+        self._trace: Trace = self._recorder.trace
+        self._loaded_step = 0
+
+    @classmethod
+    def _from_trace(cls, trace: Trace, thresholds: Thresholds | None = None) -> "NeuralDbg":
+        self = cls.__new__(cls)
+        self.thresholds = thresholds or Thresholds()
+        self.model = None
+        self.optimizer = None
+        self._analysis = None
+        self._analysis_key = None
+        self._on_step = None
+        self._recorder = None
+        self._trace = trace
+        self._loaded_step = int(trace.meta.get("step", 0))
+        return self
+
+    # -- watching ---------------------------------------------------------------------------------
+    def __enter__(self) -> "NeuralDbg":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.stop()
+        return False  # never swallow the user's exception
+
+    def start(self) -> "NeuralDbg":
+        if self._recorder is None:
+            raise RuntimeError("a loaded session cannot watch a model; create a new NeuralDbg")
+        self._recorder.attach()
+        return self
+
+    def stop(self) -> None:
+        if self._recorder is not None:
+            self._recorder.detach()
+            self._trace.meta["step"] = self._recorder.step
+
+    @property
+    def watching(self) -> bool:
+        return self._recorder is not None and self._recorder.attached
+
+    def record_loss(self, loss) -> None:
+        """Record the loss of the current step (a tensor or a float); enables loss-based reasoning."""
+        if self._recorder is None:
+            raise RuntimeError("a loaded session records nothing")
+        self._recorder.record_loss(loss)
+
+    @property
+    def step(self) -> int:
+        """Completed steps: optimizer steps when an optimizer was given, else backward passes."""
+        return self._recorder.step if self._recorder is not None else self._loaded_step
+
+    @property
+    def trace(self) -> Trace:
+        return self._trace
+
+    def _notify(self) -> None:
+        if self._on_step is not None:
+            self._on_step(self)
+
+    # -- analysis ---------------------------------------------------------------------------------
+    def analysis(self):
+        """The full analysis of the trace so far (health, events, hypotheses), cached until new data."""
+        from .analysis import analyze
+
+        if self._recorder is not None:
+            self._recorder.flush_losses()
+        key = (self._trace.stats.n, int(self._trace.stats.steps[-1]) if self._trace.stats.n else -1,
+               self._trace.loss.n, self._trace.nonfinite, self.thresholds, self.step)
+        if self._analysis is None or key != self._analysis_key:
+            self._analysis = analyze(self._trace, self.thresholds, steps=self.step)
+            self._analysis_key = key
+        return self._analysis
+
+    def explain(self):
+        """Ranked causal hypotheses, best first; [] when nothing is wrong."""
+        return list(self.analysis().hypotheses)
+
+    @property
+    def events(self):
+        """Semantic events (state transitions), in step order."""
+        return list(self.analysis().events)
+
+    def health(self):
+        """The latest health of every watched layer, by name."""
+        return dict(self.analysis().health)
+
+    def reanalyze(self, thresholds: Thresholds | None = None, **changes):
+        """Re-run the analysis on the stored trace with new thresholds (no retraining)."""
+        if thresholds is None:
+            thresholds = self.thresholds
+        if not isinstance(thresholds, Thresholds):
+            raise TypeError(f"thresholds must be a neuraldbg.Thresholds, got {type(thresholds).__name__}")
+        if changes:
+            thresholds = thresholds.replace(**changes)
+        self.thresholds = thresholds
+        return self.explain()
+
+    def report(self) -> str:
+        from .report import render_report
+
+        return render_report(self.analysis(), self._trace, step=self.step)
+
+    def mermaid(self) -> str:
+        """The causal graph of the top hypotheses as a Mermaid flowchart."""
+        from .report import render_mermaid
+
+        return render_mermaid(self.analysis())
+
+    # -- files ------------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        if self._recorder is not None:
+            self._recorder.flush_losses()
+        fileformat.save(self._trace, path, extra_meta={"step": self.step, "thresholds": self.thresholds.to_dict()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, thresholds: Thresholds | None = None) -> "NeuralDbg":
+        trace, meta = fileformat.load(path)
+        if thresholds is None and isinstance(meta.get("thresholds"), dict):
+            try:
+                thresholds = Thresholds.from_dict(meta["thresholds"])
+            except (TypeError, ValueError):
+                thresholds = None
+        return cls._from_trace(trace, thresholds)
+
+    def __repr__(self) -> str:
+        state = "watching" if self.watching else ("loaded" if self._recorder is None else "stopped")
+        return f"<NeuralDbg {state}, step {self.step}, {len(self._trace.layers)} layers>"

@@ -1,0 +1,138 @@
+"""The bounded trace: compact per-layer time series whose memory does not grow with run length.
+
+Each series keeps at most ``capacity`` rows. When full, the older half is thinned to every
+other row, so recent steps stay at full resolution and older ones become progressively
+sparser: a 1M-step run costs the same memory as a 10k-step one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .layers import LayerInfo
+from .stats import N_STATS
+
+
+class BoundedSeries:
+    """Rows indexed by step, in fixed memory."""
+
+    def __init__(self, row_shape: tuple[int, ...], capacity: int, dtype=np.float32):
+        if capacity < 4:
+            raise ValueError("capacity must be at least 4")
+        self.capacity = int(capacity)
+        self._steps = np.zeros(self.capacity, dtype=np.int64)
+        self._data = np.full((self.capacity, *row_shape), np.nan, dtype=dtype)
+        self.n = 0
+
+    def append(self, step: int, row) -> None:
+        if self.n == self.capacity:
+            self._thin()
+        self._steps[self.n] = step
+        self._data[self.n] = row
+        self.n += 1
+
+    def _thin(self) -> None:
+        half = self.capacity // 2
+        keep = np.arange(0, half, 2)
+        k = len(keep)
+        self._steps[:k] = self._steps[keep]
+        self._data[:k] = self._data[keep]
+        rest = self.n - half
+        self._steps[k:k + rest] = self._steps[half:self.n]
+        self._data[k:k + rest] = self._data[half:self.n]
+        self._data[k + rest:] = np.nan
+        self.n = k + rest
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self._steps[:self.n]
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._data[:self.n]
+
+    @property
+    def nbytes(self) -> int:
+        return self._steps.nbytes + self._data.nbytes
+
+    @classmethod
+    def from_arrays(cls, steps: np.ndarray, data: np.ndarray, capacity: int) -> "BoundedSeries":
+        s = cls(data.shape[1:], max(capacity, len(steps), 4), dtype=data.dtype)
+        s._steps[:len(steps)] = steps
+        s._data[:len(steps)] = data
+        s.n = len(steps)
+        return s
+
+
+# Columns of the per-step "global" series, recorded with each sampled step.
+GLOBAL_COLUMNS = ("lr", "input_mean", "input_std", "input_absmax", "input_nonfinite")
+
+
+@dataclass
+class NonFiniteOrigin:
+    """Where NaN/Inf first appeared: ``phase`` is one of input, forward, backward, loss, weights."""
+
+    step: int
+    layer: str
+    phase: str
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "layer": self.layer, "phase": self.phase, "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NonFiniteOrigin":
+        return cls(step=int(d["step"]), layer=str(d["layer"]), phase=str(d["phase"]), detail=str(d.get("detail", "")))
+
+
+@dataclass
+class Trace:
+    """Everything the analysis stages read: layer table, per-layer statistics, loss, lr, NaN origin."""
+
+    layers: list[LayerInfo]
+    capacity: int = 2048
+    loss_capacity: int = 8192
+    stats: BoundedSeries = None          # rows of shape (n_layers, N_STATS)
+    globals: BoundedSeries = None        # rows of shape (len(GLOBAL_COLUMNS),), same steps as stats
+    loss: BoundedSeries = None           # rows of shape (), one per recorded loss
+    nonfinite: NonFiniteOrigin | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.stats is None:
+            self.stats = BoundedSeries((len(self.layers), N_STATS), self.capacity)
+        if self.globals is None:
+            self.globals = BoundedSeries((len(GLOBAL_COLUMNS),), self.capacity)
+        if self.loss is None:
+            self.loss = BoundedSeries((), self.loss_capacity)
+
+    # -- writing -------------------------------------------------------------------------------
+    def add_sample(self, step: int, row: np.ndarray, global_row: np.ndarray) -> None:
+        self.stats.append(step, row)
+        self.globals.append(step, global_row)
+
+    def add_loss(self, step: int, value: float) -> None:
+        self.loss.append(step, value)
+
+    # -- reading -------------------------------------------------------------------------------
+    @property
+    def layer_names(self) -> list[str]:
+        return [l.name for l in self.layers]
+
+    def execution_order(self) -> list[LayerInfo]:
+        """Layers seen in a forward pass, in the order they ran (unseen layers are left out)."""
+        return sorted((l for l in self.layers if l.order is not None), key=lambda l: l.order)
+
+    def layer(self, name: str) -> LayerInfo:
+        for l in self.layers:
+            if l.name == name:
+                return l
+        raise KeyError(name)
+
+    def global_column(self, name: str) -> np.ndarray:
+        return self.globals.data[:, GLOBAL_COLUMNS.index(name)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.stats.nbytes + self.globals.nbytes + self.loss.nbytes
