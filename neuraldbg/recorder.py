@@ -58,7 +58,8 @@ class Recorder:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  every: int | None = None, capacity: int = 2048, schedule: Schedule | None = None,
-                 on_step: Callable[[], None] | None = None, throttle: Throttle | None = None):
+                 on_step: Callable[[], None] | None = None, throttle: Throttle | None = None,
+                 after_step: Callable[[], None] | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg watches a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -69,6 +70,7 @@ class Recorder:
         self.optimizer = optimizer
         self.schedule = schedule or Schedule(every)
         self.on_step = on_step
+        self.after_step = after_step
         self.throttle = throttle or Throttle()
 
         mods = watched_modules(self.inner)
@@ -327,6 +329,8 @@ class Recorder:
         self._sample_now = self.schedule.should_sample(self.step)
         self._out_grads = []
         self._out_leaves = []
+        if self.after_step is not None:
+            self.after_step()
         if self.on_step is not None and self.throttle.ready():
             self.on_step()
 

@@ -25,13 +25,14 @@ class NeuralDbg:
 
     Options: ``every`` (full statistics every N steps; default: adaptive, dense at the start),
     ``capacity`` (rows kept per series), ``on_step`` (called with the session at most every
-    ``update_interval`` seconds of ``clock``; the notebook dashboard uses it).
+    ``update_interval`` seconds of ``clock``; the notebook dashboard uses it), ``after_step``
+    (called with the session after every step, unthrottled; keep it cheap).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  thresholds: Thresholds | None = None, *, every: int | None = None, capacity: int = 2048,
                  on_step: Callable[["NeuralDbg"], None] | None = None, update_interval: float = 0.25,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, after_step: Callable[["NeuralDbg"], None] | None = None):
         if thresholds is not None and not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds must be a neuraldbg.Thresholds, got {type(thresholds).__name__}")
         self.thresholds = thresholds or Thresholds()
@@ -43,7 +44,8 @@ class NeuralDbg:
         throttle = Throttle(update_interval, clock) if clock is not None else Throttle(update_interval)
         self._recorder: Recorder | None = Recorder(
             model, optimizer, every=every, capacity=capacity, schedule=Schedule(every),
-            on_step=self._notify if on_step is not None else None, throttle=throttle)
+            on_step=self._notify if on_step is not None else None, throttle=throttle,
+            after_step=(lambda: after_step(self)) if after_step is not None else None)
         self._trace: Trace = self._recorder.trace
         self._loaded_step = 0
 
