@@ -41,6 +41,26 @@ def _own_params_nonfinite(module: nn.Module) -> bool:
     return any(_nonfinite(p) for p in module.parameters(recurse=False))
 
 
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+               "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+
+
+def _copy_without_hooks(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` that carries none of its hooks (they may reference live graphs)."""
+    stash = []
+    for sub in module.modules():
+        for attr in _HOOK_DICTS:
+            d = sub.__dict__.get(attr)
+            if d:
+                stash.append((sub, attr, d))
+                sub.__dict__[attr] = type(d)()
+    try:
+        return copy.deepcopy(module)
+    finally:
+        for sub, attr, d in stash:
+            sub.__dict__[attr] = d
+
+
 def _innermost_last(fired: list[tuple[str, int]]) -> str:
     """The module that last passed on a finite gradient; among modules sharing that output tensor
     (a container and its last child), the innermost, whose hook fired first."""
@@ -58,25 +78,21 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
         if _nonfinite(t):
             return NonFiniteOrigin(step, "input", "input", "the input batch contains NaN/Inf")
     try:
-        replica = copy.deepcopy(module)
+        replica = _copy_without_hooks(module)
     except Exception as exc:  # a module that cannot be copied: say so rather than guess
         return NonFiniteOrigin(step, "", "unknown", f"could not replay the pass ({type(exc).__name__})")
-    for sub in replica.modules():  # hooks copied along with the model (ours included) stay silent
-        sub._forward_hooks.clear()
-        sub._forward_pre_hooks.clear()
-        sub._backward_hooks.clear()
-        if hasattr(sub, "_forward_hooks_with_kwargs"):
-            sub._forward_hooks_with_kwargs.clear()
-        if hasattr(sub, "_forward_pre_hooks_with_kwargs"):
-            sub._forward_pre_hooks_with_kwargs.clear()
+    for p in replica.parameters():
+        p.grad = None  # the copy starts from clean gradients, so only this pass's values are seen
 
     found: list[NonFiniteOrigin] = []
+    ran: list[tuple[str, nn.Module]] = []  # modules in the order their forward completed
     fired: list[tuple[str, int]] = []  # (module, id of its output gradient), in backward order
 
     def forward_hook(name, mod):
         def hook(_m, _inputs, output):
             if found:
                 return
+            ran.append((name, mod))
             outs = float_tensors(output)
             if any(_nonfinite(t) for t in outs):
                 phase = "weights" if _own_params_nonfinite(mod) else "forward"
@@ -126,4 +142,7 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     if found:
         return found[0]
+    for name, mod in reversed(ran):  # backward order: a parameter gradient that overflowed
+        if any(p.grad is not None and _nonfinite(p.grad) for p in mod.parameters(recurse=False)):
+            return NonFiniteOrigin(step, name, "backward", "its parameter gradient overflows to NaN/Inf")
     return NonFiniteOrigin(step, "", "unknown", "NaN/Inf seen but not reproduced by a replay of the pass")

@@ -22,7 +22,7 @@ from torch import nn
 from . import nanhunt
 from .layers import LayerInfo, describe, watched_modules
 from .schedule import Schedule, Throttle
-from .stats import FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, forward_stats, grad_stats, norms, per_layer_norms
+from .stats import FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, all_finite, forward_stats, grad_stats, per_layer_norms
 from .trace import GLOBAL_COLUMNS, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
@@ -286,7 +286,7 @@ class Recorder:
         out_grads = [g for g in self._out_grads if g is not None]
         checked = grads + out_grads
         if checked:
-            flags.append(torch.isfinite(norms(checked).sum()).reshape(1).cpu())
+            flags.append(all_finite(checked).reshape(1).cpu())
         if flags and not bool(torch.cat(flags).all()):
             args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
             self._replaying = True

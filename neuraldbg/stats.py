@@ -90,15 +90,22 @@ def grad_stats(g: torch.Tensor, unit_dim: int | None) -> torch.Tensor:
     return torch.stack([rms, absmax, nonfinite, dead]).float()
 
 
-def norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of each tensor, as one 1-D float32 tensor (one fused kernel where available)."""
+def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
+    """``ord``-norm of each tensor, as one 1-D float32 tensor (one fused kernel where available)."""
     if not tensors:
         return torch.zeros(0)
     try:
-        out = torch._foreach_norm(tensors)
+        out = torch._foreach_norm(tensors, ord)
     except (RuntimeError, TypeError):  # mixed devices or dtypes
-        out = [torch.linalg.vector_norm(t.detach().float()) for t in tensors]
+        out = [torch.linalg.vector_norm(t.detach().float(), ord) for t in tensors]
     return torch.stack([o.float().to(out[0].device) for o in out])
+
+
+def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One boolean tensor: no NaN/Inf in any of ``tensors`` (max-norms, so large values cannot overflow)."""
+    if not tensors:
+        return torch.ones((), dtype=torch.bool)
+    return torch.isfinite(norms(tensors, float("inf"))).all()
 
 
 def per_layer_norms(tensors: list[torch.Tensor], owner: torch.Tensor, n_layers: int) -> torch.Tensor:

@@ -1,0 +1,72 @@
+"""The bounded trace, the schedule and the throttle (fake clocks, synthetic feeds)."""
+import numpy as np
+import pytest
+
+from neuraldbg.layers import Kind, LayerInfo
+from neuraldbg.schedule import Schedule, Throttle
+from neuraldbg.stats import N_STATS
+from neuraldbg.trace import GLOBAL_COLUMNS, BoundedSeries, Trace
+
+
+def test_series_keeps_recent_rows_at_full_resolution_and_thins_old_ones():
+    s = BoundedSeries((2,), capacity=16)
+    for step in range(1000):
+        s.append(step, [step, -step])
+    assert s.n <= 16
+    steps = s.steps
+    assert steps[-1] == 999 and np.all(np.diff(steps) > 0)
+    assert list(steps[-8:]) == list(range(992, 1000))  # newest half: every step
+    assert steps[0] < 100  # the start of the run is still represented
+    assert np.array_equal(s.data[:, 0], steps.astype(np.float32))
+
+
+def test_a_million_step_run_of_200_layers_stays_under_64_mb():
+    layers = [LayerInfo(i, f"block.{i}", "Linear", Kind.LINEAR) for i in range(200)]
+    trace = Trace(layers)
+    size0 = trace.nbytes
+    row = np.ones((200, N_STATS), dtype=np.float32)
+    g = np.zeros(len(GLOBAL_COLUMNS), dtype=np.float32)
+    # sampled rows: far more than the capacity (the schedule samples a subset of the 1M steps)
+    for step in range(0, 1_000_000, 97):
+        trace.add_sample(step, row, g)
+    for step in range(0, 1_000_000, 7):
+        trace.add_loss(step, 1.0)
+    assert trace.nbytes == size0  # preallocated: no growth at all
+    assert trace.nbytes < 64 * 2 ** 20
+    assert trace.stats.steps[-1] == (999_999 // 97) * 97 and trace.loss.steps[-1] == (999_999 // 7) * 7
+
+
+def test_schedule_every_n_and_auto():
+    fixed = Schedule(every=4)
+    sampled = []
+    for step in range(20):
+        if fixed.should_sample(step):
+            sampled.append(step)
+        fixed.step_done(step, fixed.should_sample(step))
+    assert sampled == [0, 4, 8, 12, 16]
+
+    t = [0.0]
+    auto = Schedule(clock=lambda: t[0], warmup=5, budget=0.02)
+    sampled = []
+    for step in range(400):
+        s = auto.should_sample(step)
+        t[0] += 0.011 if s else 0.010  # a sampled step costs 10% more
+        auto.step_done(step, s)
+        sampled.append(s)
+    assert all(sampled[:5])  # warm-up: every step
+    gaps = np.diff(np.flatnonzero(sampled[200:]))
+    assert gaps.min() >= 5  # 10% extra at a 2% budget: every ~5 steps at most
+    assert sum(sampled[100:]) < 80
+    with pytest.raises(ValueError):
+        Schedule(every=0)
+
+
+def test_throttle_with_a_fake_clock():
+    now = [0.0]
+    th = Throttle(0.25, clock=lambda: now[0])
+    fired = []
+    for i in range(100):
+        now[0] = i * 0.01
+        fired.append(th.ready())
+    assert sum(fired) == 4  # t = 0, 0.25, 0.5, 0.75
+    assert th.ready(force=True)
