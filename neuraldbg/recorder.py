@@ -20,14 +20,17 @@ import torch
 from torch import nn
 
 from . import nanhunt
-from .layers import LayerInfo, describe, watched_modules
+from .layers import Kind, LayerInfo, describe, watched_modules
 from .schedule import Schedule, Throttle
-from .stats import FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, all_finite, forward_stats, grad_stats, per_layer_norms
+from .stats import (BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, all_finite, forward_stats,
+                    forward_stats_batch, grad_stats, grad_stats_batch, param_view, per_layer_norms)
 from .trace import GLOBAL_COLUMNS, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
 _GRAD_COLS = [int(s) for s in GRAD_STATS]
 _PARAM_COLS = [int(s) for s in PARAM_STATS]
+# "Units never positive" is measured where a zero output means a unit that stopped learning.
+_DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
 
 def _queue_backward_callback(fn: Callable[[], None]) -> None:
@@ -42,11 +45,13 @@ def _disable_under_compile(fn):
 class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
-    __slots__ = ("fwd", "grad", "params", "input", "prev_params", "forward_done")
+    __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done")
 
     def __init__(self, n_layers: int):
-        self.fwd: list[torch.Tensor | None] = [None] * n_layers
-        self.grad: list[torch.Tensor | None] = [None] * n_layers
+        self.fwd: list = [None] * n_layers    # per layer: its stats row, or True once stashed below
+        self.grad: list = [None] * n_layers
+        self.fwd_small: dict[tuple, list] = {}   # batching key -> [(layer index, tensor copy)]
+        self.grad_small: dict[tuple, list] = {}
         self.params: torch.Tensor | None = None      # (3, n_layers): weight, grad, update norms
         self.input: torch.Tensor | None = None
         self.prev_params: list[torch.Tensor] | None = None
@@ -88,6 +93,14 @@ class Recorder:
         all_params = {id(p): p for p in self.inner.parameters()}
         self._params = [all_params[k] for k in owner_of]
         self._owner = torch.tensor([owner_of[id(p)] for p in self._params], dtype=torch.long)
+        self._owner_list = self._owner.tolist()
+        # per layer, its smallest trainable parameter: NaN/Inf flowing back through a layer reaches
+        # it, so checking these few small gradients every step is enough to notice a bad backward
+        smallest: dict[int, nn.Parameter] = {}
+        for p, o in zip(self._params, self._owner_list):
+            if p.requires_grad and (o not in smallest or p.numel() < smallest[o].numel()):
+                smallest[o] = p
+        self._sentinels = list(smallest.values())
         if optimizer is not None:
             owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
             if owned and not any(id(p) in owned for p in self.inner.parameters()):
@@ -123,6 +136,7 @@ class Recorder:
         if getattr(self.model, "_neuraldbg_watcher", None) is not None and self.model._neuraldbg_watcher() is not None:
             raise RuntimeError("this model is already watched by another NeuralDbg session; close that one first")
         self.model._neuraldbg_watcher = weakref.ref(self)
+        self.schedule.resume()
         try:
             self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))
             self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True))
@@ -225,7 +239,13 @@ class Recorder:
                 layer.order = self._next_order
                 self._next_order += 1
             unit_dim = layer.unit_dim(t.dim())
-            rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds)
+            dead = layer.kind in _DEAD_KINDS
+            if t.numel() <= BATCH_NUMEL:  # a copy: later in-place ops must not change what we measure
+                key = (tuple(t.shape), t.dtype, t.device, unit_dim, layer.bounds, dead)
+                rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
+                rec.fwd[idx] = True
+            else:
+                rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=dead)
             if t.requires_grad:
                 t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
             return None
@@ -234,7 +254,12 @@ class Recorder:
     def _make_grad_hook(self, idx: int, unit_dim: int | None, rec: _StepRecord):
         def hook(g):
             if g is not None and rec.grad[idx] is None:
-                rec.grad[idx] = grad_stats(g, unit_dim)
+                if g.numel() <= BATCH_NUMEL:
+                    key = (tuple(g.shape), g.dtype, g.device, unit_dim)
+                    rec.grad_small.setdefault(key, []).append((idx, g.detach().clone()))
+                    rec.grad[idx] = True
+                else:
+                    rec.grad[idx] = grad_stats(g, unit_dim)
             return None
         return hook
 
@@ -249,33 +274,31 @@ class Recorder:
         return hook
 
     # -- backward / optimizer -----------------------------------------------------------------------
-    def _grads(self) -> tuple[list[torch.Tensor], list[int]]:
-        grads, owners = [], []
-        for p, o in zip(self._params, self._owner.tolist()):
-            if p.grad is not None and not p.grad.is_sparse:
-                grads.append(p.grad)
-                owners.append(o)
-        return grads, owners
+    def _param_norms(self, tensors: list[torch.Tensor], owners: list[int]) -> torch.Tensor:
+        """Per-layer L2 norms of (strided subsets of) ``tensors``; NaN for layers with none."""
+        n = len(self.layers)
+        if not tensors:
+            return torch.full((n,), float("nan"))
+        views = [param_view(t) for t in tensors]
+        scale = torch.tensor([f for _, f in views], dtype=torch.float32)
+        out = per_layer_norms([v for v, _ in views], torch.tensor(owners, dtype=torch.long), n, scale)
+        present = torch.zeros(n, dtype=torch.bool)
+        present[owners] = True
+        return torch.where(present.to(out.device), out, torch.full_like(out, float("nan")))
 
     def _on_backward_end(self) -> None:
         if not self.attached:
             return
         self.passes += 1
-        grads, owners = self._grads()
         if self.trace.nonfinite is None:
-            self._check_finite(grads)
+            self._check_finite([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
         rec = self._rec
-        if rec is not None and rec.params is None:
-            n = len(self.layers)
-            w = per_layer_norms([p.detach() for p in self._params], self._owner, n) if self._params else None
-            if w is not None:
-                gn = (per_layer_norms(grads, torch.tensor(owners, dtype=torch.long), n) if grads
-                      else torch.zeros(n))
-                has_grad = torch.zeros(n, dtype=torch.bool)
-                if owners:
-                    has_grad[owners] = True
-                gn = torch.where(has_grad.to(gn.device), gn, torch.full_like(gn, float("nan")))
-                rec.params = torch.stack([w, gn.to(w.device), torch.full_like(w, float("nan"))])
+        if rec is not None and rec.params is None and self._params:
+            w = self._param_norms(self._params, self._owner_list)
+            with_grad = [(p.grad, o) for p, o in zip(self._params, self._owner_list)
+                         if p.grad is not None and not p.grad.is_sparse]
+            gn = self._param_norms([g for g, _ in with_grad], [o for _, o in with_grad])
+            rec.params = torch.stack([w, gn.to(w.device), torch.full_like(w, float("nan"))])
         if self.optimizer is None:
             self._finish_step()
 
@@ -300,18 +323,20 @@ class Recorder:
     def _on_optimizer_pre(self, optimizer, args, kwargs):
         rec = self._rec
         if rec is not None and self._params:
-            rec.prev_params = [p.detach().clone() for p in self._params]
+            views = [param_view(p)[0] for p in self._params]
+            rec.prev_params = torch._foreach_mul(views, 1.0)  # one fused copy
         return None
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
         rec = self._rec
         if rec is not None and rec.prev_params is not None:
-            diffs = [p.detach() - q for p, q in zip(self._params, rec.prev_params)]
-            upd = per_layer_norms(diffs, self._owner, len(self.layers))
+            views = [param_view(p) for p in self._params]
+            diffs = torch._foreach_sub([v for v, _ in views], rec.prev_params)
+            scale = torch.tensor([f for _, f in views], dtype=torch.float32)
+            upd = per_layer_norms(diffs, self._owner, len(self.layers), scale)
             if rec.params is None:
                 nan = torch.full_like(upd, float("nan"))
-                w = per_layer_norms([p.detach() for p in self._params], self._owner, len(self.layers))
-                rec.params = torch.stack([w, nan, nan])
+                rec.params = torch.stack([self._param_norms(self._params, self._owner_list).to(upd.device), nan, nan])
             rec.params[2] = upd.to(rec.params.device)
             rec.prev_params = None
         self._finish_step()
@@ -336,9 +361,10 @@ class Recorder:
 
     def _flush(self, rec: _StepRecord) -> None:
         """Move one sampled step's statistics to the host in a single transfer."""
-        fwd_idx = [i for i, v in enumerate(rec.fwd) if v is not None]
-        grad_idx = [i for i, v in enumerate(rec.grad) if v is not None]
-        parts = [rec.fwd[i] for i in fwd_idx] + [rec.grad[i] for i in grad_idx]
+        fwd_idx, fwd_parts = self._rows(rec.fwd, rec.fwd_small,
+                                        lambda x, key: forward_stats_batch(x, key[3], key[4], key[5]))
+        grad_idx, grad_parts = self._rows(rec.grad, rec.grad_small, lambda x, key: grad_stats_batch(x, key[3]))
+        parts = fwd_parts + grad_parts
         if rec.params is not None:
             parts.append(rec.params.reshape(-1))
         if rec.input is not None:
@@ -366,6 +392,16 @@ class Recorder:
         g[0] = self._lr()
         self.trace.add_sample(self.step, row, g)
         self.flush_losses()
+
+    @staticmethod
+    def _rows(single: list, small: dict, batch_fn) -> tuple[list[int], list[torch.Tensor]]:
+        """Layer indices and their stats rows: reduced-at-once ones, then stacked same-shape groups."""
+        idx = [i for i, v in enumerate(single) if isinstance(v, torch.Tensor)]
+        parts = [single[i].reshape(1, -1) for i in idx]
+        for key, items in small.items():
+            idx.extend(i for i, _ in items)
+            parts.append(batch_fn(torch.stack([t for _, t in items]), key))
+        return idx, parts
 
     def _lr(self) -> float:
         if self.optimizer is None or not self.optimizer.param_groups:

@@ -14,7 +14,7 @@ class Schedule:
     ``every=N`` samples steps 0, N, 2N, ... . ``every=None`` (auto) samples every step during a
     warm-up (so faults present from step 0 are seen at full resolution), then picks the interval
     from the measured cost of a sampled step so that monitoring stays within ``budget`` of the
-    training time, never sparser than ``max_every`` nor than a tenth of the steps run so far.
+    training time, never sparser than ``max_every`` nor than a quarter of the steps run so far.
     """
 
     def __init__(self, every: int | None = None, *, warmup: int = 16, budget: float = 0.02,
@@ -30,6 +30,10 @@ class Schedule:
         self._next = 0
         self._plain = None    # EMA of the wall time of an unsampled step
         self._sampled = None  # EMA of the wall time of a sampled step
+        self._t_last = None
+
+    def resume(self) -> None:
+        """Forget the time of the last step (watching resumes after a pause)."""
         self._t_last = None
 
     def should_sample(self, step: int) -> bool:
@@ -58,8 +62,8 @@ class Schedule:
             return 2  # no unsampled step measured yet: sample every other step to measure one
         extra = max(self._sampled - self._plain, 0.0)
         k = math.ceil(extra / max(self.budget * self._plain, 1e-9))
-        # never sparser than a tenth of the run so far: short runs stay well sampled
-        return int(min(max(k, 1), self.max_every, max(1, (step + 1) // 10)))
+        # never sparser than a quarter of the run so far: short runs stay well sampled
+        return int(min(max(k, 1), self.max_every, max(1, (step + 1) // 4)))
 
 
 class Throttle:

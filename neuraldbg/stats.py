@@ -17,16 +17,17 @@ class Stat(IntEnum):
     ACT_MEAN = 0        # mean of the layer's output
     ACT_STD = 1         # standard deviation of the output
     ACT_ABSMAX = 2      # largest |output|
-    ACT_NONFINITE = 3   # fraction of output elements that are NaN or Inf
+    ACT_NONFINITE = 3   # 1.0 when the output holds any NaN or Inf, else 0.0
     ACT_DEAD = 4        # fraction of units (channels for convolutions) never positive over the batch
+                        # (measured on ReLU-family, smooth-activation and custom modules)
     ACT_SATURATED = 5   # fraction of outputs within SATURATION_MARGIN of a bound (bounded activations only)
     GRAD_RMS = 6        # root-mean-square of d(loss)/d(output)
     GRAD_ABSMAX = 7     # largest |d(loss)/d(output)|
-    GRAD_NONFINITE = 8  # fraction of output-gradient elements that are NaN or Inf
+    GRAD_NONFINITE = 8  # 1.0 when the output gradient holds any NaN or Inf, else 0.0
     GRAD_DEAD = 9       # fraction of units whose output gradient is zero for every sample
-    W_NORM = 10         # L2 norm of the layer's own parameters
-    W_GRAD_NORM = 11    # L2 norm of their gradients (NaN when frozen)
-    W_UPDATE_NORM = 12  # L2 norm of the change made by the optimizer step
+    W_NORM = 10         # L2 norm of the layer's own parameters        } exact up to PARAM_SAMPLE
+    W_GRAD_NORM = 11    # L2 norm of their gradients (NaN when frozen)  } elements per tensor,
+    W_UPDATE_NORM = 12  # L2 norm of the optimizer step's change        } estimated beyond
 
 
 N_STATS = len(Stat)
@@ -47,47 +48,88 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def _other_dims(x: torch.Tensor, unit_dim: int) -> tuple[int, ...]:
-    return tuple(d for d in range(x.dim()) if d != unit_dim)
+# Outputs up to this many elements are stashed during the pass and their statistics computed
+# together at step end, stacked by shape (a few kernels for many small layers); larger ones
+# are reduced at once, where the kernels' fixed cost is negligible.
+BATCH_NUMEL = 1 << 16
+
+
+def _nan_like(x: torch.Tensor, g: int) -> torch.Tensor:
+    return x.new_full((g,), float("nan"))
+
+
+def _per_unit(x: torch.Tensor, unit_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a batch (G, *shape): per-unit max and min over every dimension but ``unit_dim`` of a sample."""
+    dims = tuple(d + 1 for d in range(x.dim() - 1) if d != unit_dim)
+    return x.amax(dim=dims), x.amin(dim=dims)
+
+
+def forward_stats_batch(x: torch.Tensor, unit_dim: int | None,
+                        bounds: tuple[float, float] | None, dead: bool = True) -> torch.Tensor:
+    """Rows [mean, std, absmax, nonfinite, frac_dead_units, frac_saturated] for a stack of G
+    same-shaped layer outputs ``x`` (G, *shape): a (G, 6) float32 tensor.
+
+    ``nonfinite`` is 1.0 when an output holds any NaN/Inf (read off its mean: no extra pass).
+    ``frac_dead_units`` (only when ``dead``): units never positive over the batch.
+    """
+    x = _as_float(x)
+    g = x.shape[0]
+    flat = x.reshape(g, -1)
+    n = flat.shape[1]
+    if n == 0:
+        return torch.full((g, 6), float("nan"), device=x.device)
+    mean = flat.mean(dim=1)
+    std = (torch.linalg.vector_norm(flat - mean[:, None], dim=1) / ((n - 1) ** 0.5) if n > 1
+           else torch.zeros_like(mean))
+    if unit_dim is not None:
+        mx, mn = _per_unit(x, unit_dim)
+        absmax = torch.maximum(mx.amax(dim=1), -mn.amin(dim=1))
+        dead_frac = (mx <= 0).float().mean(dim=1) if dead else _nan_like(mean, g)
+    else:
+        absmax = torch.linalg.vector_norm(flat, ord=_INF, dim=1)
+        dead_frac = _nan_like(mean, g)
+    nonfinite = (~torch.isfinite(mean)).float()
+    if bounds is not None:
+        lo, hi = bounds
+        centre, half = (hi + lo) / 2, (hi - lo) / 2
+        near = (flat - centre).abs() >= half - SATURATION_MARGIN * (hi - lo)
+        saturated = near.float().mean(dim=1)
+    else:
+        saturated = _nan_like(mean, g)
+    return torch.stack([mean, std, absmax, nonfinite, dead_frac, saturated], dim=1).float()
+
+
+def grad_stats_batch(gr: torch.Tensor, unit_dim: int | None) -> torch.Tensor:
+    """Rows [rms, absmax, nonfinite, frac_units_with_zero_gradient] for a stack of G same-shaped
+    output gradients (G, *shape): a (G, 4) float32 tensor. ``nonfinite`` is 1.0 on any NaN/Inf."""
+    gr = _as_float(gr)
+    g = gr.shape[0]
+    flat = gr.reshape(g, -1)
+    n = flat.shape[1]
+    if n == 0:
+        return torch.full((g, 4), float("nan"), device=gr.device)
+    norm = torch.linalg.vector_norm(flat, dim=1)
+    rms = norm / (n ** 0.5)
+    if unit_dim is not None:
+        mx, mn = _per_unit(gr, unit_dim)
+        absmax = torch.maximum(mx.amax(dim=1), -mn.amin(dim=1))
+        dead = ((mx == 0) & (mn == 0)).float().mean(dim=1)
+    else:
+        absmax = torch.linalg.vector_norm(flat, ord=_INF, dim=1)
+        dead = _nan_like(norm, g)
+    nonfinite = (~torch.isfinite(norm) | ~torch.isfinite(absmax)).float()
+    return torch.stack([rms, absmax, nonfinite, dead], dim=1).float()
 
 
 def forward_stats(x: torch.Tensor, unit_dim: int | None,
-                  bounds: tuple[float, float] | None) -> torch.Tensor:
-    """[mean, std, absmax, frac_nonfinite, frac_dead_units, frac_saturated] of a layer output."""
-    x = _as_float(x)
-    n = max(x.numel(), 1)
-    if x.numel() > 1:
-        std, mean = torch.std_mean(x)
-    else:
-        mean, std = x.mean(), x.new_zeros(())
-    absmax = torch.linalg.vector_norm(x, ord=_INF) if x.numel() else x.new_zeros(())
-    nonfinite = 1.0 - torch.isfinite(x).sum() / n
-    if unit_dim is not None and x.numel():
-        never_positive = x.amax(dim=_other_dims(x, unit_dim)) <= 0
-        dead = never_positive.float().mean()
-    else:
-        dead = x.new_full((), float("nan"))
-    if bounds is not None:
-        lo, hi = bounds
-        margin = SATURATION_MARGIN * (hi - lo)
-        saturated = ((x <= lo + margin) | (x >= hi - margin)).sum() / n
-    else:
-        saturated = x.new_full((), float("nan"))
-    return torch.stack([mean, std, absmax, nonfinite, dead, saturated]).float()
+                  bounds: tuple[float, float] | None, dead: bool = True) -> torch.Tensor:
+    """``forward_stats_batch`` for one output: a (6,) tensor."""
+    return forward_stats_batch(x.unsqueeze(0), unit_dim, bounds, dead)[0]
 
 
 def grad_stats(g: torch.Tensor, unit_dim: int | None) -> torch.Tensor:
-    """[rms, absmax, frac_nonfinite, frac_units_with_zero_gradient] of d(loss)/d(output)."""
-    g = _as_float(g)
-    n = max(g.numel(), 1)
-    rms = torch.linalg.vector_norm(g) / (n ** 0.5)
-    absmax = torch.linalg.vector_norm(g, ord=_INF) if g.numel() else g.new_zeros(())
-    nonfinite = 1.0 - torch.isfinite(g).sum() / n
-    if unit_dim is not None and g.numel():
-        dead = (g.abs().amax(dim=_other_dims(g, unit_dim)) == 0).float().mean()
-    else:
-        dead = g.new_full((), float("nan"))
-    return torch.stack([rms, absmax, nonfinite, dead]).float()
+    """``grad_stats_batch`` for one gradient: a (4,) tensor."""
+    return grad_stats_batch(g.unsqueeze(0), unit_dim)[0]
 
 
 def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
@@ -108,9 +150,30 @@ def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.isfinite(norms(tensors, float("inf"))).all()
 
 
-def per_layer_norms(tensors: list[torch.Tensor], owner: torch.Tensor, n_layers: int) -> torch.Tensor:
-    """Combine per-tensor L2 norms into per-layer norms: sqrt of the summed squares per owner index."""
+# Parameter statistics read at most this many elements per tensor (an evenly strided subset,
+# scaled up): exact for small tensors, and a full pass over a large model's weights is avoided.
+PARAM_SAMPLE = 65536
+
+
+def param_view(p: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """A strided subset of ``p``'s elements (a view, no copy) and the factor that scales its
+    squared norm up to the whole tensor's."""
+    flat = p.detach().reshape(-1)
+    n = flat.numel()
+    if n <= PARAM_SAMPLE:
+        return flat, 1.0
+    stride = -(-n // PARAM_SAMPLE)
+    sub = flat[::stride]
+    return sub, n / sub.numel()
+
+
+def per_layer_norms(tensors: list[torch.Tensor], owner: torch.Tensor, n_layers: int,
+                    scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Combine per-tensor L2 norms into per-layer norms: sqrt of the summed squares per owner index
+    (each tensor's square first multiplied by ``scale``, for subsampled tensors)."""
     sq = norms(tensors) ** 2
+    if scale is not None:
+        sq = sq * scale.to(sq.device)
     out = torch.zeros(n_layers, dtype=torch.float32, device=sq.device)
     out.index_add_(0, owner.to(sq.device), sq)
     return out.sqrt()

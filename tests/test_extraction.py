@@ -74,7 +74,8 @@ def test_statistics_match_a_plain_torch_computation():
         assert r[i, Stat.ACT_STD] == pytest.approx(v.std().item(), rel=1e-5)
         assert r[i, Stat.ACT_ABSMAX] == pytest.approx(v.abs().max().item(), rel=1e-6)
         assert r[i, Stat.ACT_NONFINITE] == 0
-        assert r[i, Stat.ACT_DEAD] == pytest.approx((v.max(0).values <= 0).float().mean().item())
+        if name == "1":  # measured on the ReLU, not on the Linear layers' pre-activations
+            assert r[i, Stat.ACT_DEAD] == pytest.approx((v.max(0).values <= 0).float().mean().item())
         g = o.grad
         assert r[i, Stat.GRAD_RMS] == pytest.approx(g.pow(2).mean().sqrt().item(), rel=1e-5)
         assert r[i, Stat.GRAD_ABSMAX] == pytest.approx(g.abs().max().item(), rel=1e-6)
