@@ -1,0 +1,100 @@
+"""Threshold sliders, generated from the ``Thresholds`` field metadata, and a reset button.
+
+Each numeric field whose metadata names a ``scale`` gets a slider: logarithmic for norms and
+ratios, linear for fractions. Moving one calls ``on_change`` with the new ``Thresholds``; the
+dashboard re-runs the analysis on the recorded trace (the model is not touched).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import ipywidgets as widgets
+
+from neuraldbg import Thresholds
+
+
+def slider_fields() -> list[dataclasses.Field]:
+    """The ``Thresholds`` fields that get a slider (numeric, with a min/max in their metadata)."""
+    out = []
+    defaults = Thresholds()
+    for f in dataclasses.fields(Thresholds):
+        md = f.metadata
+        value = getattr(defaults, f.name)
+        if "min" in md and "max" in md and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(f)
+    return out
+
+
+def _slider(f: dataclasses.Field, value) -> widgets.Widget:
+    md = f.metadata
+    lo, hi = float(md["min"]), float(md["max"])
+    common = dict(description=str(md.get("label", f.name.replace("_", " "))), tooltip=str(md.get("doc", "")),
+                  continuous_update=False, style={"description_width": "14em"},
+                  layout=widgets.Layout(width="34em"))
+    if md.get("scale") == "log" and lo > 0:
+        lmin, lmax = math.log10(lo), math.log10(hi)
+        s = widgets.FloatLogSlider(value=value, base=10, min=lmin, max=lmax, step=(lmax - lmin) / 200,
+                                   readout_format=".3g", **common)
+    elif isinstance(value, int):
+        s = widgets.IntSlider(value=value, min=int(lo), max=int(hi), step=1, **common)
+    else:
+        s = widgets.FloatSlider(value=value, min=lo, max=hi, step=(hi - lo) / 200, readout_format=".3g", **common)
+    s.add_class("ndbg-slider")
+    s.add_class(f"ndbg-slider-{f.name}")
+    return s
+
+
+class ThresholdControls:
+    """Sliders + reset. ``set_thresholds`` shows a session's thresholds without calling ``on_change``."""
+
+    def __init__(self, on_change: Callable[[Thresholds], None]):
+        self.on_change = on_change
+        self._base = Thresholds()
+        self.sliders: dict[str, widgets.Widget] = {f.name: _slider(f, getattr(self._base, f.name))
+                                                   for f in slider_fields()}
+        self.reset = widgets.Button(description="Reset thresholds", icon="undo",
+                                    tooltip="back to the default thresholds")
+        self.reset.add_class("ndbg-reset")
+        self.reset.on_click(lambda _: self.reset_defaults())
+        self._quiet = False
+        self._moved: dict[str, float] = {}  # values set by the user since the last set/reset
+        for name, s in self.sliders.items():
+            s.observe(lambda change, name=name: self._changed(name, change["new"]), names="value")
+        title = widgets.HTML("<b>Thresholds</b> (re-analyse the recorded trace)")
+        self.widget = widgets.VBox([title, *self.sliders.values(), self.reset])
+        self.widget.add_class("ndbg-thresholds")
+
+    @property
+    def thresholds(self) -> Thresholds:
+        # only moved sliders count: a slider clamps values outside its range, the session's do not change
+        return self._base.replace(**self._moved)
+
+    def set_thresholds(self, thresholds: Thresholds) -> None:
+        self._base = thresholds
+        self._set_values(thresholds, notify=False)
+
+    def reset_defaults(self) -> None:
+        self._base = Thresholds()
+        self._set_values(self._base, notify=True)
+
+    def set_enabled(self, enabled: bool) -> None:
+        for w in (*self.sliders.values(), self.reset):
+            w.disabled = not enabled
+
+    def _set_values(self, thresholds: Thresholds, notify: bool) -> None:
+        self._moved = {}
+        self._quiet = True
+        try:
+            for name, s in self.sliders.items():
+                s.value = getattr(thresholds, name)
+        finally:
+            self._quiet = False
+        if notify:
+            self.on_change(self.thresholds)
+
+    def _changed(self, name: str, value) -> None:
+        if not self._quiet:
+            self._moved[name] = value
+            self.on_change(self.thresholds)

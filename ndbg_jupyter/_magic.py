@@ -1,0 +1,327 @@
+"""``%%neuraldbg`` (watch a training cell) and ``%neuraldbg`` (work on the last session)."""
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import numbers
+import time
+from dataclasses import dataclass
+
+import torch
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+from torch import nn
+from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, validate
+from traitlets.config.configurable import Configurable
+
+from neuraldbg import NeuralDbg, Thresholds
+
+from ._namespace import model_candidates, optimizer_for
+from ._verdict import Verdict, thresholds_text
+
+_CORE_FLAGS = {"model", "optimizer", "loss", "every", "no_live", "out"}
+
+
+def _threshold_flags(func):
+    """One ``--name VALUE`` flag per ``Thresholds`` field, generated from its metadata."""
+    defaults = Thresholds()
+    for f in reversed(dataclasses.fields(Thresholds)):
+        if f.name in _CORE_FLAGS:
+            continue
+        value = getattr(defaults, f.name)
+        kind = int if isinstance(value, int) and not isinstance(value, bool) else float
+        doc = f.metadata.get("doc", f.metadata.get("label", ""))
+        func = argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None, metavar="X",
+                        help=f"threshold: {doc} (default {value})")(func)
+    return func
+
+
+def _widget_frontend(shell) -> bool:
+    """A kernel talking to a front end (JupyterLab, Notebook, VS Code) can show widgets; a terminal can't."""
+    return any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__)
+
+
+def _identifier(value: str, what: str) -> str:
+    if not value.isidentifier() or keyword.iskeyword(value):
+        raise UsageError(f"{what} must be a Python variable name, got {value!r}")
+    return value
+
+
+@dataclass
+class _Plan:
+    """Everything a %%neuraldbg cell needs, checked before the cell runs."""
+
+    model: nn.Module
+    model_name: str
+    optimizer: torch.optim.Optimizer | None
+    thresholds: Thresholds
+    every: int | None
+    loss: str
+    out: str
+    widgets: bool
+
+
+class _LossFeed:
+    """Records the ``--loss`` variable after each step (the hub's unthrottled ``after_step``)."""
+
+    def __init__(self, ns: dict, name: str):
+        self.ns = ns
+        self.name = name
+        self._last = ns.get(name) if name else None  # a value left from before the cell is not this run's
+
+    def __call__(self, dbg: NeuralDbg) -> None:
+        if not self.name:
+            return
+        value = self.ns.get(self.name)
+        if value is None or value is self._last:
+            return
+        self._last = value
+        if isinstance(value, torch.Tensor):
+            if value.numel() == 0 or value.dtype == torch.bool:
+                return
+        elif not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return
+        dbg.record_loss(value)
+
+    def close(self) -> None:
+        self._last = None
+        self.ns = {}
+
+
+@magics_class
+class NeuralDbgMagics(Magics, Configurable):
+    """``%%neuraldbg`` and ``%neuraldbg``; defaults are settable with ``%config NeuralDbgMagics.<name> = value``."""
+
+    every = Int(None, allow_none=True, help="Full statistics every N steps (None: adaptive).").tag(config=True)
+    loss = Unicode("loss", help="Variable recorded as the loss after each step ('' to record none).").tag(config=True)
+    out = Unicode("_ndbg", help="Variable that receives the session.").tag(config=True)
+    live = Bool(True, help="Show the live dashboard (False: print the verdict as text at the end).").tag(config=True)
+    frontend = CaselessStrEnum(("auto", "widgets", "text"), default_value="auto",
+                               help="auto: widgets in a kernel with a front end, text in a terminal.").tag(config=True)
+    update_interval = Float(0.25, help="Seconds between live dashboard updates, at least.").tag(config=True)
+    chart_interval = Float(1.0, help="Seconds between chart redraws, at least.").tag(config=True)
+    fold_above = Int(40, help="Fold the health grid into parent modules above this many layers.").tag(config=True)
+    thresholds = Dict({}, help="Threshold overrides for every run, e.g. {'dead_fraction': 0.95}.").tag(config=True)
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        self.clock = time.monotonic  # replaceable: tests drive the throttles with a fake clock
+        self.session: NeuralDbg | None = None
+        self.dashboard = None
+
+    @validate("every")
+    def _check_every(self, proposal):
+        if proposal["value"] is not None and proposal["value"] < 1:
+            raise TraitError(f"every must be a positive integer, got {proposal['value']}")
+        return proposal["value"]
+
+    @validate("out")
+    def _check_out(self, proposal):
+        if not proposal["value"].isidentifier():
+            raise TraitError(f"out must be a variable name, got {proposal['value']!r}")
+        return proposal["value"]
+
+    # -- %%neuraldbg ------------------------------------------------------------------------------
+    @magic_arguments(name="%neuraldbg")  # the usage line reads "%%neuraldbg"
+    @argument("model", nargs="?", metavar="MODEL",
+              help="expression for the model; default: the one nn.Module in the namespace")
+    @argument("--optimizer", metavar="OPT", default=None,
+              help="expression for the optimizer (steps are counted by it); default: the one optimizer "
+                   "owning the model's parameters, if any")
+    @argument("--loss", metavar="NAME", default=None, help="variable recorded as the loss after each step")
+    @argument("--every", metavar="N", type=int, default=None, help="full statistics every N steps")
+    @argument("--no-live", action="store_true", help="no live dashboard: print the verdict as text at the end")
+    @argument("--out", metavar="VAR", default=None, help="variable that receives the session (default _ndbg)")
+    @_threshold_flags
+    @cell_magic("neuraldbg")
+    def neuraldbg_cell(self, line, cell):
+        """Watch the training in this cell; show health, loss, gradient flow and the verdict.
+
+        The cell runs in your namespace as it would without the magic. The session goes into
+        ``_ndbg`` (or VAR) however the cell ends. After it: ``%neuraldbg explain | report |
+        save PATH | load PATH | thresholds``.
+        """
+        plan = self._plan(parse_argstring(self.neuraldbg_cell, line))
+        self._run(plan, cell)
+
+    def _plan(self, args) -> _Plan:
+        ns = self.shell.user_ns
+        if args.model:
+            model = self._eval(args.model, "MODEL")
+            if not isinstance(model, nn.Module):
+                raise UsageError(f"MODEL {args.model!r} is a {type(model).__name__}, not a torch.nn.Module")
+            model_name = args.model
+        else:
+            found = model_candidates(ns)
+            if not found:
+                raise UsageError("no torch.nn.Module in the namespace: create the model first, "
+                                 "or name it: %%neuraldbg MODEL")
+            if len(found) > 1:
+                names = ", ".join(n for n, _ in found)
+                raise UsageError(f"several models in the namespace ({names}): name one, "
+                                 f"e.g. %%neuraldbg {found[0][0]}")
+            model_name, model = found[0]
+        if args.optimizer:
+            optimizer = self._eval(args.optimizer, "--optimizer")
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise UsageError(f"--optimizer {args.optimizer!r} is a {type(optimizer).__name__}, "
+                                 "not a torch.optim.Optimizer")
+        else:
+            found_opt = optimizer_for(ns, model)
+            optimizer = found_opt[1] if found_opt else None
+        every = args.every if args.every is not None else self.every
+        if every is not None and every < 1:
+            raise UsageError(f"--every must be a positive integer, got {every}")
+        loss = args.loss if args.loss is not None else self.loss
+        if loss:
+            _identifier(loss, "--loss")
+        out = _identifier(args.out if args.out is not None else self.out, "--out")
+        overrides = dict(self.thresholds)
+        overrides.update({f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)
+                          if getattr(args, f.name, None) is not None})
+        try:
+            thresholds = Thresholds(**overrides)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"bad thresholds: {e}") from None
+        widgets = self.live and not args.no_live and self._widgets_available()
+        return _Plan(model, model_name, optimizer, thresholds, every, loss, out, widgets)
+
+    def _eval(self, expr: str, what: str):
+        try:
+            return self.shell.ev(expr)
+        except Exception as e:  # noqa: BLE001 - any failure of the user's expression is a usage error
+            raise UsageError(f"{what} {expr!r} could not be evaluated: {type(e).__name__}: {e}") from None
+
+    def _widgets_available(self) -> bool:
+        if self.frontend == "text":
+            return False
+        if self.frontend == "widgets":
+            return True
+        return _widget_frontend(self.shell)
+
+    def _new_dashboard(self, title: str):
+        from ._dashboard import Dashboard
+
+        return Dashboard(fold_above=self.fold_above, chart_interval=self.chart_interval, clock=self.clock,
+                         title=title)
+
+    def _run(self, plan: _Plan, cell: str) -> None:
+        ns = self.shell.user_ns
+        feed = _LossFeed(ns, plan.loss)
+        dash = self._new_dashboard(f"watching <code>{plan.model_name}</code>") if plan.widgets else None
+        try:
+            dbg = NeuralDbg(plan.model, plan.optimizer, plan.thresholds, every=plan.every,
+                            on_step=dash.on_step if dash is not None else None,
+                            update_interval=self.update_interval, clock=self.clock, after_step=feed)
+            dbg.start()
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise UsageError(str(e)) from None
+        outer = self.shell.displayhook.exec_result  # the %%neuraldbg cell's own result
+        result = None
+        handle = None
+        try:
+            ns[plan.out] = dbg
+            if dash is not None:
+                try:
+                    dash.watch(dbg)
+                    handle = display(dash.root, display_id=True)
+                except Exception as e:  # noqa: BLE001 - a view failure must not stop the user's cell
+                    dash._fail(e)
+            result = self.shell.run_cell(cell)  # shows the user's traceback, displays the last value
+        finally:
+            dbg.stop()  # every way out: hooks removed
+            feed.close()
+            ns[plan.out] = dbg
+            self.session, self.dashboard = dbg, dash
+            self.shell.displayhook.exec_result = outer
+        error = None if result is None else (result.error_before_exec or result.error_in_exec)
+        outcome = ("finished" if error is None else
+                   "interrupted" if isinstance(error, KeyboardInterrupt) else "error")
+        self._verdict(dbg, dash, handle, outcome)
+        if error is not None and outer is not None:
+            outer.error_in_exec = error  # the cell fails as it would without the magic
+
+    def _verdict(self, dbg: NeuralDbg, dash, handle, outcome: str) -> None:
+        try:
+            if dash is not None:
+                dash.finish(outcome)
+                if handle is not None:
+                    handle.update(dash.root)  # re-publish: its text form is now the verdict
+                return
+            print(Verdict(dbg, outcome).text())
+        except Exception as e:  # noqa: BLE001 - the user's own outcome was shown; say why ours is missing
+            print(f"neuraldbg: could not analyse the run: {type(e).__name__}: {e}")
+
+    # -- %neuraldbg -------------------------------------------------------------------------------
+    @magic_arguments(name="neuraldbg")
+    @argument("command", choices=("explain", "report", "save", "load", "thresholds"),
+              help="what to do with the last session")
+    @argument("path", nargs="?", help="the trace file, for save and load")
+    @line_magic("neuraldbg")
+    def neuraldbg_line(self, line):
+        """Work on the last session: explain, report, save PATH, load PATH (the dashboard of a saved
+        trace; the session goes into ``_ndbg``), thresholds (sliders that re-analyse the trace)."""
+        args = parse_argstring(self.neuraldbg_line, line)
+        if args.command in ("save", "load") and not args.path:
+            raise UsageError(f"%neuraldbg {args.command} needs a PATH")
+        if args.command not in ("save", "load") and args.path:
+            raise UsageError(f"%neuraldbg {args.command} takes no argument")
+        if args.command == "load":
+            return self._load(args.path)
+        dbg = self._current()
+        if args.command == "explain":
+            display(Verdict(dbg, "explain"))
+        elif args.command == "report":
+            print(dbg.report())
+        elif args.command == "save":
+            try:
+                dbg.save(args.path)
+            except (OSError, ValueError) as e:
+                raise UsageError(f"cannot save to {args.path!r}: {e}") from None
+            print(f"saved {dbg.step} steps to {args.path}")
+        else:
+            self._thresholds(dbg)
+        return None
+
+    def _current(self) -> NeuralDbg:
+        if self.session is not None:
+            return self.session
+        dbg = self.shell.user_ns.get(self.out)
+        if isinstance(dbg, NeuralDbg):
+            return dbg
+        raise UsageError("no session yet: run a cell under %%neuraldbg, or %neuraldbg load PATH")
+
+    def _load(self, path: str) -> None:
+        try:
+            dbg = NeuralDbg.load(path)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"cannot load {path!r}: {e}") from None
+        self.shell.user_ns[self.out] = dbg
+        self.session, self.dashboard = dbg, None
+        if self.live and self._widgets_available():
+            dash = self._new_dashboard(f"trace <code>{path}</code>")
+            dash.show(dbg, "loaded")
+            self.dashboard = dash
+            display(dash.root)
+        else:
+            print(Verdict(dbg, "loaded").text())
+
+    def _thresholds(self, dbg: NeuralDbg) -> None:
+        if not self._widgets_available():
+            print(thresholds_text(dbg.thresholds))
+            return
+        import ipywidgets as widgets
+
+        dash = self.dashboard
+        if dash is None or dash.dbg is not dbg:
+            dash = self._new_dashboard("")
+            dash.show(dbg, "loaded" if not dbg.watching and dbg.model is None else "finished")
+            self.dashboard = dash
+        display(widgets.VBox([dash.controls.widget, dash.panel]))
+
+    def close(self) -> None:
+        if self.session is not None and self.session.watching:
+            self.session.stop()
+        self.session = self.dashboard = None
