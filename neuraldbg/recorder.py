@@ -303,14 +303,14 @@ class Recorder:
             self._finish_step()
 
     def _check_finite(self, grads: list[torch.Tensor]) -> None:
+        """The every-step check: one boolean read back to the host (the only per-step sync)."""
         flags = []
         if self._out_finite is not None:
-            flags.append(self._out_finite.reshape(1).cpu())
-        out_grads = [g for g in self._out_grads if g is not None]
-        checked = grads + out_grads
+            flags.append(self._out_finite.reshape(()))
+        checked = grads + [g for g in self._out_grads if g is not None]
         if checked:
-            flags.append(all_finite(checked).reshape(1).cpu())
-        if flags and not bool(torch.cat(flags).all()):
+            flags.append(all_finite(checked))
+        if flags and not bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
             args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
             self._replaying = True
             try:
