@@ -120,7 +120,6 @@ class Recorder:
         self._pending_losses: list = []
         self._out_grads: list = []
         self._out_leaves: list = []
-        self._out_finite: torch.Tensor | None = None
         self._last_inputs = None
         self._rng_state = None
         self._backward_queued = False
@@ -215,11 +214,8 @@ class Recorder:
         self._layer_handles.clear()
         if self._rec is not None:
             self._rec.forward_done = True
-        leaves = nanhunt.float_tensors(output)
-        check = self.trace.nonfinite is None
-        if check and leaves:
-            self._out_finite = torch.stack([torch.isfinite(t.detach()).all() for t in leaves]).all()
-        self._out_leaves = [t for t in leaves if t.requires_grad]
+        # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
+        self._out_leaves = [t for t in nanhunt.float_tensors(output) if t.requires_grad]
         self._out_grads = [None] * len(self._out_leaves)
         self._backward_queued = False
         for i, t in enumerate(self._out_leaves):
@@ -304,13 +300,8 @@ class Recorder:
 
     def _check_finite(self, grads: list[torch.Tensor]) -> None:
         """The every-step check: one boolean read back to the host (the only per-step sync)."""
-        flags = []
-        if self._out_finite is not None:
-            flags.append(self._out_finite.reshape(()))
         checked = grads + [g for g in self._out_grads if g is not None]
-        if checked:
-            flags.append(all_finite(checked))
-        if flags and not bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
+        if checked and not bool(all_finite(checked)):
             args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
             self._replaying = True
             try:
