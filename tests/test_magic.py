@@ -1,0 +1,258 @@
+"""%%neuraldbg and %neuraldbg in an in-process IPython shell: arguments, namespace, every way a cell ends."""
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from neuraldbg import NeuralDbg
+from jupyter_cells import DEAD_SETUP, ip, magics_of, no_hooks, train  # noqa: F401 - ip is a fixture
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def run(shell, cell: str):
+    with capture_output() as io:
+        result = shell.run_cell(cell)
+    return result, io
+
+
+# -- bad input: one line, cell not run, namespace unchanged -------------------------------------------
+
+@pytest.mark.parametrize("line, message", [
+    ("nosuchname", "NameError"),
+    ("opt", "not a torch.nn.Module"),
+    ("model --optimizer model", "not a torch.optim.Optimizer"),
+    ("model --every 0", "positive integer"),
+    ("model --out 1bad", "variable name"),
+    ("model --loss not-a-name", "variable name"),
+    ("model --bogus-flag 3", "unrecognized arguments"),
+    ("model extra words", "unrecognized arguments"),
+])
+def test_bad_arguments_give_one_line_error_and_leave_namespace_alone(ip, line, message):
+    ip.run_cell(DEAD_SETUP)
+    before = dict(ip.user_ns)
+    with pytest.raises(UsageError, match=message) as err:
+        ip.run_cell_magic("neuraldbg", line, "ran = True\n" + train(2))
+    assert "\n" not in str(err.value)
+    assert "ran" not in ip.user_ns and "_ndbg" not in ip.user_ns
+    assert {k: id(v) for k, v in ip.user_ns.items()} == {k: id(v) for k, v in before.items()}
+    assert no_hooks(ip.user_ns["model"], ip.user_ns["opt"])
+
+
+def test_bad_threshold_value_is_a_usage_error(ip):
+    ip.run_cell(DEAD_SETUP)
+    magics = magics_of(ip)
+    magics.thresholds = {"no_such_threshold": 1.0}
+    with pytest.raises(UsageError, match="bad thresholds"):
+        ip.run_cell_magic("neuraldbg", "model", "ran = True")
+    assert "ran" not in ip.user_ns
+
+
+def test_error_in_a_notebook_cell_is_shown_as_usage_error_and_cell_not_run(ip):
+    ip.run_cell(DEAD_SETUP)
+    result, io = run(ip, "%%neuraldbg nosuchname\nran = True")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "ran" not in ip.user_ns
+
+
+# -- model detection ----------------------------------------------------------------------------------
+
+def test_single_model_is_found_ignoring_private_names_loss_modules_and_submodules(ip):
+    ip.run_cell(DEAD_SETUP + "loss_fn = nn.CrossEntropyLoss()\nhead = model[2]\n_spare = nn.Linear(2, 2)\n")
+    run(ip, "%%neuraldbg\n" + train(3))
+    dbg = ip.user_ns["_ndbg"]
+    assert dbg.model is ip.user_ns["model"]
+    assert dbg.optimizer is ip.user_ns["opt"]  # the one optimizer owning the model's parameters
+    assert dbg.step == 3
+
+
+def test_several_models_give_a_one_line_error_listing_them(ip):
+    ip.run_cell(DEAD_SETUP + "other = nn.Linear(3, 3)\n")
+    with pytest.raises(UsageError) as err:
+        ip.run_cell_magic("neuraldbg", "", "ran = True")
+    msg = str(err.value)
+    assert "\n" not in msg and "model" in msg and "other" in msg
+    assert "ran" not in ip.user_ns
+
+
+def test_no_model_is_an_error(ip):
+    with pytest.raises(UsageError, match="no torch.nn.Module"):
+        ip.run_cell_magic("neuraldbg", "", "ran = True")
+
+
+def test_model_and_optimizer_are_expressions(ip):
+    ip.run_cell(DEAD_SETUP + "models = {'m': model}\nopts = [opt]\n")
+    run(ip, "%%neuraldbg models['m'] --optimizer opts[0] --out run1\n" + train(2))
+    dbg = ip.user_ns["run1"]
+    assert dbg.model is ip.user_ns["model"] and dbg.optimizer is ip.user_ns["opt"]
+    assert "_ndbg" not in ip.user_ns
+
+
+# -- namespace semantics ------------------------------------------------------------------------------
+
+def test_cell_runs_in_the_user_namespace_and_displays_its_last_value(ip):
+    ip.run_cell(DEAD_SETUP + "offset = 40\n")
+    result, io = run(ip, "%%neuraldbg model\n" + train(3) + "answer = offset + 2\nanswer * 10\n")
+    assert result.error_in_exec is None
+    assert ip.user_ns["answer"] == 42 and ip.user_ns["step"] == 2
+    assert "420" in io.stdout  # the last expression is displayed like in a plain cell
+    assert isinstance(ip.user_ns["_ndbg"], NeuralDbg)
+
+
+def test_loss_variable_is_recorded_every_step(ip):
+    ip.run_cell(DEAD_SETUP + "loss = 'stale, from an earlier cell'\n")
+    run(ip, "%%neuraldbg model\n" + train(7))
+    dbg = ip.user_ns["_ndbg"]
+    assert dbg.trace.loss.n == 7
+    assert list(dbg.trace.loss.steps) == list(range(7))
+    assert dbg.trace.loss.data[-1] == pytest.approx(float(ip.user_ns["loss"].detach()))
+
+
+def test_loss_flag_names_another_variable(ip):
+    ip.run_cell(DEAD_SETUP)
+    run(ip, "%%neuraldbg model --loss l2\n" + train(4, "    l2 = loss.item() * 2\n"))
+    dbg = ip.user_ns["_ndbg"]
+    # l2 is assigned after opt.step(): the value seen at step end is the previous step's
+    assert dbg.trace.loss.n >= 3
+    assert dbg.trace.loss.data[-1] > 0
+
+
+def test_config_defaults_apply(ip):
+    ip.run_cell(DEAD_SETUP)
+    ip.run_line_magic("config", "NeuralDbgMagics.out = 'watched'")
+    ip.run_line_magic("config", "NeuralDbgMagics.every = 3")
+    run(ip, "%%neuraldbg model\n" + train(7))
+    dbg = ip.user_ns["watched"]
+    assert list(dbg.trace.stats.steps) == [0, 3, 6]
+
+
+# -- every way a cell ends ----------------------------------------------------------------------------
+
+def test_normal_end_prints_the_verdict_as_text(ip):
+    ip.run_cell(DEAD_SETUP)
+    result, io = run(ip, "%%neuraldbg model\n" + train(12))
+    dbg = ip.user_ns["_ndbg"]
+    assert no_hooks(ip.user_ns["model"], ip.user_ns["opt"]) and not dbg.watching
+    assert "NeuralDbg verdict: the run finished, 12 steps." in io.stdout
+    assert dbg.report().strip() in io.stdout
+    assert not any(WIDGET_VIEW in o.data for o in io.outputs)  # a terminal gets no widgets
+    top = dbg.explain()[0]
+    assert top.cause == "dead_units" and top.layer == "1" and top.confidence >= 0.5
+
+
+@pytest.mark.parametrize("raised, outcome", [("ValueError('boom in the loop')", "stopped with an exception"),
+                                             ("KeyboardInterrupt()", "was interrupted")])
+def test_exception_or_interrupt_keeps_traceback_session_and_partial_verdict(ip, raised, outcome):
+    ip.run_cell(DEAD_SETUP)
+    cell = "%%neuraldbg model\n" + train(20, f"    if step == 7: raise {raised}\n")
+    result, io = run(ip, cell)
+    name = raised.split("(")[0]
+    assert type(result.error_in_exec).__name__ == name  # the cell fails as it would without the magic
+    assert name in io.stdout + io.stderr  # the user's traceback is shown
+    dbg = ip.user_ns["_ndbg"]
+    assert dbg.step == 8 and not dbg.watching
+    assert no_hooks(ip.user_ns["model"], ip.user_ns["opt"])
+    assert f"NeuralDbg verdict: the run {outcome}, 8 steps." in io.stdout
+    assert any(h.cause == "dead_units" for h in dbg.explain())
+    # the model can be watched again at once
+    run(ip, "%%neuraldbg model\n" + train(2))
+    assert ip.user_ns["_ndbg"] is not dbg and ip.user_ns["_ndbg"].step == 2
+
+
+def test_exception_in_widget_mode_finishes_the_dashboard(ip):
+    ip.run_cell(DEAD_SETUP)
+    magics = magics_of(ip)
+    magics.frontend = "widgets"
+    result, io = run(ip, "%%neuraldbg model\n" + train(20, "    if step == 5: raise RuntimeError('x')\n"))
+    assert isinstance(result.error_in_exec, RuntimeError)
+    dash = magics.dashboard
+    assert dash.state == "error" and "stopped by an exception" in dash.progress.value
+    assert 'data-cause="dead_units"' in dash.panel.value
+    views = [o.data for o in io.outputs if WIDGET_VIEW in o.data]
+    # shown once while running, then re-published with the verdict as its text form
+    assert len(views) == 2 and views[0][WIDGET_VIEW] == views[1][WIDGET_VIEW]
+    assert views[1]["text/plain"] == ip.user_ns["_ndbg"].report()
+    assert all(not s.disabled for s in dash.controls.sliders.values())
+    assert no_hooks(ip.user_ns["model"], ip.user_ns["opt"])
+
+
+def test_no_live_flag_prints_text_even_with_widgets(ip):
+    ip.run_cell(DEAD_SETUP)
+    magics_of(ip).frontend = "widgets"
+    result, io = run(ip, "%%neuraldbg model --no-live\n" + train(5))
+    assert not any(WIDGET_VIEW in o.data for o in io.outputs)
+    assert "NeuralDbg verdict: the run finished, 5 steps." in io.stdout
+
+
+# -- %neuraldbg ---------------------------------------------------------------------------------------
+
+def test_line_magic_without_a_session_is_an_error(ip):
+    with pytest.raises(UsageError, match="no session yet"):
+        ip.run_line_magic("neuraldbg", "report")
+
+
+@pytest.mark.parametrize("line, message", [("bogus", "invalid choice"), ("save", "needs a PATH"),
+                                           ("report extra", "takes no argument")])
+def test_line_magic_argument_errors(ip, line, message):
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("neuraldbg", line)
+
+
+def test_explain_report_and_thresholds_as_text(ip):
+    ip.run_cell(DEAD_SETUP)
+    run(ip, "%%neuraldbg model\n" + train(12))
+    dbg = ip.user_ns["_ndbg"]
+    with capture_output() as io:
+        ip.run_line_magic("neuraldbg", "explain")
+        ip.run_line_magic("neuraldbg", "report")
+        ip.run_line_magic("neuraldbg", "thresholds")
+    text = io.outputs[0].data["text/plain"]
+    assert text.startswith("1. dead_units in 1, from step")
+    assert dbg.report().strip() in io.stdout
+    import dataclasses
+    for f in dataclasses.fields(dbg.thresholds):
+        assert f"{f.name} = " in io.stdout
+
+
+def test_save_then_load_gives_the_same_verdict(ip, tmp_path):
+    ip.run_cell(DEAD_SETUP)
+    run(ip, "%%neuraldbg model\n" + train(12))
+    first = ip.user_ns["_ndbg"]
+    path = tmp_path / "run.ndbg"
+    with capture_output() as io:
+        ip.run_line_magic("neuraldbg", f"save {path}")
+    assert path.exists() and f"saved 12 steps to {path}" in io.stdout
+    ip.run_cell("del _ndbg")
+    with capture_output() as io:
+        ip.run_line_magic("neuraldbg", f"load {path}")
+    loaded = ip.user_ns["_ndbg"]
+    assert loaded is not first and loaded.step == 12 and loaded.model is None
+    assert [(h.cause, h.layer) for h in loaded.explain()] == [(h.cause, h.layer) for h in first.explain()]
+    assert "NeuralDbg verdict: trace loaded from file, 12 steps." in io.stdout
+    assert loaded.report().strip() in io.stdout
+
+
+def test_load_shows_the_dashboard_with_widgets(ip, tmp_path):
+    ip.run_cell(DEAD_SETUP)
+    run(ip, "%%neuraldbg model --no-live\n" + train(12))
+    path = tmp_path / "run.ndbg"
+    ip.run_line_magic("neuraldbg", f"save {path}")
+    magics = magics_of(ip)
+    magics.frontend = "widgets"
+    with capture_output() as io:
+        ip.run_line_magic("neuraldbg", f"load {path}")
+    dash = magics.dashboard
+    assert io.outputs[0].data[WIDGET_VIEW]["model_id"] == dash.root.model_id
+    assert io.outputs[0].data["text/plain"] == ip.user_ns["_ndbg"].report()
+    assert "loaded from file" in dash.progress.value and 'data-layer="1" data-act="dead"' in dash.grid.widget.children[0].value
+    assert dash.chart.widget.value[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_load_of_a_bad_file_is_a_usage_error(ip, tmp_path):
+    bad = tmp_path / "bad.ndbg"
+    bad.write_bytes(b"not a trace")
+    with pytest.raises(UsageError, match="cannot load"):
+        ip.run_line_magic("neuraldbg", f"load {bad}")
+    with pytest.raises(UsageError, match="cannot load"):
+        ip.run_line_magic("neuraldbg", f"load {tmp_path / 'missing.ndbg'}")
