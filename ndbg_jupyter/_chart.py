@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import ipywidgets as widgets
+import matplotlib
+import matplotlib.ticker
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -24,6 +26,8 @@ def gradient_flow(steps: np.ndarray, grad_rms: np.ndarray, columns: int = _COLUM
 
     Returns (matrix layers x columns, first step, last step); each column holds the latest sample
     at or before its step, so thinned (sparser) old samples keep their place on the time axis.
+    A zero gradient becomes -inf (drawn in the colour for "below the scale"), a layer not measured
+    NaN (drawn as background).
     """
     if len(steps) == 0:
         return np.full((grad_rms.shape[1] if grad_rms.ndim == 2 else 0, 1), np.nan), 0, 1
@@ -31,7 +35,7 @@ def gradient_flow(steps: np.ndarray, grad_rms: np.ndarray, columns: int = _COLUM
     grid = np.linspace(lo, hi, min(columns, hi - lo + 1))
     idx = np.clip(np.searchsorted(steps, grid, side="right") - 1, 0, len(steps) - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        logged = np.log10(np.where(grad_rms > 0, grad_rms, np.nan))
+        logged = np.log10(np.where(grad_rms >= 0, grad_rms, np.nan))
     return logged[idx].T, lo, max(hi, lo + 1)
 
 
@@ -48,19 +52,24 @@ class Chart:
 
     def _make(self) -> None:
         width, height, dpi = self._size
-        fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+        fig = Figure(figsize=(width, height), dpi=dpi)  # fixed margins: a layout engine costs more than a draw
         FigureCanvasAgg(fig)
         self._ax_loss, self._ax_grad = fig.subplots(1, 2, width_ratios=(1, 1.3))
+        fig.subplots_adjust(left=0.07, right=0.97, bottom=0.16, top=0.9, wspace=0.32)
         self._ax_loss.set_title("loss", fontsize=10)
         self._ax_loss.set_xlabel("step", fontsize=9)
         (self._line,) = self._ax_loss.plot([], [], lw=1.2, color="#1565c0")
         self._ax_grad.set_title("gradient flow: log10 RMS(dL/d output)", fontsize=10)
         self._ax_grad.set_xlabel("step", fontsize=9)
+        cmap = matplotlib.colormaps["magma"].with_extremes(bad="#eeeeee", under="#000000")
         self._image = self._ax_grad.imshow(np.full((1, 1), np.nan), aspect="auto", interpolation="nearest",
-                                           cmap="magma", extent=(0, 1, 0.5, -0.5))
-        fig.colorbar(self._image, ax=self._ax_grad, pad=0.01)
+                                           cmap=cmap, extent=(0, 1, 0.5, -0.5))
+        bar = fig.colorbar(self._image, ax=self._ax_grad, pad=0.01, extend="min")
+        bar.locator = matplotlib.ticker.MaxNLocator(4)
+        bar.ax.tick_params(labelsize=8)
         for ax in (self._ax_loss, self._ax_grad):
             ax.tick_params(labelsize=8)
+            ax.locator_params(nbins=5)  # few tick labels: text is most of the drawing time
         self._fig = fig
 
     def update(self, trace, layer_order: list[int]) -> bool:
@@ -99,14 +108,16 @@ class Chart:
         rms = data[:, layer_order, int(Stat.GRAD_RMS)] if len(layer_order) else np.zeros((len(data), 0))
         matrix, lo, hi = gradient_flow(trace.stats.steps, rms)
         n = max(len(layer_order), 1)
-        self._image.set_data(matrix if matrix.size else np.full((1, 1), np.nan))
-        self._image.set_extent((lo, hi, n - 0.5, -0.5))
         finite = matrix[np.isfinite(matrix)]
         if finite.size:
-            self._image.set_clim(float(np.percentile(finite, 1)), float(np.percentile(finite, 99)) + 1e-6)
+            vmin, vmax = float(finite.min()), float(finite.max()) + 1e-6
+            self._image.set_clim(vmin, vmax)
+            matrix = np.where(np.isneginf(matrix), vmin - 1.0, matrix)  # zero: below the scale
+        self._image.set_data(matrix if matrix.size else np.full((1, 1), np.nan))
+        self._image.set_extent((lo, hi, n - 0.5, -0.5))
         ax = self._ax_grad
-        if len(names) <= 16:
+        if len(names) <= 12:
             ax.set_yticks(range(len(names)), names, fontsize=7)
         else:
-            ticks = np.linspace(0, len(names) - 1, 8).round().astype(int)
+            ticks = np.linspace(0, len(names) - 1, 6).round().astype(int)
             ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=7)

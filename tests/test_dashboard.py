@@ -191,7 +191,7 @@ def test_gradient_flow_resamples_thinned_steps_onto_a_uniform_axis():
     matrix, lo, hi = gradient_flow(steps, rms, columns=7)
     assert (lo, hi) == (0, 6) and matrix.shape == (2, 7)
     np.testing.assert_allclose(matrix[0], np.log10([1, 1, 1, 1, 2, 3, 4]))
-    assert np.isnan(matrix[1, 4])  # a zero gradient has no log: drawn as background
+    assert matrix[1, 4] == -np.inf  # a zero gradient: below the colour scale, drawn darkest
     assert matrix[1, 6] == pytest.approx(2.0)
 
 
