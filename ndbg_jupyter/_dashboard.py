@@ -67,6 +67,7 @@ class Dashboard:
         self._last_rate_point = None
         self._rate = math.nan
         self._not_before = -math.inf
+        self._thresholds_view = None
 
         self.progress = widgets.HTML()
         self.progress.add_class("ndbg-progress")
@@ -179,6 +180,12 @@ class Dashboard:
         return '<div style="font:13px var(--jp-ui-font-family,sans-serif)">' + " &middot; ".join(parts) + "</div>"
 
     # -- thresholds -------------------------------------------------------------------------------
+    def thresholds_view(self) -> widgets.VBox:
+        """A second view of the sliders with the panel they redraw (built once)."""
+        if self._thresholds_view is None:
+            self._thresholds_view = widgets.VBox([self.controls.widget, self.panel])
+        return self._thresholds_view
+
     def _thresholds_changed(self, thresholds) -> None:
         if self.dbg is None:
             return

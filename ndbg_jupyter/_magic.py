@@ -312,14 +312,12 @@ class NeuralDbgMagics(Magics, Configurable):
         if not self._widgets_available():
             print(thresholds_text(dbg.thresholds))
             return
-        import ipywidgets as widgets
-
         dash = self.dashboard
         if dash is None or dash.dbg is not dbg:
             dash = self._new_dashboard("")
-            dash.show(dbg, "loaded" if not dbg.watching and dbg.model is None else "finished")
+            dash.show(dbg, "loaded" if dbg.model is None else "finished")
             self.dashboard = dash
-        display(widgets.VBox([dash.controls.widget, dash.panel]))
+        display(dash.thresholds_view())
 
     def close(self) -> None:
         if self.session is not None and self.session.watching:

@@ -57,6 +57,9 @@ def test_live_updates_follow_the_hub_throttle_under_a_fake_clock():
         clock.advance(0.3)
         train(model, opt, dbg, 1)
         assert dash.updates == 3 and "step 11 " in dash.progress.value
+        # a failure found during the run is in the panel while training continues
+        assert dbg.watching and "Failure detected while training" in dash.panel.value
+        assert 'data-cause="dead_units" data-layer="1"' in dash.panel.value
         train(model, opt, dbg, 5)
         assert dash.updates == 3
         assert dash.chart.renders == 1  # the chart has its own, slower throttle

@@ -215,6 +215,23 @@ def test_explain_report_and_thresholds_as_text(ip):
         assert f"{f.name} = " in io.stdout
 
 
+def test_thresholds_line_magic_shows_sliders_bound_to_the_last_session(ip):
+    ip.run_cell(DEAD_SETUP)
+    run(ip, "%%neuraldbg model --no-live\n" + train(12))
+    magics = magics_of(ip)
+    magics.frontend = "widgets"
+    with capture_output() as io:
+        ip.run_line_magic("neuraldbg", "thresholds")
+    dash = magics.dashboard
+    assert dash.dbg is ip.user_ns["_ndbg"]
+    view = dash.thresholds_view()
+    assert io.outputs[0].data[WIDGET_VIEW]["model_id"] == view.model_id
+    assert view.children == (dash.controls.widget, dash.panel)
+    assert 'data-cause="dead_units"' in dash.panel.value
+    dash.controls.reset.click()  # the sliders act on this session
+    assert ip.user_ns["_ndbg"].thresholds == type(ip.user_ns["_ndbg"].thresholds)()
+
+
 def test_save_then_load_gives_the_same_verdict(ip, tmp_path):
     ip.run_cell(DEAD_SETUP)
     run(ip, "%%neuraldbg model\n" + train(12))
