@@ -239,7 +239,10 @@ class NeuralDbgMagics(Magics, Configurable):
         error = None if result is None else (result.error_before_exec or result.error_in_exec)
         outcome = ("finished" if error is None else
                    "interrupted" if isinstance(error, KeyboardInterrupt) else "error")
-        self._verdict(dbg, dash, handle, outcome)
+        if result is not None and result.error_before_exec is not None and dash is None:
+            pass  # the cell did not compile: nothing ran, so there is no verdict to print
+        else:
+            self._verdict(dbg, dash, handle, outcome)
         if error is not None and outer is not None:
             outer.error_in_exec = error  # the cell fails as it would without the magic
 

@@ -160,6 +160,14 @@ def test_exception_or_interrupt_keeps_traceback_session_and_partial_verdict(ip, 
     assert ip.user_ns["_ndbg"] is not dbg and ip.user_ns["_ndbg"].step == 2
 
 
+def test_syntax_error_in_the_cell_fails_it_without_a_verdict(ip):
+    ip.run_cell(DEAD_SETUP)
+    result, io = run(ip, "%%neuraldbg model\nfor step in range(3)\n    pass\n")
+    assert isinstance(result.error_in_exec, SyntaxError)
+    assert "SyntaxError" in io.stdout + io.stderr and "NeuralDbg verdict" not in io.stdout
+    assert ip.user_ns["_ndbg"].step == 0 and no_hooks(ip.user_ns["model"], ip.user_ns["opt"])
+
+
 def test_exception_in_widget_mode_finishes_the_dashboard(ip):
     ip.run_cell(DEAD_SETUP)
     magics = magics_of(ip)
