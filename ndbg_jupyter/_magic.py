@@ -210,7 +210,7 @@ class NeuralDbgMagics(Magics, Configurable):
     def _run(self, plan: _Plan, cell: str) -> None:
         ns = self.shell.user_ns
         feed = _LossFeed(ns, plan.loss)
-        dash = self._new_dashboard(f"watching <code>{plan.model_name}</code>") if plan.widgets else None
+        dash = self._new_dashboard(f"watching {plan.model_name}") if plan.widgets else None
         try:
             dbg = NeuralDbg(plan.model, plan.optimizer, plan.thresholds, every=plan.every,
                             on_step=dash.on_step if dash is not None else None,
@@ -239,9 +239,8 @@ class NeuralDbgMagics(Magics, Configurable):
         error = None if result is None else (result.error_before_exec or result.error_in_exec)
         outcome = ("finished" if error is None else
                    "interrupted" if isinstance(error, KeyboardInterrupt) else "error")
-        if result is not None and result.error_before_exec is not None and dash is None:
-            pass  # the cell did not compile: nothing ran, so there is no verdict to print
-        else:
+        did_not_compile = result is not None and result.error_before_exec is not None
+        if dash is not None or not did_not_compile:  # nothing ran: no verdict to print
             self._verdict(dbg, dash, handle, outcome)
         if error is not None and outer is not None:
             outer.error_in_exec = error  # the cell fails as it would without the magic
@@ -304,7 +303,7 @@ class NeuralDbgMagics(Magics, Configurable):
         self.shell.user_ns[self.out] = dbg
         self.session, self.dashboard = dbg, None
         if self.live and self._widgets_available():
-            dash = self._new_dashboard(f"trace <code>{path}</code>")
+            dash = self._new_dashboard(f"trace {path}")
             dash.show(dbg, "loaded")
             self.dashboard = dash
             display(dash.root)

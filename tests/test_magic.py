@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
@@ -65,6 +66,16 @@ def test_single_model_is_found_ignoring_private_names_loss_modules_and_submodule
     assert dbg.model is ip.user_ns["model"]
     assert dbg.optimizer is ip.user_ns["opt"]  # the one optimizer owning the model's parameters
     assert dbg.step == 3
+
+
+def test_a_compiled_model_is_preferred_over_the_module_it_wraps():
+    from torch import nn
+
+    from ndbg_jupyter._namespace import model_candidates
+    net = nn.Linear(2, 2)
+    fast = torch.compile(net, backend="aot_eager")  # wrapping only: nothing is compiled until called
+    assert [n for n, _ in model_candidates({"net": net, "fast": fast})] == ["fast"]
+    assert [n for n, _ in model_candidates({"net": net, "alias": net})] == ["net"]
 
 
 def test_several_models_give_a_one_line_error_listing_them(ip):
