@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, argument_group, magic_arguments, parse_argstring
 from IPython.display import display
 from torch import nn
 from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, validate
@@ -34,8 +34,9 @@ def _threshold_flags(func):
         kind = int if isinstance(value, int) and not isinstance(value, bool) else float
         doc = f.metadata.get("doc", f.metadata.get("label", ""))
         func = argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None, metavar="X",
-                        help=f"threshold: {doc} (default {value})")(func)
-    return func
+                        help=f"{doc} (default {value})")(func)
+    # listed under their own heading in %%neuraldbg? (decorators apply bottom-up: the group comes first)
+    return argument_group("thresholds", "override a decision threshold for this run")(func)
 
 
 def _widget_frontend(shell) -> bool:

@@ -41,6 +41,23 @@ def test_bad_arguments_give_one_line_error_and_leave_namespace_alone(ip, line, m
     assert no_hooks(ip.user_ns["model"], ip.user_ns["opt"])
 
 
+def test_threshold_flags_come_from_the_thresholds_fields_and_override_config(ip):
+    import dataclasses
+
+    from neuraldbg import Thresholds
+    magics = magics_of(ip)
+    for f in dataclasses.fields(Thresholds):
+        assert f"--{f.name.replace('_', '-')}" in magics.neuraldbg_cell.__doc__
+    ip.run_cell(DEAD_SETUP)
+    magics.thresholds = {"dead_fraction": 0.8, "persist": 3}
+    run(ip, "%%neuraldbg model --dead-fraction 0.9\n" + train(2))
+    th = ip.user_ns["_ndbg"].thresholds
+    assert (th.dead_fraction, th.persist) == (0.9, 3)
+    assert th.vanishing_ratio == Thresholds().vanishing_ratio
+    with pytest.raises(UsageError, match="invalid int value"):
+        ip.run_cell_magic("neuraldbg", "model --persist 2.5", "ran = True")
+
+
 def test_bad_threshold_value_is_a_usage_error(ip):
     ip.run_cell(DEAD_SETUP)
     magics = magics_of(ip)
