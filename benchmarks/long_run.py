@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
-import tracemalloc
+import resource
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +40,7 @@ def main():
 
     bare(200)
     print(f"bare loop: {bare(2000):.1f} us/step")
-    tracemalloc.start()
-    print(f"{'steps':>8s} {'us/step (last window)':>22s} {'trace MB':>9s} {'rows kept':>10s} {'py heap MB':>11s}")
+    print(f"{'steps':>8s} {'us/step (last window)':>22s} {'trace MB':>9s} {'rows kept':>10s} {'max RSS MB':>11s}")
     with NeuralDbg(model, optimizer=opt) as dbg:
         t0, last = time.perf_counter(), 0
         for step in range(1, args.steps + 1):
@@ -54,7 +53,7 @@ def main():
             if step in checkpoints:
                 t1 = time.perf_counter()
                 per_step = (t1 - t0) / (step - last) * 1e6
-                heap = tracemalloc.get_traced_memory()[0] / 2 ** 20
+                heap = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                 print(f"{step:8d} {per_step:22.1f} {dbg.trace.nbytes / 2 ** 20:9.2f} "
                       f"{dbg.trace.stats.n:10d} {heap:11.1f}")
                 t0, last = time.perf_counter(), step
