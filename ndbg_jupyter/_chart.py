@@ -59,6 +59,8 @@ class Chart:
         self._ax_loss.set_title("loss", fontsize=10)
         self._ax_loss.set_xlabel("step", fontsize=9)
         (self._line,) = self._ax_loss.plot([], [], lw=1.2, color="#1565c0")
+        self._no_loss = self._ax_loss.text(0.5, 0.5, "no loss recorded\n(%%neuraldbg --loss NAME)", ha="center",
+                                           va="center", transform=self._ax_loss.transAxes, color="#757575")
         self._ax_grad.set_title("gradient flow: log10 RMS(dL/d output)", fontsize=10)
         self._ax_grad.set_xlabel("step", fontsize=9)
         cmap = matplotlib.colormaps["magma"].with_extremes(bad="#eeeeee", under="#000000")
@@ -93,6 +95,7 @@ class Chart:
     def _draw_loss(self, trace) -> None:
         ax, steps, loss = self._ax_loss, trace.loss.steps, trace.loss.data.astype(float)
         self._line.set_data(steps, loss)
+        self._no_loss.set_visible(len(steps) == 0)
         finite = loss[np.isfinite(loss)]
         if len(finite):
             positive = bool((finite > 0).all())

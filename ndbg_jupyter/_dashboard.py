@@ -77,7 +77,7 @@ class Dashboard:
         self.panel.add_class("ndbg-panel")
         self.controls = ThresholdControls(self._thresholds_changed)
         self.status = widgets.HTML()
-        header = widgets.HTML(f"<b>NeuralDbg</b> {html.escape(title)}")
+        header = widgets.HTML(f"<b>NeuralDbg</b> &middot; {html.escape(title)}" if title else "<b>NeuralDbg</b>")
         body = widgets.HBox([self.grid.widget, self.panel], layout=widgets.Layout(flex_flow="row wrap"))
         self.root = _Root([header, self.progress, self.chart.widget, body, self.controls.widget, self.status])
         self.root.add_class("ndbg-dashboard")

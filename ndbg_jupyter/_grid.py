@@ -14,7 +14,7 @@ import ipywidgets as widgets
 
 from ._states import NONFINITE, look, value_of, worst
 
-_ROW_STYLE = ("display:grid;grid-template-columns:minmax(10em,1fr) 8em 7em 7em 4.5em;gap:4px;"
+_ROW_STYLE = ("display:grid;grid-template-columns:minmax(10em,1fr) 9em 7em 7em 4.5em;gap:4px;"
               "align-items:center;font:12px/1.6 var(--jp-code-font-family,monospace);padding:0 2px")
 _CHIP = ("display:inline-block;min-width:6em;text-align:center;border-radius:3px;padding:0 4px;"
          "color:#fff;background:{colour}")
@@ -96,12 +96,13 @@ def group_html(group: Group, health: dict, is_open: bool) -> str:
     unmeasured = sum(1 for h in hs if h is None)
     nonfinite = any(bool(getattr(h, "nonfinite", False)) for h in hs)
     cls = "ndbg-row ndbg-group" if is_open else "ndbg-row ndbg-fold"
-    summary = f"{len(hs)} layers" + (f", {bad} unwell" if bad else "") + (f", {unmeasured} unseen" if unmeasured else "")
+    summary = (f"{bad}/{len(hs)} unwell" if bad else f"{len(hs)} layers") + (f", {unmeasured} unseen" if unmeasured else "")
     flag = (f'<span style="{_CHIP.format(colour=NONFINITE.colour)};min-width:0">{NONFINITE.label}</span>'
             if nonfinite else "")
     return (f'<div class="{cls}" data-layer="{html.escape(group.key)}" data-act="{act}" data-grad="{grad}"'
             f' data-nonfinite="{str(nonfinite).lower()}" style="{_ROW_STYLE};font-weight:bold">'
-            f'<span>{html.escape(group.key)}</span><span style="color:#757575;font-weight:normal">{summary}</span>'
+            f'<span>{html.escape(group.key)}</span><span style="color:#757575;font-weight:normal;'
+            f'white-space:nowrap;overflow:hidden;text-overflow:ellipsis" title="{summary}">{summary}</span>'
             f'{_chip(act, "worst activation state")}{_chip(grad, "worst gradient state")}{flag}</div>')
 
 
@@ -141,8 +142,8 @@ class HealthGrid:
                 self._bodies[g.key] = body
                 children.append(body)
                 continue
-            toggle = widgets.ToggleButton(value=False, icon="chevron-right", tooltip=f"unfold {g.key}",
-                                          layout=widgets.Layout(width="2.4em", height="1.8em"))
+            toggle = widgets.ToggleButton(value=False, description="\u25b8", tooltip=f"unfold {g.key}",
+                                          layout=widgets.Layout(width="2.2em", height="1.7em", padding="0"))
             toggle.add_class("ndbg-unfold")
             toggle.observe(lambda change, key=g.key: self._toggle(key, change["new"]), names="value")
             header = widgets.HTML(layout=widgets.Layout(flex="1"))
@@ -154,7 +155,8 @@ class HealthGrid:
     def _toggle(self, key: str, is_open: bool) -> None:
         toggle, body = self.toggles[key], self._bodies[key]
         with toggle.hold_sync(), body.hold_sync():
-            toggle.icon = "chevron-down" if is_open else "chevron-right"
+            toggle.description = "\u25be" if is_open else "\u25b8"
+            toggle.tooltip = f"{'fold' if is_open else 'unfold'} {key}"
             body.layout.display = "" if is_open else "none"
             self._fill_group(next(g for g in self.groups if g.key == key))
 

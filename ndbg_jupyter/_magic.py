@@ -211,7 +211,7 @@ class NeuralDbgMagics(Magics, Configurable):
     def _run(self, plan: _Plan, cell: str) -> None:
         ns = self.shell.user_ns
         feed = _LossFeed(ns, plan.loss)
-        dash = self._new_dashboard(f"watching {plan.model_name}") if plan.widgets else None
+        dash = self._new_dashboard(plan.model_name) if plan.widgets else None
         try:
             dbg = NeuralDbg(plan.model, plan.optimizer, plan.thresholds, every=plan.every,
                             on_step=dash.on_step if dash is not None else None,
