@@ -1,12 +1,57 @@
-"""Decision thresholds (placeholder: replaced by the reasoner's full set)."""
+"""Decision thresholds: every number the analysis compares a statistic against, and nothing else.
+
+The defaults are ratios and fractions, so they hold across widths, depths, batch sizes and loss
+scales. Each field's metadata (label, scale, min, max, doc) is enough to build a slider for it.
+"""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+def _f(default, label: str, scale: str, lo, hi, doc: str):
+    return field(default=default, metadata={"label": label, "scale": scale, "min": lo, "max": hi, "doc": doc})
 
 
 @dataclass(frozen=True)
 class Thresholds:
+    """What counts as unhealthy. Change one with ``dbg.reanalyze(name=value)``."""
+
+    # -- activations -------------------------------------------------------------------------------
+    dead_fraction: float = _f(0.5, "dead units", "linear", 0.05, 1.0,
+                              "share of a ReLU layer's units never positive over a batch for the layer to be dead")
+    saturated_fraction: float = _f(0.6, "saturated outputs", "linear", 0.05, 1.0,
+                                   "share of a sigmoid/tanh layer's outputs at their bounds for it to be saturated")
+    activation_growth: float = _f(1e3, "activation growth", "log", 3.0, 1e6,
+                                  "growth of a layer's output spread since the first sample that is anomalous")
+    layer_gain: float = _f(10.0, "layer gain", "log", 2.0, 1e3,
+                           "output/input spread ratio of a weight layer (either way) that points at its init scale")
+    # -- gradients ---------------------------------------------------------------------------------
+    vanishing_ratio: float = _f(1e-3, "gradient attenuation", "log", 1e-8, 0.3,
+                                "relative weight gradient of a layer vs the layers after it, below which it vanished")
+    exploding_ratio: float = _f(1e3, "gradient amplification", "log", 3.0, 1e8,
+                                "relative weight gradient vs the layers after it, or vs its own start, that explodes")
+    # -- updates -----------------------------------------------------------------------------------
+    update_too_large: float = _f(0.1, "update/weight high", "log", 1e-3, 10.0,
+                                 "median update-to-weight ratio per step above which updates are too large")
+    update_negligible: float = _f(1e-5, "update/weight low", "log", 1e-10, 1e-2,
+                                  "largest update-to-weight ratio per step below which updates are negligible")
+    # -- loss --------------------------------------------------------------------------------------
+    loss_rise: float = _f(1.0, "loss rise", "log", 0.05, 100.0,
+                          "rise of the smoothed loss above its best, as a fraction of the start loss: divergence")
+    loss_oscillation: float = _f(0.5, "loss oscillation", "log", 0.05, 10.0,
+                                 "typical step-to-step loss change, as a fraction of its level, with no progress")
+    loss_progress: float = _f(0.05, "loss progress", "log", 1e-4, 0.5,
+                              "least improvement of the smoothed loss, as a fraction of the start loss, not a plateau")
+    plateau_steps: int = _f(20, "plateau steps", "linear", 5, 1000,
+                            "recorded losses needed before the loss can be called flat")
+    # -- data --------------------------------------------------------------------------------------
+    input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
+                            "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
+    # -- events ------------------------------------------------------------------------------------
+    persist: int = _f(2, "persistence", "linear", 1, 10,
+                      "consecutive samples a state must hold before it becomes an event (hysteresis)")
+
     def replace(self, **changes) -> "Thresholds":
         return dataclasses.replace(self, **changes)
 

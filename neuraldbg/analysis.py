@@ -1,0 +1,54 @@
+"""The analysis pipeline after extraction: health states -> events -> links -> hypotheses.
+
+``analyze`` runs the three stages on a stored trace; re-analysis with new thresholds is just
+another call (the model is not needed).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import events as events_mod
+from . import health as health_mod
+from . import patterns as patterns_mod
+from .events import SemanticEvent
+from .health import LayerHealth
+from .hypothesis import CausalHypothesis
+from .patterns import Link
+from .reasoner import infer
+from .rules import Context
+from .thresholds import Thresholds
+from .trace import Trace
+
+
+@dataclass
+class Analysis:
+    """``health``: each layer's latest state; ``events`` in step order; ``hypotheses`` best first."""
+
+    health: dict[str, LayerHealth] = field(default_factory=dict)
+    events: list[SemanticEvent] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    hypotheses: list[CausalHypothesis] = field(default_factory=list)
+    steps: int = 0
+
+
+def _last_lr(trace: Trace) -> float:
+    if trace.globals.n == 0:
+        return math.nan
+    lr = trace.global_column("lr")
+    ok = np.isfinite(lr)
+    return float(lr[ok][-1]) if ok.any() else math.nan
+
+
+def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
+    table = health_mod.compute(trace, thresholds)
+    events = events_mod.detect(table, thresholds)
+    rank = {l.name: int(l.order) for l in trace.layers if l.order is not None}
+    first = int(table.steps[0]) if len(table.steps) else 0
+    links = patterns_mod.detect(events, rank, first)
+    ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
+                  nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0)
+    hypotheses = infer(ctx)
+    return Analysis(health=health_mod.latest(table), events=events, links=links, hypotheses=hypotheses, steps=steps)

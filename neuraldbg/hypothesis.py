@@ -1,0 +1,33 @@
+"""``CausalHypothesis``: what the reasoner concludes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .causes import Cause
+from .events import SemanticEvent
+
+CONFIDENT = 0.5  # a hypothesis at or above this confidence means "this run has this failure"
+
+
+@dataclass
+class CausalHypothesis:
+    """A root cause, where and when it starts, how sure we are, why, and what to do.
+
+    ``layer``: the module name as in ``model.named_modules()``; ``""`` for the model as a whole;
+    ``"input"`` for the data. ``chain``: cause to effect, in order. ``evidence``: the events behind it.
+    """
+
+    cause: Cause
+    layer: str
+    step: int
+    confidence: float
+    chain: list[str] = field(default_factory=list)
+    evidence: list[SemanticEvent] = field(default_factory=list)
+    suggestion: str = ""
+
+    @property
+    def where(self) -> str:
+        return {"": "the model", "input": "the input data"}.get(self.layer, f"`{self.layer}`")
+
+    def __str__(self) -> str:
+        return f"{self.cause} in {self.where} from step {self.step} (confidence {self.confidence:.2f})"

@@ -1,0 +1,102 @@
+"""Human-readable output of an analysis: a text report and a Mermaid flowchart of the causal graph."""
+from __future__ import annotations
+
+import math
+import re
+
+from .hypothesis import CONFIDENT
+
+_MAX_EVIDENCE = 5
+
+
+def _fmt(v: float) -> str:
+    if v != v:
+        return "n/a"
+    a = abs(v)
+    return f"{v:.3g}" if (a == 0 or 1e-3 <= a < 1e4) else f"{v:.2e}"
+
+
+def _loss_line(trace) -> str | None:
+    if trace is None or trace.loss.n == 0:
+        return None
+    v = trace.loss.data
+    ok = v[~(v != v)]
+    if len(ok) == 0:
+        return f"loss: NaN from the first recorded step ({trace.loss.n} recorded)"
+    first, last = float(v[0]), float(v[-1])
+    return (f"loss: {_fmt(first)} at step {int(trace.loss.steps[0])} -> {_fmt(last)} at step "
+            f"{int(trace.loss.steps[-1])} (best {_fmt(float(ok.min()))}, {trace.loss.n} recorded)")
+
+
+def render_hypothesis(hyp, rank: int | None = None) -> list[str]:
+    head = f"{rank}. " if rank is not None else ""
+    lines = [f"{head}{hyp.cause} in {hyp.where}, from step {hyp.step} (confidence {hyp.confidence:.2f})"]
+    if hyp.chain:
+        lines.append("   why:")
+        lines += [f"     {'->' if i else '*'} {c}" for i, c in enumerate(hyp.chain)]
+    if hyp.evidence:
+        lines.append("   evidence:")
+        lines += [f"     - {e.describe()}" for e in hyp.evidence[:_MAX_EVIDENCE]]
+        if len(hyp.evidence) > _MAX_EVIDENCE:
+            lines.append(f"     - ... and {len(hyp.evidence) - _MAX_EVIDENCE} more events")
+    if hyp.suggestion:
+        lines.append(f"   fix: {hyp.suggestion}")
+    return lines
+
+
+def render_report(analysis, trace=None, step: int | None = None) -> str:
+    """The verdict as text: the top cause, its chain, the numbers and the fix; then the others."""
+    steps = step if step is not None else analysis.steps
+    sampled = trace.stats.n if trace is not None else 0
+    n_layers = len(trace.layers) if trace is not None else len(analysis.health)
+    lines = [f"NeuralDbg report: {steps} steps, {sampled} sampled, {n_layers} layers watched"]
+    loss = _loss_line(trace)
+    if loss:
+        lines.append(loss)
+    strong = [h for h in analysis.hypotheses if h.confidence >= CONFIDENT]
+    weak = [h for h in analysis.hypotheses if h.confidence < CONFIDENT]
+    if not strong:
+        lines.append(f"Verdict: healthy. No failure found in {steps} steps "
+                     f"(no hypothesis at confidence >= {CONFIDENT}).")
+    else:
+        top = strong[0]
+        lines.append(f"Verdict: {top.cause} in {top.where}, from step {top.step}.")
+        lines.append("")
+        for i, h in enumerate(strong, 1):
+            lines += render_hypothesis(h, i)
+            lines.append("")
+    if weak:
+        lines.append("Weak signals (below confidence 0.5):")
+        lines += [f"  - {h} : {h.chain[0] if h.chain else ''}" for h in weak[:5]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _label(text: str) -> str:
+    text = re.sub(r'["\[\]{}()<>|`#;]', "", text)
+    return text if len(text) <= 90 else text[:87] + "..."
+
+
+def render_mermaid(analysis, limit: int = 3) -> str:
+    """A Mermaid flowchart: for each top hypothesis, its root node and its chain, cause to effect."""
+    lines = ["flowchart TD"]
+    hyps = analysis.hypotheses[:limit]
+    if not hyps:
+        lines.append('    healthy["healthy: no failure found"]')
+        return "\n".join(lines) + "\n"
+    for i, h in enumerate(hyps):
+        root = f"h{i}"
+        style = "root" if h.confidence >= CONFIDENT else "weak"
+        lines.append(f'    {root}["{_label(f"{h.cause} in {h.where} from step {h.step} ({h.confidence:.2f})")}"]:::{style}')
+        prev = root
+        for j, c in enumerate(h.chain):
+            node = f"h{i}c{j}"
+            lines.append(f'    {node}["{_label(c)}"]')
+            lines.append(f"    {prev} --> {node}")
+            prev = node
+        if h.suggestion:
+            lines.append(f'    h{i}fix["fix: {_label(h.suggestion)}"]:::fix')
+            lines.append(f"    {root} -.-> h{i}fix")
+    lines.append("    classDef root fill:#ffcdd2,stroke:#c62828")
+    lines.append("    classDef weak fill:#eeeeee,stroke:#9e9e9e")
+    lines.append("    classDef fix fill:#e8f5e9,stroke:#2e7d32")
+    return "\n".join(lines) + "\n"

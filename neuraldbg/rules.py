@@ -1,0 +1,462 @@
+"""Inference rules: abductive steps from events and links to causal hypotheses.
+
+Each rule looks for the signature of one root cause among the events not yet explained by a
+stronger rule (``Context.free``), and returns hypotheses whose evidence then counts as explained.
+The rules run in ``RULES`` order: data before the model, activations that block the gradient
+before the gradient they block, the initial weight scale before what it leads to, updates before
+the NaN they produce, and a flat loss only when nothing more specific was found.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .causes import Cause
+from .events import SemanticEvent, _fmt
+from .hypothesis import CausalHypothesis
+from .layers import Kind, LayerInfo
+from .patterns import Link, LinkKind
+from .states import ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
+from .thresholds import Thresholds
+from .trace import NonFiniteOrigin
+
+
+@dataclass
+class Context:
+    """What the rules read: events, links, the layer table and the NaN origin, plus what is explained."""
+
+    events: list[SemanticEvent]
+    links: list[Link]
+    layers: dict[str, LayerInfo]
+    rank: dict[str, int]
+    first_step: int
+    nonfinite: NonFiniteOrigin | None
+    lr: float
+    th: Thresholds
+    has_loss: bool
+    claimed: set[int] = field(default_factory=set)
+    found: list[CausalHypothesis] = field(default_factory=list)
+
+    def free(self, signal: Signal, *states) -> list[SemanticEvent]:
+        return [e for e in self.events if id(e) not in self.claimed and e.signal == signal
+                and (not states or e.after in states)]
+
+    def all(self, signal: Signal, *states) -> list[SemanticEvent]:
+        return [e for e in self.events if e.signal == signal and (not states or e.after in states)]
+
+    def linked(self, kind: LinkKind, cause: SemanticEvent) -> list[SemanticEvent]:
+        return [e for l in self.links if l.kind == kind and l.cause is cause for e in l.effects]
+
+    def previous(self, name: str) -> str | None:
+        """The layer that ran just before ``name`` in the forward pass."""
+        pos = self.rank.get(name)
+        if pos is None:
+            return None
+        before = [n for n, r in self.rank.items() if r < pos]
+        return max(before, key=self.rank.get) if before else None
+
+    def previous_weight_layer(self, name: str) -> str | None:
+        pos = self.rank.get(name, -1)
+        cands = [n for n, r in self.rank.items() if r < pos and self.layers[n].n_params > 0]
+        return max(cands, key=self.rank.get) if cands else None
+
+    def from_start(self, ev: SemanticEvent) -> bool:
+        return ev.step <= self.first_step
+
+    def loss_state(self, *states) -> list[SemanticEvent]:
+        return self.all(Signal.LOSS, *states)
+
+    def lr_text(self) -> tuple[str, str]:
+        """The current learning rate and a tenth of it, as text (``"lr"`` when unknown)."""
+        if self.lr == self.lr and self.lr > 0:
+            return _fmt(self.lr), _fmt(self.lr / 10)
+        return "its current value", "a tenth of it"
+
+
+def _names(events: list[SemanticEvent], limit: int = 4) -> str:
+    names = []
+    for e in events:
+        if e.layer not in names:
+            names.append(e.layer)
+    shown = ", ".join(f"`{n}`" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _hyp(ctx: Context, cause: Cause, layer: str, step: int, confidence: float, chain: list[str],
+         evidence: list[SemanticEvent], suggestion: str) -> CausalHypothesis:
+    evidence = sorted({id(e): e for e in evidence}.values(), key=lambda e: e.step)
+    return CausalHypothesis(cause=cause, layer=layer, step=int(step), confidence=round(min(max(confidence, 0.0), 0.99), 3),
+                            chain=chain, evidence=evidence, suggestion=suggestion)
+
+
+def _loss_symptoms(ctx: Context, after: int = -1) -> list[SemanticEvent]:
+    return [e for e in ctx.loss_state(LossState.PLATEAU, LossState.DIVERGING, LossState.OSCILLATING,
+                                      LossState.NONFINITE) if e.step >= after or e.end is None]
+
+
+def _loss_text(ev: SemanticEvent) -> str:
+    v = ev.values
+    if ev.after == LossState.PLATEAU:
+        return f"the loss stays flat ({_fmt(v.get('start', math.nan))} at the start, best {_fmt(v.get('best', math.nan))})"
+    if ev.after == LossState.DIVERGING:
+        return f"the loss diverges from step {ev.step} (best {_fmt(v.get('best', math.nan))}, then {_fmt(v.get('loss', math.nan))})"
+    if ev.after == LossState.OSCILLATING:
+        return f"the loss oscillates from step {ev.step} without progress"
+    return f"the loss becomes NaN/Inf at step {ev.step}"
+
+
+# -- data ----------------------------------------------------------------------------------------------
+
+def rule_data(ctx: Context) -> list[CausalHypothesis]:
+    out = []
+    nf = ctx.nonfinite
+    bad_input = ctx.free(Signal.INPUT, InputState.NONFINITE)
+    finite_ev = ctx.free(Signal.FINITE, FiniteState.NONFINITE)
+    loss_nf = ctx.loss_state(LossState.NONFINITE)
+    if (nf is not None and nf.phase == "input") or bad_input:
+        step = nf.step if nf is not None and nf.phase == "input" else bad_input[0].step
+        chain = [f"the input batch at step {step} contains NaN/Inf",
+                 "every layer downstream computes NaN/Inf (non_finite)", "the loss and all gradients become NaN"]
+        out.append(_hyp(ctx, Cause.DATA, "input", step, 0.95, chain, bad_input + finite_ev + loss_nf,
+                        f"the batch at step {step} carries NaN/Inf in the input: find it in the data pipeline "
+                        "(assert torch.isfinite(x).all()), then drop or impute those samples"))
+    elif nf is not None and nf.phase == "loss":
+        chain = [f"the model output is finite at step {nf.step}",
+                 "the loss (or its gradient) is NaN/Inf: NaN in the targets, or a loss undefined for them",
+                 "all gradients become NaN (non_finite)"]
+        out.append(_hyp(ctx, Cause.DATA, "input", nf.step, 0.9, chain, finite_ev + loss_nf,
+                        f"check the targets of the batch at step {nf.step} (assert torch.isfinite(y).all()) and that "
+                        "they are in the loss's domain (class indices in range, probabilities in [0, 1]); "
+                        "mask or drop samples with NaN targets"))
+    if out:
+        return out
+    unscaled = ctx.free(Signal.INPUT, InputState.UNSCALED)
+    if unscaled:
+        ev = unscaled[0]
+        first = sorted(ctx.rank, key=ctx.rank.get)[:3]
+        symptoms = [e for e in ctx.events if e.bad and id(e) not in ctx.claimed and e.layer in first
+                    and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE)]
+        symptoms += _loss_symptoms(ctx)
+        v = ev.values
+        m, s, a = v.get("input_mean", math.nan), v.get("input_std", math.nan), v.get("input_absmax", math.nan)
+        chain = [f"the input is not normalised: mean {_fmt(m)}, std {_fmt(s)}, values up to {_fmt(a)}"]
+        chain += [f"{e.signal} {e.after} in `{e.layer}` from step {e.step}" if e.signal != Signal.LOSS else _loss_text(e)
+                  for e in symptoms[:4]]
+        fix = (f"normalise the input: x = (x - {_fmt(m)}) / {_fmt(s)}" +
+               ("; for 0-255 images, divide by 255 first, then subtract the per-channel mean and divide by the std"
+                if a == a and 200 <= a <= 256 else ""))
+        out.append(_hyp(ctx, Cause.DATA, "input", ev.step, 0.8 if symptoms else 0.35, chain, [ev] + symptoms, fix))
+    return out
+
+
+# -- activations that block the gradient ----------------------------------------------------------------
+
+def _update_before(ctx: Context, step: int) -> list[SemanticEvent]:
+    return [e for e in ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step <= step]
+
+
+def rule_dead(ctx: Context) -> list[CausalHypothesis]:
+    out = []
+    for ev in ctx.free(Signal.ACTIVATION, ActState.DEAD):
+        frac = ev.values.get("dead_fraction", 1.0)
+        frac = 1.0 if frac != frac else frac
+        blocked = ctx.linked(LinkKind.BLOCKS, ev)
+        prev = ctx.previous(ev.layer)
+        lr, lr10 = ctx.lr_text()
+        chain = [f"{frac:.0%} of the units of `{ev.layer}` output 0 for every input from step {ev.step}"]
+        large = _update_before(ctx, ev.step)
+        if not ctx.from_start(ev) and large:
+            u = large[0].values.get("update_median", math.nan)
+            chain = [f"updates of {_fmt(u)} x the weights per step (lr {lr}) from step {large[0].step}"] + chain
+            if blocked:
+                chain.append(f"no gradient flows back through `{ev.layer}`: it vanishes in {_names(blocked)}")
+            chain.append("the layers before it stop learning")
+            out.append(_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step, 0.8 + 0.1 * bool(blocked), chain,
+                            [large[0], ev] + blocked,
+                            f"lower the learning rate from {lr} to ~{lr10}: a too-large update pushed the units of "
+                            f"`{ev.layer}` into the zero region; optionally use nn.LeakyReLU(0.01) there"))
+            continue
+        if ctx.from_start(ev) and prev:
+            chain.append(f"present from step {ev.step}: `{prev}` feeds `{ev.layer}` only non-positive values "
+                         "(its bias or weight scale)")
+        if blocked:
+            chain.append(f"no gradient flows back through `{ev.layer}`: it vanishes in {_names(blocked)}")
+        loss = _loss_symptoms(ctx, ev.step)
+        chain += [_loss_text(e) for e in loss[:1]]
+        conf = 0.4 + 0.5 * frac + 0.05 * bool(blocked or loss)
+        fix = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{ev.layer}` by "
+               f"nn.LeakyReLU(0.01)" if prev else f"replace `{ev.layer}` by nn.LeakyReLU(0.01)")
+        if not ctx.from_start(ev):
+            fix += f"; if the units died during training, lower the learning rate from {lr} to ~{lr10}"
+        out.append(_hyp(ctx, Cause.DEAD_UNITS, ev.layer, ev.step, conf, chain, [ev] + blocked + loss, fix))
+    return out
+
+
+def rule_saturated(ctx: Context) -> list[CausalHypothesis]:
+    out = []
+    for ev in ctx.free(Signal.ACTIVATION, ActState.SATURATED):
+        frac = ev.values.get("saturated_fraction", 1.0)
+        blocked = ctx.linked(LinkKind.BLOCKS, ev)
+        loss = [e for e in _loss_symptoms(ctx, ev.step) if e.after in (LossState.PLATEAU, LossState.OSCILLATING)]
+        prev = ctx.previous_weight_layer(ev.layer)
+        gains = [e for e in ctx.all(Signal.GAIN, GainState.AMPLIFIES) if e.layer == prev and e.step <= ev.step]
+        kind = ctx.layers[ev.layer].type_name
+        chain = [f"{frac:.0%} of the outputs of `{ev.layer}` ({kind}) are pinned at its bounds from step {ev.step}"]
+        if gains:
+            chain.insert(0, f"`{prev}` amplifies its input {_fmt(gains[0].values.get('gain', math.nan))}x "
+                            "(its weight scale)")
+        elif ctx.from_start(ev) and prev:
+            chain.append(f"present from step {ev.step}: the pre-activations from `{prev}` are too large")
+        if blocked:
+            chain.append(f"its derivative is ~0, so the gradient vanishes in {_names(blocked)}")
+        chain += [_loss_text(e) for e in loss[:1]]
+        consequence = bool(blocked or loss)
+        conf = (0.6 + 0.3 * frac) if consequence else (0.25 + 0.2 * frac)
+        fix = (f"scale down the pre-activations of `{ev.layer}`: re-initialise `{prev}` with nn.init.xavier_uniform_ "
+               f"(gain 1), or add nn.LayerNorm/BatchNorm before `{ev.layer}`; or use ReLU/GELU instead of {kind}"
+               if prev else f"normalise what enters `{ev.layer}` or use ReLU/GELU instead of {kind}")
+        out.append(_hyp(ctx, Cause.SATURATED_ACTIVATIONS, ev.layer, ev.step, conf, chain, [ev] + blocked + gains + loss,
+                        fix))
+    return out
+
+
+# -- initial weight scale -------------------------------------------------------------------------------
+
+def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
+    gains = [e for e in ctx.free(Signal.GAIN) if e.bad and ctx.from_start(e)]
+    if not gains:
+        return []
+    symptoms = [e for e in ctx.events if e.bad and id(e) not in ctx.claimed and e.signal in
+                (Signal.GRADIENT, Signal.FINITE, Signal.ACTIVATION)]
+    symptoms += _loss_symptoms(ctx)
+    if not symptoms:
+        return []
+    amplify = [e for e in gains if e.after == GainState.AMPLIFIES]
+    shrink = [e for e in gains if e.after == GainState.SHRINKS]
+    group = amplify if len(amplify) >= len(shrink) else shrink
+    group.sort(key=lambda e: ctx.rank.get(e.layer, 0))
+    layer = group[0].layer if len(group) == 1 else ""
+    g = group[0].values.get("gain", math.nan)
+    verb = "amplifies" if group is amplify else "shrinks"
+    if layer:
+        chain = [f"at step {group[0].step}, `{layer}` {verb} its input's spread {_fmt(g)}x (its weight scale)"]
+    else:
+        gs = [e.values.get("gain", math.nan) for e in group]
+        chain = [f"at step {group[0].step}, {len(group)} layers ({_names(group)}) each {'shrink' if verb == 'shrinks' else 'amplify'}"
+                 f" the signal {_fmt(min(gs))}-{_fmt(max(gs))}x (their weight scale)"]
+    for e in symptoms[:4]:
+        chain.append(_loss_text(e) if e.signal == Signal.LOSS else
+                     f"{e.signal} {e.after} in `{e.layer}` from step {e.step}")
+    if ctx.nonfinite is not None:
+        chain.append(f"non_finite: NaN/Inf in `{ctx.nonfinite.layer or 'the model'}` at step {ctx.nonfinite.step}")
+    conf = min(0.55 + 0.1 * len(symptoms) + 0.1 * (ctx.nonfinite is not None), 0.9)
+    if verb == "amplifies":
+        target = f"`{layer}`" if layer else "the weight layers"
+        fix = (f"{target} start(s) with weights ~{_fmt(g)}x too large: re-initialise with nn.init.xavier_uniform_ "
+               f"(or kaiming_uniform_ for ReLU), or scale them down by {_fmt(g)}; clip gradients at max_norm=1.0 meanwhile")
+    else:
+        target = f"`{layer}`" if layer else "the weight layers"
+        fix = (f"{target} start(s) with weights too small (each layer scales the signal by ~{_fmt(g)}): use a "
+               "variance-preserving init, nn.init.xavier_normal_ for tanh/sigmoid or nn.init.kaiming_normal_ for ReLU")
+    return [_hyp(ctx, Cause.BAD_INITIALIZATION, layer, group[0].step, conf, chain, group + symptoms, fix)]
+
+
+# -- NaN/Inf in the model ---------------------------------------------------------------------------------
+
+def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
+    nf = ctx.nonfinite
+    finite_ev = ctx.free(Signal.FINITE, FiniteState.NONFINITE)
+    loss_nf = ctx.loss_state(LossState.NONFINITE)
+    if nf is None and not finite_ev:
+        return []
+    step = nf.step if nf is not None else finite_ev[0].step
+    layer = nf.layer if nf is not None else finite_ev[0].layer
+    phase = nf.phase if nf is not None else "forward"
+    lr, lr10 = ctx.lr_text()
+    evidence = finite_ev + loss_nf
+    large = [e for e in ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step < step]
+    diverging = [e for e in ctx.loss_state(LossState.DIVERGING, LossState.OSCILLATING) if e.step < step]
+    exploding = [e for e in ctx.all(Signal.GRADIENT, GradState.EXPLODING) if e.step < step]
+    blown = [e for e in ctx.all(Signal.ACTIVATION, ActState.ANOMALOUS) if e.step < step]
+    where = f"`{layer}`" if layer else "the model"
+    if phase == "weights" or large or (diverging and not exploding):
+        chain = []
+        if large:
+            chain.append(f"updates of {_fmt(large[0].values.get('update_median', math.nan))} x the weights per step "
+                         f"(lr {lr}) from step {large[0].step}")
+        chain += [_loss_text(e) for e in diverging[:1]]
+        if blown:
+            chain.append(f"activations blow up in {_names(blown)}")
+        chain.append(f"the parameters of {where} become NaN/Inf after the update before step {step}"
+                     if phase == "weights" else f"non_finite: NaN/Inf first produced in {where} ({phase}) at step {step}")
+        conf = 0.9 if (phase == "weights" or large) else 0.7
+        return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step if large else step, conf, chain,
+                     large + diverging + blown + exploding + evidence,
+                     f"lower the learning rate from {lr} to ~{lr10} and clip gradients "
+                     "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))")]
+    if exploding:
+        origin = [l.cause for l in ctx.links if l.kind == LinkKind.PROPAGATES and l.cause in exploding]
+        src = (origin or exploding)[0]
+        chain = [f"the gradient explodes in `{src.layer}` from step {src.step} "
+                 f"(x{_fmt(max(src.values.get('grad_growth', 0) or 0, src.values.get('attenuation', 0) or 0))})",
+                 f"non_finite: NaN/Inf first produced in {where} ({phase}) at step {step}"]
+        return [_hyp(ctx, Cause.EXPLODING_GRADIENTS, src.layer, src.step, 0.85, chain, exploding + blown + evidence,
+                     _explode_fix(ctx, src.layer))]
+    if phase == "unknown":
+        return [_hyp(ctx, Cause.NON_FINITE, "", step, 0.6, [f"NaN/Inf appears at step {step}; "
+                                                             f"{nf.detail if nf else ''}".strip()], evidence,
+                     "run the failing step under torch.autograd.detect_anomaly() to find the operation")]
+    kind = ctx.layers[layer].type_name if layer in ctx.layers else "module"
+    if phase == "forward":
+        chain = [f"at step {step}, the forward pass of `{layer}` ({kind}) is the first to output NaN/Inf "
+                 "from finite inputs and weights",
+                 "every layer after it, the loss and all gradients become NaN"]
+        fix = (f"guard the operation in `{layer}` that leaves its domain: add an eps to a denominator "
+               "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), torch.log(x.clamp_min(1e-12))), "
+               "or use a stable form (torch.logsumexp, F.softmax / F.log_softmax instead of exp/sum)")
+    else:
+        chain = [f"at step {step}, the backward pass of `{layer}` ({kind}) turns a finite gradient into NaN/Inf",
+                 "the parameter gradients of every layer before it become NaN"]
+        fix = (f"the derivative of an operation in `{layer}` is infinite at the values it sees (sqrt or pow at 0, "
+               "log of 0, division by ~0): add an eps (torch.sqrt(x + 1e-12)) or clamp its input")
+    return [_hyp(ctx, Cause.NON_FINITE, layer, step, 0.9, chain, evidence, fix)]
+
+
+# -- gradients -------------------------------------------------------------------------------------------
+
+def _explode_fix(ctx: Context, layer: str) -> str:
+    lr, lr10 = ctx.lr_text()
+    fix = "clip gradients with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)"
+    info = ctx.layers.get(layer)
+    if info is not None and info.kind == Kind.RECURRENT:
+        fix += f" and initialise the recurrent weights of `{layer}` orthogonally with gain <= 1 (nn.init.orthogonal_)"
+    return fix + f"; if it persists, lower the learning rate from {lr} to ~{lr10}"
+
+
+def rule_exploding(ctx: Context) -> list[CausalHypothesis]:
+    free = ctx.free(Signal.GRADIENT, GradState.EXPLODING)
+    if not free:
+        return []
+    origin = next((l.cause for l in ctx.links if l.kind == LinkKind.PROPAGATES and l.cause in free), free[0])
+    large = [e for e in ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step < origin.step]
+    loss = [e for e in _loss_symptoms(ctx) if e.after != LossState.PLATEAU]
+    v = origin.values
+    amp = max(v.get("attenuation", 0) or 0, v.get("grad_growth", 0) or 0)
+    lr, lr10 = ctx.lr_text()
+    if large:
+        chain = [f"updates of {_fmt(large[0].values.get('update_median', math.nan))} x the weights per step (lr {lr})",
+                 f"the gradient grows {_fmt(amp)}x in {_names(free)} from step {origin.step}"]
+        chain += [_loss_text(e) for e in loss[:1]]
+        return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step, 0.6 + 0.25 * bool(loss), chain,
+                     large + free + loss, f"lower the learning rate from {lr} to ~{lr10} and clip gradients at max_norm=1.0")]
+    chain = [f"the relative gradient of `{origin.layer}` is {_fmt(amp)}x that of the layers after it or of its start, "
+             f"from step {origin.step}"]
+    others = [e for e in free if e is not origin]
+    if others:
+        chain.append(f"the growth reaches {_names(others)}")
+    chain += [_loss_text(e) for e in loss[:1]]
+    conf = 0.55 + 0.1 * min(math.log10(max(amp / ctx.th.exploding_ratio, 1.0)) + 1, 2) + 0.1 * bool(loss)
+    return [_hyp(ctx, Cause.EXPLODING_GRADIENTS, origin.layer, origin.step, conf, chain, free + loss,
+                 _explode_fix(ctx, origin.layer))]
+
+
+def rule_vanishing(ctx: Context) -> list[CausalHypothesis]:
+    free = ctx.free(Signal.GRADIENT, GradState.VANISHING)
+    if not free:
+        return []
+    origin = next((l.cause for l in ctx.links if l.kind == LinkKind.PROPAGATES and l.cause in free), None)
+    if origin is None:
+        first = min(e.step for e in free)
+        origin = max((e for e in free if e.step == first), key=lambda e: ctx.rank.get(e.layer, -1))
+    att = origin.values.get("attenuation", math.nan)
+    loss = [e for e in _loss_symptoms(ctx) if e.after == LossState.PLATEAU]
+    layers = sorted({e.layer for e in free}, key=lambda n: ctx.rank.get(n, 0))
+    chain = [f"the relative gradient of `{origin.layer}` is {_fmt(att)}x that of the layers after it from step "
+             f"{origin.step}"]
+    if len(layers) > 1:
+        chain.append(f"it fades further toward the input: {_names([e for e in free if e is not origin])}")
+    chain.append("the layers near the input barely learn")
+    chain += [_loss_text(e) for e in loss[:1]]
+    depth = math.log10(max(ctx.th.vanishing_ratio / att, 1.0)) if att == att and att > 0 else 3.0
+    conf = 0.55 + 0.08 * min(depth + 1, 4) + 0.05 * bool(loss)
+    bounded = sorted({n for n, l in ctx.layers.items() if l.kind == Kind.BOUNDED and n in ctx.rank},
+                     key=ctx.rank.get)
+    if bounded:
+        kinds = sorted({ctx.layers[n].type_name for n in bounded})
+        fix = (f"replace the {'/'.join(kinds)} activations ({_names([SemanticEvent(0, n, Signal.ACTIVATION, None, None) for n in bounded], 3)})"
+               " by ReLU or GELU, or add BatchNorm/LayerNorm after each weight layer or residual connections")
+    else:
+        fix = ("add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with "
+               "nn.init.kaiming_normal_")
+    return [_hyp(ctx, Cause.VANISHING_GRADIENTS, origin.layer, origin.step, conf, chain, free + loss, fix)]
+
+
+# -- learning rate and loss -----------------------------------------------------------------------------
+
+def rule_lr_high(ctx: Context) -> list[CausalHypothesis]:
+    large = ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE)
+    loss = [e for e in ctx.loss_state(LossState.DIVERGING, LossState.OSCILLATING) if id(e) not in ctx.claimed]
+    if not large and not loss:
+        return []
+    lr, lr10 = ctx.lr_text()
+    chain = []
+    if large:
+        chain.append(f"updates of {_fmt(large[0].values.get('update_median', math.nan))} x the weights per step "
+                     f"(lr {lr}) from step {large[0].step}")
+    chain += [_loss_text(e) for e in loss[:1]]
+    if large and loss:
+        conf = 0.85
+    elif loss:
+        conf = 0.6 if loss[0].after == LossState.DIVERGING else 0.55
+    else:
+        conf = 0.3
+    step = min(e.step for e in large + loss)
+    return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", step, conf, chain, large + loss,
+                 f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")]
+
+
+def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:
+    small = ctx.free(Signal.UPDATE, UpdateState.NEGLIGIBLE)
+    if not small:
+        return []
+    ev = small[0]
+    plateau = [e for e in ctx.loss_state(LossState.PLATEAU) if id(e) not in ctx.claimed]
+    lr = ctx.lr
+    chain = [f"the largest update is {_fmt(ev.values.get('update_max', math.nan))} x the weights per step "
+             f"(lr {_fmt(lr)}) from step {ev.step}"]
+    chain += [_loss_text(e) for e in plateau[:1]]
+    improving = ctx.has_loss and not plateau
+    conf = 0.85 if plateau else (0.3 if improving else 0.55)
+    target = lr * 1e3 if lr == lr and lr > 0 else math.nan
+    fix = (f"raise the learning rate from {_fmt(lr)} to ~{_fmt(target)} (updates of ~1e-3 x the weights per step are "
+           "typical; 1e-3 is a usual start for Adam)" if target == target else
+           "raise the learning rate until updates are ~1e-3 x the weights per step")
+    return [_hyp(ctx, Cause.LEARNING_RATE_TOO_LOW, "", ev.step, conf, chain, small + plateau, fix)]
+
+
+def rule_plateau(ctx: Context) -> list[CausalHypothesis]:
+    plateau = [e for e in ctx.loss_state(LossState.PLATEAU) if id(e) not in ctx.claimed]
+    if not plateau:
+        return []
+    ev = plateau[0]
+    strong = any(h.confidence >= 0.5 for h in ctx.found)
+    lr, _ = ctx.lr_text()
+    return [_hyp(ctx, Cause.LOSS_PLATEAU, "", ev.step, 0.3 if strong else 0.6, [_loss_text(ev)], plateau,
+                 "check that the model can learn at all: overfit a single batch, check that targets match the outputs "
+                 f"(loss, label range); then try a larger learning rate than {lr} (x3) or a schedule")]
+
+
+Rule = Callable[[Context], list[CausalHypothesis]]
+RULES: list[tuple[str, Rule]] = [
+    ("data", rule_data),
+    ("dead units", rule_dead),
+    ("saturated activations", rule_saturated),
+    ("initialization", rule_initialization),
+    ("non-finite", rule_nonfinite),
+    ("exploding gradients", rule_exploding),
+    ("vanishing gradients", rule_vanishing),
+    ("learning rate too high", rule_lr_high),
+    ("learning rate too low", rule_lr_low),
+    ("loss plateau", rule_plateau),
+]
