@@ -79,9 +79,13 @@ def row_html(name: str, type_name: str, health) -> str:
     flag = (f'<span style="{_CHIP.format(colour=NONFINITE.colour)};min-width:0">{NONFINITE.label}</span>'
             if nonfinite else "")
     label = html.escape(name or "(model)")
+    numbers = getattr(health, "values", None) or {}
+    shown = [f"{k.replace('_', ' ')} {v:.3g}" for k, v in numbers.items()
+             if isinstance(v, (int, float)) and math.isfinite(v)]
+    title = html.escape("\n".join([name or "(model)", *shown]))  # the numbers the states were decided on
     return (f'<div class="ndbg-row" data-layer="{html.escape(name)}" data-act="{act}" data-grad="{grad}"'
             f' data-nonfinite="{str(nonfinite).lower()}" style="{_ROW_STYLE}">'
-            f'<span title="{label}" style="overflow:hidden;text-overflow:ellipsis">{label}</span>'
+            f'<span title="{title}" style="overflow:hidden;text-overflow:ellipsis">{label}</span>'
             f'<span style="color:#757575">{html.escape(type_name)}</span>'
             f'{_chip(act, "activation")}{_chip(grad, "gradient")}{flag}</div>')
 

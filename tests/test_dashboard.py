@@ -117,7 +117,10 @@ def test_grid_colours_and_labels_follow_the_states():
     html = grid.widget.children[0].value
     assert f'data-layer="a" data-act="normal" data-grad="healthy"' in html
     assert f'data-layer="b" data-act="dead" data-grad="vanishing"' in html
-    assert LOOKS["dead"].colour in row_html("b", "T", SimpleNamespace(act="dead", grad="healthy"))
+    dead_row = row_html("b", "T", SimpleNamespace(act="dead", grad="healthy",
+                                                  values={"dead_fraction": 0.97, "attenuation": float("nan")}))
+    assert LOOKS["dead"].colour in dead_row
+    assert 'title="b\ndead fraction 0.97"' in dead_row  # the numbers behind the state, on hover
     assert 'data-layer="c" data-act="" data-grad=""' in html  # not measured yet
     first = grid.widget.children[0]
     grid.update(layers, {"a": SimpleNamespace(act="saturated", grad="exploding", nonfinite=True)})
