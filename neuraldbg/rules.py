@@ -298,10 +298,11 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
     if exploding:
         origin = [l.cause for l in ctx.links if l.kind == LinkKind.PROPAGATES and l.cause in exploding]
         src = (origin or exploding)[0]
+        where_x = _amplifier(ctx, src.layer)
         chain = [f"the gradient explodes in `{src.layer}` from step {src.step} "
                  f"(x{_fmt(max(src.values.get('grad_growth', 0) or 0, src.values.get('attenuation', 0) or 0))})",
                  f"non_finite: NaN/Inf first produced in {where} ({phase}) at step {step}"]
-        return [_hyp(ctx, Cause.EXPLODING_GRADIENTS, src.layer, src.step, 0.85, chain, exploding + blown + evidence,
+        return [_hyp(ctx, Cause.EXPLODING_GRADIENTS, where_x, src.step, 0.85, chain, exploding + blown + evidence,
                      _explode_fix(ctx, src.layer))]
     if phase == "unknown":
         return [_hyp(ctx, Cause.NON_FINITE, "", step, 0.6, [f"NaN/Inf appears at step {step}; "
@@ -334,11 +335,28 @@ def _explode_fix(ctx: Context, layer: str) -> str:
     return fix + f"; if it persists, lower the learning rate from {lr} to ~{lr10}"
 
 
+def _amplifier(ctx: Context, origin: str) -> str:
+    """Where a gradient amplified at weight layer ``origin`` was amplified: the weight layer itself, or a
+    custom module between it and the next weight layer (whose backward multiplies what passes)."""
+    pos = ctx.rank.get(origin)
+    if pos is None:
+        return origin
+    after = sorted((n for n, r in ctx.rank.items() if r > pos), key=ctx.rank.get)
+    for name in after:
+        info = ctx.layers[name]
+        if info.n_params > 0:
+            break
+        if info.kind == Kind.OTHER:
+            return name
+    return origin
+
+
 def rule_exploding(ctx: Context) -> list[CausalHypothesis]:
     free = ctx.free(Signal.GRADIENT, GradState.EXPLODING)
     if not free:
         return []
     origin = next((l.cause for l in ctx.links if l.kind == LinkKind.PROPAGATES and l.cause in free), free[0])
+    where = _amplifier(ctx, origin.layer)
     large = [e for e in ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step < origin.step]
     loss = [e for e in _loss_symptoms(ctx) if e.after != LossState.PLATEAU]
     v = origin.values
@@ -352,13 +370,18 @@ def rule_exploding(ctx: Context) -> list[CausalHypothesis]:
                      large + free + loss, f"lower the learning rate from {lr} to ~{lr10} and clip gradients at max_norm=1.0")]
     chain = [f"the relative gradient of `{origin.layer}` is {_fmt(amp)}x that of the layers after it or of its start, "
              f"from step {origin.step}"]
+    if where != origin.layer:
+        chain.insert(0, f"the backward pass of `{where}` ({ctx.layers[where].type_name}) multiplies the gradient "
+                        "that flows through it")
     others = [e for e in free if e is not origin]
     if others:
         chain.append(f"the growth reaches {_names(others)}")
     chain += [_loss_text(e) for e in loss[:1]]
     conf = 0.55 + 0.1 * min(math.log10(max(amp / ctx.th.exploding_ratio, 1.0)) + 1, 2) + 0.1 * bool(loss)
-    return [_hyp(ctx, Cause.EXPLODING_GRADIENTS, origin.layer, origin.step, conf, chain, free + loss,
-                 _explode_fix(ctx, origin.layer))]
+    fix = _explode_fix(ctx, origin.layer)
+    if where != origin.layer:
+        fix = f"check the backward of `{where}` (a gradient scale or reversal coefficient far above 1?); " + fix
+    return [_hyp(ctx, Cause.EXPLODING_GRADIENTS, where, origin.step, conf, chain, free + loss, fix)]
 
 
 def rule_vanishing(ctx: Context) -> list[CausalHypothesis]:
@@ -439,10 +462,11 @@ def rule_plateau(ctx: Context) -> list[CausalHypothesis]:
     plateau = [e for e in ctx.loss_state(LossState.PLATEAU) if id(e) not in ctx.claimed]
     if not plateau:
         return []
-    ev = plateau[0]
+    ev = plateau[-1]
     strong = any(h.confidence >= 0.5 for h in ctx.found)
     lr, _ = ctx.lr_text()
-    return [_hyp(ctx, Cause.LOSS_PLATEAU, "", ev.step, 0.3 if strong else 0.6, [_loss_text(ev)], plateau,
+    conf = 0.3 if (strong or ev.end is not None) else 0.6
+    return [_hyp(ctx, Cause.LOSS_PLATEAU, "", ev.step, conf, [_loss_text(ev)], plateau,
                  "check that the model can learn at all: overfit a single batch, check that targets match the outputs "
                  f"(loss, label range); then try a larger learning rate than {lr} (x3) or a schedule")]
 

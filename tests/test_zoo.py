@@ -1,0 +1,316 @@
+"""The failure zoo: real training loops with one injected fault each, and healthy runs that must stay quiet.
+
+Every case uses the default thresholds and the default sampling. A faulty case asserts the top
+hypothesis's cause, layer and an onset window; a healthy one, that nothing reaches confidence 0.5.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import Cause
+from zoo import (EmbeddingBagModel, GradientReversal, LogFeatures, NaiveSoftmax, ResNet, Run, SeqClassifier, TransformerBlock, mlp,
+                 nll_of_probs, pixels, sequences, teacher_classes, teacher_regression, tokens, train)
+
+
+@dataclass
+class Expect:
+    cause: Cause
+    layer: str
+    onset: tuple[int, int]
+
+
+# -- faulty runs -----------------------------------------------------------------------------------------
+
+def dead_middle_relu():
+    """A ReLU in the middle of an MLP dies from step 0 (large negative bias before it): the root
+    is that ReLU, not the vanishing gradient of the layers before it."""
+    torch.manual_seed(0)
+    model = mlp([8, 32, 32, 32, 3])
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(8, 3))
+
+
+def tiny_init_deep_tanh():
+    """Eight tanh layers initialised with std 0.01: the signal shrinks layer after layer."""
+    torch.manual_seed(0)
+    model = mlp([16] + [32] * 8 + [3], act=nn.Tanh)
+    for m in model:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.01)
+            nn.init.zeros_(m.bias)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.1), teacher_classes(16, 3), steps=40)
+
+
+def deep_sigmoid_cnn():
+    """Ten conv layers with sigmoid activations: each halves-and-quarters the gradient on its way back."""
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, 8, 3, padding=1), nn.Sigmoid()]
+    for _ in range(9):
+        layers += [nn.Conv2d(8, 8, 3, padding=1), nn.Sigmoid()]
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.1), pixels(size=6), steps=30)
+
+
+def relu_mlp_lr10():
+    """SGD at lr=10 on a ReLU MLP: the updates dwarf the weights."""
+    torch.manual_seed(0)
+    model = mlp([8, 64, 64, 3])
+    return Run(model, torch.optim.SGD(model.parameters(), lr=10.0), teacher_classes(8, 3))
+
+
+def rnn_large_recurrent_init():
+    """A ReLU RNN whose recurrent weights start 8x too large: the state grows through time until it
+    overflows; the root is the recurrent weights' initial scale."""
+    torch.manual_seed(0)
+    cell = nn.RNN(4, 32, batch_first=True, nonlinearity="relu")
+    with torch.no_grad():
+        cell.weight_hh_l0.mul_(8.0)
+    model = SeqClassifier(cell, 32)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.01), sequences(), steps=30)
+
+
+def gradient_reversal_too_strong():
+    """A gradient-reversal layer with its coefficient set to 1e4 instead of ~1: the layers before it
+    receive gradients 1e4x those after it, while the forward pass is untouched."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), GradientReversal(1e4),
+                          nn.Linear(32, 3))
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(8, 3))
+
+
+def linear_stack_one_layer_x100():
+    """A stack of linear layers, one of them scaled x100 at initialisation."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 1))
+    with torch.no_grad():
+        model[2].weight.mul_(100.0)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.01), teacher_regression(16), loss=F.mse_loss)
+
+
+def log_of_negative():
+    """A custom module takes the log of a projection that is negative for some inputs."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), LogFeatures(16, 16), nn.Linear(16, 3))
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(8, 3))
+
+
+def naive_softmax_overflow():
+    """A hand-written softmax with a sharp temperature: exp overflows to Inf, Inf/Inf is NaN."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3), NaiveSoftmax(sharpness=200.0))
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-2), teacher_classes(8, 3), loss=nll_of_probs)
+
+
+def nan_targets():
+    """A regression whose targets carry a NaN from step 6 on: the model output stays finite."""
+    torch.manual_seed(0)
+    model = mlp([16, 32, 32, 1])
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_regression(16, nan_target_at=6),
+               loss=F.mse_loss, steps=12)
+
+
+def nan_input_cnn():
+    """A CNN whose batch at step 9 has a NaN pixel."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), pixels(nan_at=9), steps=14)
+
+
+def adam_lr_1e9():
+    """Adam at lr=1e-9: nothing moves."""
+    torch.manual_seed(0)
+    model = mlp([8, 32, 32, 3])
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-9), teacher_classes(8, 3), steps=40)
+
+
+def unnormalised_pixels():
+    """A tanh CNN fed raw 0-255 pixels."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 8, 3, padding=1), nn.Tanh(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.01), pixels(raw=True), steps=30)
+
+
+def compiled_saturated_tanh():
+    """A compiled MLP (aot_eager) whose second layer starts with weights x20: its tanh saturates."""
+    torch.manual_seed(0)
+    model = mlp([8, 32, 32, 32, 3], act=nn.Tanh)
+    with torch.no_grad():
+        model[2].weight.mul_(20.0)
+    compiled = torch.compile(model, backend="aot_eager")
+    return Run(compiled, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(8, 3), steps=30)
+
+
+def lstm_dead_head():
+    """An LSTM classifier whose head has a ReLU that dies from step 0."""
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+    with torch.no_grad():
+        head[0].bias.fill_(-10.0)
+    model = SeqClassifier(nn.LSTM(4, 16, batch_first=True), 16, head=head)
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), sequences(), steps=20)
+
+
+def regression_sgd_diverges():
+    """Linear regression with SGD above the stability limit: the loss climbs step after step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 1))
+    return Run(model, torch.optim.SGD(model.parameters(), lr=1.5), teacher_regression(16), loss=F.mse_loss,
+               steps=30)
+
+
+def unlearnable_plateau():
+    """Labels independent of the inputs: the loss cannot improve and nothing else is wrong."""
+    torch.manual_seed(0)
+    model = mlp([8, 32, 3])
+
+    def data(step):
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.01), data, steps=40)
+
+
+FAULTY = {
+    "dead_middle_relu": (dead_middle_relu, Expect(Cause.DEAD_UNITS, "3", (0, 0))),
+    "tiny_init_deep_tanh": (tiny_init_deep_tanh, Expect(Cause.BAD_INITIALIZATION, "", (0, 0))),
+    "deep_sigmoid_cnn": (deep_sigmoid_cnn, Expect(Cause.VANISHING_GRADIENTS, "12", (0, 2))),
+    "relu_mlp_lr10": (relu_mlp_lr10, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (0, 3))),
+    "rnn_large_recurrent_init": (rnn_large_recurrent_init, Expect(Cause.BAD_INITIALIZATION, "rnn", (0, 0))),
+    "gradient_reversal_too_strong": (gradient_reversal_too_strong, Expect(Cause.EXPLODING_GRADIENTS, "4", (0, 0))),
+    "linear_stack_one_layer_x100": (linear_stack_one_layer_x100, Expect(Cause.BAD_INITIALIZATION, "2", (0, 0))),
+    "log_of_negative": (log_of_negative, Expect(Cause.NON_FINITE, "2", (0, 0))),
+    "naive_softmax_overflow": (naive_softmax_overflow, Expect(Cause.NON_FINITE, "3", (0, 5))),
+    "nan_targets": (nan_targets, Expect(Cause.DATA, "input", (6, 6))),
+    "nan_input_cnn": (nan_input_cnn, Expect(Cause.DATA, "input", (9, 9))),
+    "adam_lr_1e9": (adam_lr_1e9, Expect(Cause.LEARNING_RATE_TOO_LOW, "", (0, 2))),
+    "unnormalised_pixels": (unnormalised_pixels, Expect(Cause.DATA, "input", (0, 0))),
+    "compiled_saturated_tanh": (compiled_saturated_tanh, Expect(Cause.SATURATED_ACTIVATIONS, "3", (0, 1))),
+    "lstm_dead_head": (lstm_dead_head, Expect(Cause.DEAD_UNITS, "head.1", (0, 0))),
+    "regression_sgd_diverges": (regression_sgd_diverges, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (0, 10))),
+    "unlearnable_plateau": (unlearnable_plateau, Expect(Cause.LOSS_PLATEAU, "", (0, 30))),
+}
+
+
+# -- healthy runs ----------------------------------------------------------------------------------------
+
+def healthy_transformer():
+    torch.manual_seed(0)
+    model = TransformerBlock()
+    return Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), tokens(), steps=30)
+
+
+def healthy_resnet_bn():
+    torch.manual_seed(0)
+    model = ResNet()
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), pixels(), steps=25)
+
+
+def healthy_logistic_regression():
+    """A sigmoid output that becomes confident: saturation of the output is the goal, not a fault."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 1), nn.Sigmoid())
+    data = teacher_classes(8, 2)
+
+    def binary(step):
+        x, y = data(step)
+        return x * 3, y.float()[:, None]
+    return Run(model, torch.optim.Adam(model.parameters(), lr=0.3), binary, loss=F.binary_cross_entropy, steps=40)
+
+
+def healthy_frozen_backbone():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
+    for p in list(model[0].parameters()) + list(model[2].parameters()):
+        p.requires_grad_(False)
+    return Run(model, torch.optim.Adam(model[4].parameters(), lr=1e-2), teacher_classes(8, 3), steps=30)
+
+
+def healthy_sparse_embedding():
+    torch.manual_seed(0)
+    model = EmbeddingBagModel()
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.5), tokens(vocab=200), steps=30)
+
+
+def healthy_dropout_mlp():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Dropout(0.5), nn.Linear(64, 3))
+    return Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), teacher_classes(8, 3), steps=30)
+
+
+def healthy_lstm():
+    torch.manual_seed(0)
+    model = SeqClassifier(nn.LSTM(4, 16, batch_first=True), 16)
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-2), sequences(), steps=30)
+
+
+def healthy_compiled_mlp():
+    torch.manual_seed(0)
+    model = mlp([8, 32, 32, 3])
+    return Run(torch.compile(model, backend="aot_eager"), torch.optim.Adam(model.parameters(), lr=1e-2),
+               teacher_classes(8, 3), steps=30)
+
+
+def healthy_deep_residual_layernorm():
+    """Twelve pre-norm residual blocks: deep, but normalised and residual, so gradients flow."""
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.norm = nn.LayerNorm(d)
+            self.fc = nn.Linear(d, d)
+            self.act = nn.GELU()
+
+        def forward(self, x):
+            return x + self.act(self.fc(self.norm(x)))
+
+    model = nn.Sequential(nn.Linear(8, 32), *[Block(32) for _ in range(12)], nn.LayerNorm(32), nn.Linear(32, 3))
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(8, 3), steps=30)
+
+
+HEALTHY = {
+    "transformer_layernorm": healthy_transformer,
+    "resnet_batchnorm": healthy_resnet_bn,
+    "logistic_regression_sigmoid": healthy_logistic_regression,
+    "frozen_backbone": healthy_frozen_backbone,
+    "sparse_embedding": healthy_sparse_embedding,
+    "dropout_mlp": healthy_dropout_mlp,
+    "lstm": healthy_lstm,
+    "compiled_mlp": healthy_compiled_mlp,
+    "deep_residual_layernorm": healthy_deep_residual_layernorm,
+}
+
+
+def _verdict(dbg) -> str:
+    return "\n".join(f"  {h} {h.chain}" for h in dbg.explain()) or "  (none)"
+
+
+@pytest.mark.parametrize("name", sorted(FAULTY))
+def test_faulty_run_names_its_root_cause(name):
+    build, expect = FAULTY[name]
+    dbg = train(build())
+    hyps = dbg.explain()
+    assert hyps, f"{name}: no hypothesis"
+    top = hyps[0]
+    msg = f"{name}:\n{_verdict(dbg)}"
+    assert top.confidence >= 0.5, msg
+    assert (top.cause, top.layer) == (expect.cause, expect.layer), msg
+    lo, hi = expect.onset
+    assert lo <= top.step <= hi, msg
+    assert top.chain and top.evidence and top.suggestion, msg
+
+
+@pytest.mark.parametrize("name", sorted(HEALTHY))
+def test_healthy_run_stays_quiet(name):
+    dbg = train(HEALTHY[name]())
+    loud = [h for h in dbg.explain() if h.confidence >= 0.5]
+    assert not loud, f"{name}:\n{_verdict(dbg)}"
+    assert "Verdict: healthy" in dbg.report()
