@@ -145,11 +145,12 @@ class Dashboard:
 
     def _draw_analysis(self) -> None:
         dbg = self.dbg
-        health = dbg.health()
-        hypotheses = dbg.explain()
+        measured = dbg.trace.stats.n > 0 or dbg.trace.loss.n > 0
+        health = dbg.health() if measured else {}  # nothing to analyse before the first step
+        hypotheses = dbg.explain() if measured else []
         self.grid.update(self._layers(), health)
         self.panel.value = panel_html(hypotheses, step=dbg.step, finished=self.state != "watching",
-                                      measured=dbg.trace.stats.n > 0 or dbg.trace.loss.n > 0)
+                                      measured=measured)
 
     def _layers(self):
         trace = self.dbg.trace

@@ -227,9 +227,9 @@ class NeuralDbgMagics(Magics, Configurable):
             if dash is not None:
                 try:
                     dash.watch(dbg)
-                    handle = display(dash.root, display_id=True)
                 except Exception as e:  # noqa: BLE001 - a view failure must not stop the user's cell
                     dash._fail(e)
+                handle = display(dash.root, display_id=True)
             result = self.shell.run_cell(cell)  # shows the user's traceback, displays the last value
         finally:
             dbg.stop()  # every way out: hooks removed

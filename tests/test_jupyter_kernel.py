@@ -27,7 +27,7 @@ for step in range(12):
 step
 """
 
-CHECK = "print(_ndbg.step, _ndbg.watching, [h.cause for h in _ndbg.explain()][:1])"
+CHECK = "print(_ndbg.step, _ndbg.watching, [str(h.cause) for h in _ndbg.explain()][:1])"
 
 
 def _run(cells, tmp_path):
