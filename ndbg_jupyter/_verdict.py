@@ -23,12 +23,12 @@ def hypotheses_text(hypotheses) -> str:
     else:
         lines = []
     for i, h in enumerate(hypotheses, 1):
-        layer = {"": "the model as a whole", "input": "the input data"}.get(h.layer, h.layer)
+        layer = {"": "the model as a whole", "input": "the input data"}.get(h.layer, f"`{h.layer}`")
         weak = " (weak)" if float(h.confidence) < CONFIDENT else ""
         lines.append(f"{i}. {value_of(h.cause)} in {layer}, from step {h.step}: "
                      f"confidence {float(h.confidence):.0%}{weak}")
-        if h.chain:
-            lines.append("   " + " -> ".join(str(c) for c in h.chain))
+        for k, link in enumerate(h.chain or []):
+            lines.append(("   why: " if k == 0 else "     -> ") + str(link))
         if h.suggestion:
             lines.append(f"   fix: {h.suggestion}")
     return "\n".join(lines)

@@ -244,7 +244,8 @@ def test_explain_report_and_thresholds_as_text(ip):
         ip.run_line_magic("neuraldbg", "report")
         ip.run_line_magic("neuraldbg", "thresholds")
     text = io.outputs[0].data["text/plain"]
-    assert text.startswith("1. dead_units in 1, from step")
+    assert text.startswith("1. dead_units in `1`, from step")
+    assert "\n   why: " in text and "\n   fix: " in text
     assert dbg.report().strip() in io.stdout
     import dataclasses
     for f in dataclasses.fields(dbg.thresholds):
