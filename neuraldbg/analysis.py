@@ -51,4 +51,4 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0)
     hypotheses = infer(ctx)
-    return Analysis(health=health_mod.latest(table), events=events, links=links, hypotheses=hypotheses, steps=steps)
+    return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

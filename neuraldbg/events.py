@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .health import HealthTable
+from .health import HealthTable, StateSeries
 from .states import ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
 from .thresholds import Thresholds
 
@@ -88,65 +88,47 @@ def transitions(stable: np.ndarray) -> list[tuple[int, int, int, int]]:
     return [(int(r), int(c), int(prev[r, c]), int(stable[r, c])) for r, c in zip(rows, cols)]
 
 
-def _series_events(stable: np.ndarray, steps: np.ndarray, signal: Signal, names: list[str],
-                   values_of) -> list[SemanticEvent]:
-    enum = _STATE_OF[signal]
+def _series_events(series: StateSeries, stable: np.ndarray, cols: np.ndarray) -> list[SemanticEvent]:
+    enum = _STATE_OF[series.signal]
+    steps = series.steps
     out: list[SemanticEvent] = []
     count: dict[int, int] = {}
     last_open: dict[int, SemanticEvent] = {}
-    for r, c, a, b in sorted(transitions(stable), key=lambda e: (e[1], e[0])):
+    for r, j, a, b in sorted(transitions(stable), key=lambda e: (e[1], e[0])):
+        c = int(cols[j])
         if c in last_open:
             last_open.pop(c).end = int(steps[r])
         if count.get(c, 0) >= MAX_PER_SERIES:
             continue
         count[c] = count.get(c, 0) + 1
-        ev = SemanticEvent(step=int(steps[r]), layer=names[c], signal=signal, before=enum.of(a), after=enum.of(b),
-                           values=values_of(r, c, enum.of(b)))
+        after = enum.of(b)
+        glob = _global(series)
+        values = {k: (f(r) if glob else f(r, c)) for k, f in series.values.get(after, {}).items()}
+        ev = SemanticEvent(step=int(steps[r]), layer=series.names[c], signal=series.signal, before=enum.of(a),
+                           after=after, values=values)
         out.append(ev)
         if b != 0:
             last_open[c] = ev
     return out
 
 
-_LAYER_VALUES = {
-    Signal.ACTIVATION: {ActState.DEAD: ("dead_fraction",), ActState.SATURATED: ("saturated_fraction",),
-                        ActState.ANOMALOUS: ("act_std", "act_growth")},
-    Signal.GRADIENT: {GradState.VANISHING: ("attenuation", "relative_grad"),
-                      GradState.EXPLODING: ("attenuation", "grad_growth", "relative_grad")},
-    Signal.GAIN: {GainState.SHRINKS: ("gain",), GainState.AMPLIFIES: ("gain",)},
-    Signal.FINITE: {},
-}
+def _global(series: StateSeries) -> bool:
+    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS)
 
 
 def detect(table: HealthTable, th: Thresholds) -> list[SemanticEvent]:
     """All events of a health table, in step order (ties: forward order of the layers)."""
-    n = table.numbers
-    names = [l.name for l in table.layers]
-    steps = table.steps
     events: list[SemanticEvent] = []
-    for signal, codes in ((Signal.ACTIVATION, table.act), (Signal.GRADIENT, table.grad), (Signal.GAIN, table.gain),
-                          (Signal.FINITE, table.finite)):
-        keys = _LAYER_VALUES[signal]
-        persist = 1 if signal == Signal.FINITE else th.persist
-
-        def values_of(r, c, state, keys=keys):
-            return {k: float(n[k][r, c]) for k in keys.get(state, ())}
-
-        events += _series_events(debounce(codes, persist), steps, signal, names, values_of)
-
-    def global_values(*keys):
-        return lambda r, c, state: {k: float(n[k][r]) for k in keys}
-
-    events += _series_events(debounce(table.update, th.persist)[:, None], steps, Signal.UPDATE, [""],
-                             global_values("update_median", "update_max", "lr"))
-    events += _series_events(debounce(table.input, 1)[:, None], steps, Signal.INPUT, ["input"],
-                             global_values("input_mean", "input_std", "input_absmax"))
-    ln = table.loss_numbers
-    if len(table.loss):
-        def loss_values(r, c, state):
-            return {"loss": float(ln["value"][r]), "start": float(ln["start"]), "best": float(ln["best"][r])}
-        events += _series_events(debounce(table.loss, th.persist)[:, None], table.loss_steps, Signal.LOSS, [""],
-                                 loss_values)
-    rank = {name: int(o) for name, o in zip(names, table.order)}
+    for series in table.series:
+        codes = series.codes
+        if codes.size == 0:
+            continue
+        cols = np.nonzero(codes.any(axis=0))[0]  # columns that ever leave the healthy state
+        if len(cols) == 0:
+            continue
+        persist = th.persist if series.persist is None else series.persist
+        stable = debounce(codes[:, cols], persist)
+        events += _series_events(series, stable, cols)
+    rank = {l.name: int(o) for l, o in zip(table.layers, table.order)}
     events.sort(key=lambda e: (e.step, rank.get(e.layer, -1)))
     return events

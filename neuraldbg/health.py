@@ -8,15 +8,22 @@ Everything here is a ratio or a fraction, so one set of thresholds fits many mod
 - gain: output spread over input spread of a weight layer (what its weight scale does to the signal);
 - update: the optimizer's update-to-weight ratio; input: the batch's scale and finiteness;
 - loss: smoothed curve against its start (progress, rise, oscillation).
+
+States are decided with comparisons only; the numbers behind a state (ratios, fractions) are
+computed on demand, at the few places where an event or the latest health needs them. That keeps
+re-analysis of a long trace of a large model interactive.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+import weakref
 
 import numpy as np
 
 from .layers import Kind, LayerInfo
-from .states import ActState, FiniteState, GainState, GradState, InputState, LossState, UpdateState
+from .states import ActState, GainState, GradState, InputState, LossState, Signal, UpdateState
 from .stats import Stat
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
@@ -26,6 +33,8 @@ from .trace import GLOBAL_COLUMNS, Trace
 _GRAD_KINDS = frozenset(Kind) - {Kind.EMBEDDING, Kind.NORM}
 # Layers whose output spread is set by their weight scale.
 _GAIN_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENTION})
+
+Value = Callable[..., float]  # (row, column) -> float for layer series, (row,) -> float for global ones
 
 
 @dataclass
@@ -42,166 +51,274 @@ class LayerHealth:
 
 
 @dataclass
-class HealthTable:
-    """State codes and the numbers behind them, (samples, layers) or (samples,) arrays."""
+class StateSeries:
+    """State codes of one signal: (samples, columns), each column a layer (or the model, or the input).
 
+    ``names`` labels the columns; ``values[state]`` maps a number's name to a function of (row, column).
+    """
+
+    signal: Signal
+    steps: np.ndarray
+    codes: np.ndarray
+    names: list[str]
+    values: dict = field(default_factory=dict)
+    persist: int | None = None   # None: the thresholds' persistence
+
+
+@dataclass
+class HealthTable:
     steps: np.ndarray
     layers: list[LayerInfo]
-    order: np.ndarray          # forward position of each layer, -1 if never seen
-    act: np.ndarray
-    grad: np.ndarray
-    gain: np.ndarray
-    finite: np.ndarray
-    update: np.ndarray
-    input: np.ndarray
-    numbers: dict              # name -> array, the values the states were decided on
-    loss_steps: np.ndarray
-    loss: np.ndarray
-    loss_numbers: dict
-
-    def layer_health(self, i: int, t: int = -1) -> LayerHealth:
-        n = self.numbers
-        values = {k: float(n[k][t, i]) for k in ("dead_fraction", "saturated_fraction", "act_std", "act_growth",
-                                                 "attenuation", "grad_growth", "relative_grad", "gain",
-                                                 "update_ratio")}
-        return LayerHealth(layer=self.layers[i].name, step=int(self.steps[t]), act=ActState.of(self.act[t, i]),
-                           grad=GradState.of(self.grad[t, i]), nonfinite=bool(self.finite[t, i]),
-                           gain=GainState.of(self.gain[t, i]), values=values)
+    order: np.ndarray
+    series: list[StateSeries]
+    latest: dict[str, LayerHealth]
 
 
-def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where((b > 0) & np.isfinite(b), a / np.where(b > 0, b, 1.0), np.nan)
+def _ratio(a: np.ndarray, b: np.ndarray) -> Value:
+    """a / b at one place; a 1-D ``b`` beside a 2-D ``a`` holds one value per column."""
+    def value(r, c=None):
+        num = a[r] if c is None else a[r, c]
+        den = b[r] if a.ndim == 1 else (b[c] if b.ndim == 1 else b[r, c])
+        with np.errstate(all="ignore"):
+            return float(num / den) if den > 0 else (0.0 if num == 0 else float("nan"))
+    return value
+
+
+def _at(a: np.ndarray) -> Value:
+    return lambda r, c=None: float(a[r] if c is None else a[r, c])
 
 
 def _first_finite(x: np.ndarray) -> np.ndarray:
-    """Per column, the first finite value (NaN when none)."""
-    ok = np.isfinite(x)
-    first = ok.argmax(axis=0)
-    vals = x[first, np.arange(x.shape[1])]
-    return np.where(ok.any(axis=0), vals, np.nan)
+    """Per column, the first finite value (NaN when none); cheap when row 0 is finite."""
+    if x.shape[0] == 0:
+        return np.full(x.shape[1], np.nan, dtype=np.float32)
+    out = np.array(x[0], dtype=np.float32)
+    missing = np.nonzero(~np.isfinite(out))[0]
+    if len(missing):
+        sub = x[:, missing]
+        ok = np.isfinite(sub)
+        first = ok.argmax(axis=0)
+        out[missing] = np.where(ok.any(axis=0), sub[first, np.arange(len(missing))], np.nan)
+    return out
 
 
-def _fill_from_right(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Along axis 1, replace invalid entries by the nearest valid one to their right (else keep)."""
-    n = x.shape[1]
-    idx = np.where(valid, np.arange(n), n)
-    idx = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
-    padded = np.concatenate([x, x[:, -1:]], axis=1) if n else x
-    out = np.take_along_axis(padded, np.minimum(idx, n), axis=1) if n else x
-    return np.where(idx < n, out, x)
+def _later_max(rel: np.ndarray) -> np.ndarray:
+    """Along axis 1 (forward order), the largest finite value strictly after each column."""
+    t, k = rel.shape
+    if k == 0:
+        return rel.copy()
+    acc = np.fmax.accumulate(rel[:, ::-1], axis=1)[:, ::-1]
+    return np.concatenate([acc[:, 1:], np.full((t, 1), np.nan, dtype=rel.dtype)], axis=1)
 
 
-def _previous_finite(x: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Along axis 1, the nearest finite value strictly to the left; ``first`` (T,) for column 0."""
-    t, n = x.shape
-    full = np.concatenate([first[:, None], x], axis=1)
-    valid = np.isfinite(full) & (full > 0)
-    idx = np.where(valid, np.arange(n + 1), -1)
-    idx = np.maximum.accumulate(idx, axis=1)
-    vals = np.take_along_axis(full, np.maximum(idx, 0), axis=1)
-    vals = np.where(idx >= 0, vals, np.nan)
-    return vals[:, :n]  # column j of x sees entries 0..j of full = first + x[:, :j]
+class _Columns:
+    """Contiguous copies of a trace's statistics, each read from the (T, L, S) array once."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = x
+        self._full: dict[int, np.ndarray] = {}
+
+    def full(self, stat: Stat) -> np.ndarray:
+        if int(stat) not in self._full:
+            self._full[int(stat)] = np.ascontiguousarray(self.x[:, :, int(stat)])
+        return self._full[int(stat)]
+
+    def __call__(self, idx: np.ndarray, stat: Stat) -> np.ndarray:
+        return self.full(stat)[:, idx]
 
 
-def layer_states(trace: Trace, th: Thresholds) -> tuple[dict, dict]:
-    """State codes and numbers for every layer and sample."""
+@dataclass
+class Features:
+    """The threshold-independent arrays the states are decided on, contiguous per statistic.
+
+    Built once per trace version and reused while only the thresholds change (slider moves)."""
+
+    key: tuple
+    steps: np.ndarray
+    names: list[str]
+    order: np.ndarray
+    by_order: np.ndarray
+    std: np.ndarray            # (T, L) output spread
+    base: np.ndarray           # (L,) first finite spread
+    act_nf: np.ndarray         # (T, L) bool
+    dead_all: np.ndarray       # (T, L) view, for numbers
+    sat_all: np.ndarray
+    ri: np.ndarray             # ReLU columns and their dead fraction
+    dead: np.ndarray
+    bi: np.ndarray             # bounded (non-output) columns and their saturated fraction
+    sat: np.ndarray
+    gi: np.ndarray             # weight layers in forward order, relative gradient and what follows
+    rel: np.ndarray
+    later: np.ndarray
+    rel0: np.ndarray
+    wi: list[int]              # gain layers, their spread and the spread before them
+    own: np.ndarray
+    prev: np.ndarray
+    nonfinite: np.ndarray      # (T, L) bool
+    wu: np.ndarray             # updated layers: update and weight norms
+    wnu: np.ndarray
+
+
+def _key(trace: Trace) -> tuple:
+    st = trace.stats
+    return (id(st), st.n, int(st.steps[-1]) if st.n else -1, id(trace.globals), trace.globals.n,
+            tuple(l.order for l in trace.layers), tuple(l.n_trainable for l in trace.layers))
+
+
+_CACHE: dict[int, tuple[weakref.ref, Features]] = {}
+_CACHE_SIZE = 4
+
+
+def features(trace: Trace) -> Features:
+    key = _key(trace)
+    hit = _CACHE.get(id(trace))
+    if hit is not None and hit[0]() is trace and hit[1].key == key:
+        return hit[1]
+    f = _build_features(trace, key)
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[id(trace)] = (weakref.ref(trace), f)
+    return f
+
+
+def _build_features(trace: Trace, key: tuple) -> Features:
     x = trace.stats.data
+    cols = _Columns(x)
     layers = trace.layers
-    t, n = x.shape[0], len(layers)
+    t = x.shape[0]
     kinds = [l.kind for l in layers]
     order = np.array([-1 if l.order is None else l.order for l in layers])
     seen = order >= 0
     last = order.max() if seen.any() else -1
-
-    # -- activations
-    relu = np.array([k == Kind.RELU for k in kinds])
-    bounded = np.array([k == Kind.BOUNDED for k in kinds]) & (order != last)
-    dead = x[:, :, Stat.ACT_DEAD]
-    sat = x[:, :, Stat.ACT_SATURATED]
-    std = x[:, :, Stat.ACT_STD]
-    growth = _div(std, _first_finite(std)[None, :])
-    act_nonfinite = x[:, :, Stat.ACT_NONFINITE] > 0
-    act = np.zeros((t, n), dtype=np.int8)
-    act[bounded & (sat >= th.saturated_fraction)] = ActState.SATURATED.code
-    act[relu & (dead >= th.dead_fraction)] = ActState.DEAD.code
-    act[(growth > th.activation_growth) | act_nonfinite] = ActState.ANOMALOUS.code
-
-    # -- gradients, along forward order
-    perm = np.argsort(np.where(seen, order, np.iinfo(np.int64).max), kind="stable")[:int(seen.sum())]
-    trainable = np.array([l.n_trainable > 0 and k in _GRAD_KINDS for l, k in zip(layers, kinds)])
-    rel = np.where(trainable[None, :], _div(x[:, :, Stat.W_GRAD_NORM], x[:, :, Stat.W_NORM]), np.nan)
-    rel_o = rel[:, perm]
-    later = np.fmax.accumulate(rel_o[:, ::-1], axis=1)[:, ::-1]
-    later = np.concatenate([later[:, 1:], np.full((t, 1), np.nan)], axis=1) if len(perm) else later
-    atten_o = _div(rel_o, later)
-    atten_o = np.where(np.isfinite(rel_o) & (later > 0) & (rel_o == 0), 0.0, atten_o)
-    ggrowth = _div(rel, _first_finite(rel)[None, :])
-    ggrowth_o = ggrowth[:, perm]
-    grad_o = np.full((t, len(perm)), -1, dtype=np.int8)
-    measured = np.isfinite(rel_o)
-    grad_o[measured] = GradState.HEALTHY.code
-    grad_o[measured & (atten_o < th.vanishing_ratio)] = GradState.VANISHING.code
-    grad_o[measured & ((atten_o > th.exploding_ratio) | (ggrowth_o > th.exploding_ratio))] = GradState.EXPLODING.code
-    # a layer without weights shows the state of the next weight layer after it
-    grad_o = _fill_from_right(grad_o, grad_o >= 0)
-    grad = np.zeros((t, n), dtype=np.int8)
-    grad[:, perm] = np.maximum(grad_o, 0)
-    atten = np.full((t, n), np.nan)
-    atten[:, perm] = atten_o
-
-    # -- gain of weight layers: output spread / spread of what came before
-    std_o = std[:, perm]
-    input_std = trace.globals.data[:, GLOBAL_COLUMNS.index("input_std")] if t else np.zeros(0)
-    prev_o = _previous_finite(std_o, input_std)
-    gain_o = _div(std_o, prev_o)
-    gain = np.full((t, n), np.nan)
-    gain[:, perm] = gain_o
-    weighty = np.array([l.n_params > 0 and k in _GAIN_KINDS for l, k in zip(layers, kinds)])
-    gain = np.where(weighty[None, :], gain, np.nan)
-    gain_s = np.zeros((t, n), dtype=np.int8)
-    gain_s[gain < 1.0 / th.layer_gain] = GainState.SHRINKS.code
-    gain_s[gain > th.layer_gain] = GainState.AMPLIFIES.code
-
-    # -- non-finite anywhere in the layer's row
-    wn = x[:, :, [Stat.W_NORM, Stat.W_GRAD_NORM]]
-    finite = act_nonfinite | (x[:, :, Stat.GRAD_NONFINITE] > 0) | np.isinf(wn).any(axis=2)
-
-    # -- updates
-    updated = np.array([l.n_trainable > 0 for l in layers])
-    upd = np.where(updated[None, :], _div(x[:, :, Stat.W_UPDATE_NORM], x[:, :, Stat.W_NORM]), np.nan)
-    states = dict(act=act, grad=grad, gain=gain_s, finite=finite.astype(np.int8), order=order)
-    numbers = dict(dead_fraction=dead, saturated_fraction=sat, act_std=std, act_growth=growth,
-                   attenuation=atten, grad_growth=ggrowth, relative_grad=rel, gain=gain, update_ratio=upd)
-    return states, numbers
+    by_order = np.argsort(np.where(seen, order, np.iinfo(np.int64).max), kind="stable")[:int(seen.sum())]
+    std = cols.full(Stat.ACT_STD)
+    act_nf = cols.full(Stat.ACT_NONFINITE) > 0
+    ri = np.nonzero([k == Kind.RELU for k in kinds])[0]
+    bi = np.nonzero(np.array([k == Kind.BOUNDED for k in kinds], dtype=bool) & (order != last))[0]
+    trainable = np.array([l.n_trainable > 0 and k in _GRAD_KINDS for l, k in zip(layers, kinds)], dtype=bool)
+    gi = by_order[trainable[by_order]] if len(by_order) else by_order
+    wg = cols(gi, Stat.W_GRAD_NORM)
+    wn = cols(gi, Stat.W_NORM)
+    with np.errstate(all="ignore"):
+        rel = np.where(wn > 0, wg / wn, np.float32(np.nan)).astype(np.float32)
+    weighty = np.array([l.n_params > 0 and k in _GAIN_KINDS for l, k in zip(layers, kinds)], dtype=bool)
+    pos = {int(i): p for p, i in enumerate(by_order)}
+    wi = [int(i) for i in by_order if weighty[i]]
+    input_std = trace.globals.data[:, GLOBAL_COLUMNS.index("input_std")]
+    prev = (np.stack([input_std if pos[i] == 0 else std[:, by_order[pos[i] - 1]] for i in wi], axis=1)
+            if wi else np.zeros((t, 0), dtype=np.float32))
+    own = std[:, wi] if wi else np.zeros((t, 0), dtype=np.float32)
+    nonfinite = act_nf | (cols.full(Stat.GRAD_NONFINITE) > 0)
+    if len(gi):
+        nonfinite[:, gi] |= np.isinf(wg) | np.isinf(wn)
+    ui = np.nonzero([l.n_trainable > 0 for l in layers])[0]
+    return Features(key=key, steps=trace.stats.steps.copy(), names=[l.name for l in layers], order=order,
+                    by_order=by_order, std=std, base=_first_finite(std), act_nf=act_nf,
+                    dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
+                    ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
+                    gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
+                    nonfinite=nonfinite, wu=cols(ui, Stat.W_UPDATE_NORM), wnu=cols(ui, Stat.W_NORM))
 
 
-def global_states(trace: Trace, upd: np.ndarray, th: Thresholds) -> tuple[dict, dict]:
+def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[str, LayerHealth]]:
+    steps, names, std, t = f.steps, f.names, f.std, len(f.steps)
+    out: list[StateSeries] = []
+
+    # -- activations (all layers)
+    with np.errstate(invalid="ignore"):
+        act = np.where((std > f.base * th.activation_growth) | f.act_nf, np.int8(ActState.ANOMALOUS.code), np.int8(0))
+    if len(f.ri):
+        sub = act[:, f.ri]
+        sub[(f.dead >= th.dead_fraction) & (sub == 0)] = ActState.DEAD.code
+        act[:, f.ri] = sub
+    if len(f.bi):
+        sub = act[:, f.bi]
+        sub[(f.sat >= th.saturated_fraction) & (sub == 0)] = ActState.SATURATED.code
+        act[:, f.bi] = sub
+    act_values = {ActState.DEAD: {"dead_fraction": _at(f.dead_all)},
+                  ActState.SATURATED: {"saturated_fraction": _at(f.sat_all)},
+                  ActState.ANOMALOUS: {"act_std": _at(std), "act_growth": _ratio(std, f.base)}}
+    out.append(StateSeries(Signal.ACTIVATION, steps, act, names, act_values))
+
+    # -- gradients (weight layers, in forward order)
+    rel, later = f.rel, f.later
+    grad = np.zeros(rel.shape, dtype=np.int8)
+    with np.errstate(invalid="ignore"):
+        grad[rel < later * th.vanishing_ratio] = GradState.VANISHING.code
+        grad[(rel > later * th.exploding_ratio) | (rel > f.rel0 * th.exploding_ratio)] = GradState.EXPLODING.code
+    grad_values = {GradState.VANISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
+                   GradState.EXPLODING: {"attenuation": _ratio(rel, later), "grad_growth": _ratio(rel, f.rel0),
+                                         "relative_grad": _at(rel)}}
+    out.append(StateSeries(Signal.GRADIENT, steps, grad, [names[i] for i in f.gi], grad_values))
+
+    # -- gain of weight layers: output spread / spread of the layer that ran just before
+    gain = np.zeros(f.own.shape, dtype=np.int8)
+    with np.errstate(invalid="ignore"):
+        ok = f.prev > 0
+        gain[ok & (f.own < f.prev / th.layer_gain)] = GainState.SHRINKS.code
+        gain[ok & (f.own > f.prev * th.layer_gain)] = GainState.AMPLIFIES.code
+    g_value = {"gain": _ratio(f.own, f.prev)}
+    out.append(StateSeries(Signal.GAIN, steps, gain, [names[i] for i in f.wi],
+                           {GainState.SHRINKS: g_value, GainState.AMPLIFIES: g_value}))
+
+    # -- non-finite values anywhere in the layer's row (no hysteresis: one NaN is a fact)
+    out.append(StateSeries(Signal.FINITE, steps, f.nonfinite.view(np.int8), names, {}, persist=1))
+
+    # -- the latest state of every layer (param-less layers show the next weight layer's gradient)
+    latest: dict[str, LayerHealth] = {}
+    if t:
+        g_last = {int(i): int(c) for i, c in zip(f.gi, grad[-1])}
+        gain_last = {i: int(c) for i, c in zip(f.wi, gain[-1])}
+        col_of = {int(i): k for k, i in enumerate(f.gi)}
+        nxt = 0
+        for i in f.by_order[::-1]:
+            nxt = g_last.get(int(i), nxt)
+            g_last[int(i)] = nxt
+        for i, name in enumerate(names):
+            k = col_of.get(i)
+            values = {"act_std": float(std[-1, i]), "dead_fraction": float(f.dead_all[-1, i]),
+                      "saturated_fraction": float(f.sat_all[-1, i]),
+                      "relative_grad": float(rel[-1, k]) if k is not None else float("nan"),
+                      "attenuation": _ratio(rel, later)(t - 1, k) if k is not None else float("nan")}
+            latest[name] = LayerHealth(layer=name, step=int(steps[-1]), act=ActState.of(act[-1, i]),
+                                       grad=GradState.of(g_last.get(i, 0)), nonfinite=bool(f.nonfinite[-1, i]),
+                                       gain=GainState.of(gain_last.get(i, 0)), values=values)
+    return out, latest
+
+
+def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
     """Model-level update state and input state per sample."""
     g = trace.globals.data
-    t = g.shape[0]
-    has = np.isfinite(upd)
-    if upd.size and has.any():
+    steps = f.steps
+    wu, wn = f.wu, f.wnu
+    with np.errstate(invalid="ignore"):
+        has = np.isfinite(wu) & (wn > 0)
+        cnt = has.sum(axis=1)
+        high = (has & (wu > wn * th.update_too_large)).sum(axis=1)
+        notlow = (has & (wu >= wn * th.update_negligible)).sum(axis=1)
+    upd = np.zeros(len(steps), dtype=np.int8)
+    upd[(cnt > 0) & (2 * high > cnt)] = UpdateState.TOO_LARGE.code  # the median layer's ratio is too large
+    upd[(cnt > 0) & (notlow == 0)] = UpdateState.NEGLIGIBLE.code     # even the largest one is negligible
+
+    def ratios(r):
         with np.errstate(all="ignore"):
-            srt = np.sort(np.where(has, upd, np.inf), axis=1)
-            cnt = has.sum(axis=1)
-            mid = np.take_along_axis(srt, np.maximum((cnt - 1) // 2, 0)[:, None], axis=1)[:, 0]
-            mid = np.where(cnt > 0, mid, np.nan)
-            top = np.where(cnt > 0, np.nanmax(np.where(has, upd, -np.inf), axis=1), np.nan)
-    else:
-        mid = top = np.full(t, np.nan)
-    update = np.zeros(t, dtype=np.int8)
-    update[mid > th.update_too_large] = UpdateState.TOO_LARGE.code
-    update[top < th.update_negligible] = UpdateState.NEGLIGIBLE.code
+            u = wu[r] / wn[r]
+        u = u[np.isfinite(u)]
+        return u
+
     col = GLOBAL_COLUMNS.index
+    lr = g[:, col("lr")]
+    upd_values = {"update_median": lambda r: float(np.median(ratios(r))) if len(ratios(r)) else float("nan"),
+                  "update_max": lambda r: float(ratios(r).max()) if len(ratios(r)) else float("nan"),
+                  "lr": _at(lr)}
     mean, sd, absmax = g[:, col("input_mean")], g[:, col("input_std")], g[:, col("input_absmax")]
-    scale = np.fmax(np.abs(mean), sd)
-    inp = np.zeros(t, dtype=np.int8)
-    inp[scale > th.input_scale] = InputState.UNSCALED.code
+    inp = np.zeros(len(steps), dtype=np.int8)
+    with np.errstate(invalid="ignore"):
+        inp[np.fmax(np.abs(mean), sd) > th.input_scale] = InputState.UNSCALED.code
     inp[g[:, col("input_nonfinite")] > 0] = InputState.NONFINITE.code
-    return (dict(update=update, input=inp),
-            dict(update_median=mid, update_max=top, input_mean=mean, input_std=sd, input_absmax=absmax,
-                 input_scale=scale, lr=g[:, col("lr")]))
+    in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
+    return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], {s: upd_values for s in UpdateState}),
+            StateSeries(Signal.INPUT, steps, inp[:, None], ["input"], {s: in_values for s in InputState}, persist=1)]
 
 
 def _rolling_mean(v: np.ndarray, w: int) -> np.ndarray:
@@ -211,17 +328,19 @@ def _rolling_mean(v: np.ndarray, w: int) -> np.ndarray:
     return (c[i] - c[lo]) / (i - lo)
 
 
-def loss_states(steps: np.ndarray, values: np.ndarray, th: Thresholds) -> tuple[np.ndarray, dict]:
+def loss_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     """A state per recorded loss: non-finite, diverging, oscillating, plateau or improving."""
+    steps, values = trace.loss.steps, trace.loss.data
     n = len(values)
     if n == 0:
-        return np.zeros(0, dtype=np.int8), {}
+        return []
     v = values.astype(np.float64)
     ok = np.isfinite(v)
     w = max(3, min(th.plateau_steps // 2, n // 10 if n >= 30 else 3))
     # carry the last finite value over non-finite ones for smoothing
     idx = np.maximum.accumulate(np.where(ok, np.arange(n), 0))
     filled = np.where(ok, v, v[idx]) if ok.any() else np.zeros(n)
+    filled = np.where(np.isfinite(filled), filled, 0.0)
     smooth = _rolling_mean(filled, w)
     start = float(np.median(filled[:w]))
     scale = abs(start) + 1e-12
@@ -238,24 +357,13 @@ def loss_states(steps: np.ndarray, values: np.ndarray, th: Thresholds) -> tuple[
     state[enough & (osc > th.loss_oscillation) & (window_progress < th.loss_progress)] = LossState.OSCILLATING.code
     state[rise > th.loss_rise] = LossState.DIVERGING.code
     state[~ok] = LossState.NONFINITE.code
-    return state, dict(smooth=smooth, start=start, best=best, rise=rise, progress=progress, oscillation=osc)
+    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(best)}
+    return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: values_ for s in LossState})]
 
 
 def compute(trace: Trace, th: Thresholds) -> HealthTable:
-    states, numbers = layer_states(trace, th)
-    gstates, gnumbers = global_states(trace, numbers["update_ratio"], th)
-    numbers.update(gnumbers)
-    loss_steps, loss_values = trace.loss.steps, trace.loss.data
-    lstate, lnumbers = loss_states(loss_steps, loss_values, th)
-    lnumbers["value"] = loss_values
-    return HealthTable(steps=trace.stats.steps.copy(), layers=trace.layers, order=states["order"],
-                       act=states["act"], grad=states["grad"], gain=states["gain"], finite=states["finite"],
-                       update=gstates["update"], input=gstates["input"], numbers=numbers,
-                       loss_steps=loss_steps.copy(), loss=lstate, loss_numbers=lnumbers)
-
-
-def latest(table: HealthTable) -> dict[str, LayerHealth]:
-    """Each measured layer's health at the last sample."""
-    if len(table.steps) == 0:
-        return {}
-    return {l.name: table.layer_health(i) for i, l in enumerate(table.layers)}
+    f = features(trace)
+    series, latest = layer_series(f, th)
+    series += global_series(trace, f, th)
+    series += loss_series(trace, th)
+    return HealthTable(steps=f.steps, layers=trace.layers, order=f.order, series=series, latest=latest)

@@ -49,7 +49,7 @@ class Thresholds:
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
                             "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
     # -- events ------------------------------------------------------------------------------------
-    persist: int = _f(2, "persistence", "linear", 1, 10,
+    persist: int = _f(2, "persistence", "linear", 1, 20,
                       "consecutive samples a state must hold before it becomes an event (hysteresis)")
 
     def replace(self, **changes) -> "Thresholds":
