@@ -45,6 +45,8 @@ class SemanticEvent:
 
     def describe(self) -> str:
         where = {"": "the model", "input": "the input"}.get(self.layer, f"`{self.layer}`")
+        if self.signal == Signal.FINITE:
+            return f"step {self.step}: " + (f"NaN/Inf appears in {where}" if self.bad else f"{where} is finite again")
         nums = ", ".join(f"{k} {_fmt(v)}" for k, v in self.values.items())
         return f"step {self.step}: {self.signal} {self.before} -> {self.after} in {where}" + (f" ({nums})" if nums else "")
 

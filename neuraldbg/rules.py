@@ -83,6 +83,22 @@ def _names(events: list[SemanticEvent], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def _symptoms_text(events: list[SemanticEvent], limit: int = 4) -> list[str]:
+    """One line per kind of symptom (signal and state), naming the layers and the first step."""
+    groups: dict[tuple, list[SemanticEvent]] = {}
+    for e in events:
+        groups.setdefault((e.signal, e.after), []).append(e)
+    lines = []
+    for (signal, state), evs in list(groups.items())[:limit]:
+        if signal == Signal.LOSS:
+            lines.append(_loss_text(evs[0]))
+        elif signal == Signal.FINITE:
+            lines.append(f"NaN/Inf in {_names(evs)} from step {min(e.step for e in evs)}")
+        else:
+            lines.append(f"{signal} {state} in {_names(evs)} from step {min(e.step for e in evs)}")
+    return lines
+
+
 def _hyp(ctx: Context, cause: Cause, layer: str, step: int, confidence: float, chain: list[str],
          evidence: list[SemanticEvent], suggestion: str) -> CausalHypothesis:
     evidence = sorted({id(e): e for e in evidence}.values(), key=lambda e: e.step)
@@ -141,8 +157,7 @@ def rule_data(ctx: Context) -> list[CausalHypothesis]:
         v = ev.values
         m, s, a = v.get("input_mean", math.nan), v.get("input_std", math.nan), v.get("input_absmax", math.nan)
         chain = [f"the input is not normalised: mean {_fmt(m)}, std {_fmt(s)}, values up to {_fmt(a)}"]
-        chain += [f"{e.signal} {e.after} in `{e.layer}` from step {e.step}" if e.signal != Signal.LOSS else _loss_text(e)
-                  for e in symptoms[:4]]
+        chain += _symptoms_text(symptoms)
         fix = (f"normalise the input: x = (x - {_fmt(m)}) / {_fmt(s)}" +
                ("; for 0-255 images, divide by 255 first, then subtract the per-channel mean and divide by the std"
                 if a == a and 200 <= a <= 256 else ""))
@@ -156,12 +171,23 @@ def _update_before(ctx: Context, step: int) -> list[SemanticEvent]:
     return [e for e in ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step <= step]
 
 
+def _downstream_of_dead(ctx: Context, ev: SemanticEvent) -> list[SemanticEvent]:
+    """Events after a fully dead layer (in forward order, from its onset on): with a constant signal
+    reaching them, they are its consequences, not roots of their own."""
+    pos = ctx.rank.get(ev.layer, 1 << 30)
+    return [e for e in ctx.events if e.bad and id(e) not in ctx.claimed and e is not ev and e.step >= ev.step
+            and ctx.rank.get(e.layer, -1) > pos and e.signal in (Signal.ACTIVATION, Signal.GAIN)]
+
+
 def rule_dead(ctx: Context) -> list[CausalHypothesis]:
     out = []
-    for ev in ctx.free(Signal.ACTIVATION, ActState.DEAD):
+    for ev in sorted(ctx.free(Signal.ACTIVATION, ActState.DEAD), key=lambda e: (e.step, ctx.rank.get(e.layer, 0))):
+        if id(ev) in ctx.claimed:
+            continue
         frac = ev.values.get("dead_fraction", 1.0)
         frac = 1.0 if frac != frac else frac
         blocked = ctx.linked(LinkKind.BLOCKS, ev)
+        downstream = _downstream_of_dead(ctx, ev) if frac >= 0.99 else []
         prev = ctx.previous(ev.layer)
         lr, lr10 = ctx.lr_text()
         chain = [f"{frac:.0%} of the units of `{ev.layer}` output 0 for every input from step {ev.step}"]
@@ -182,6 +208,8 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
                          "(its bias or weight scale)")
         if blocked:
             chain.append(f"no gradient flows back through `{ev.layer}`: it vanishes in {_names(blocked)}")
+        if downstream:
+            chain.append(f"the layers after it receive a constant signal: {_symptoms_text(downstream, 1)[0]}")
         loss = _loss_symptoms(ctx, ev.step)
         chain += [_loss_text(e) for e in loss[:1]]
         conf = 0.4 + 0.5 * frac + 0.05 * bool(blocked or loss)
@@ -189,7 +217,9 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
                f"nn.LeakyReLU(0.01)" if prev else f"replace `{ev.layer}` by nn.LeakyReLU(0.01)")
         if not ctx.from_start(ev):
             fix += f"; if the units died during training, lower the learning rate from {lr} to ~{lr10}"
-        out.append(_hyp(ctx, Cause.DEAD_UNITS, ev.layer, ev.step, conf, chain, [ev] + blocked + loss, fix))
+        hyp = _hyp(ctx, Cause.DEAD_UNITS, ev.layer, ev.step, conf, chain, [ev] + blocked + downstream + loss, fix)
+        ctx.claimed.update(id(e) for e in hyp.evidence)
+        out.append(hyp)
     return out
 
 
@@ -245,19 +275,16 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
         gs = [e.values.get("gain", math.nan) for e in group]
         chain = [f"at step {group[0].step}, {len(group)} layers ({_names(group)}) each {'shrink' if verb == 'shrinks' else 'amplify'}"
                  f" the signal {_fmt(min(gs))}-{_fmt(max(gs))}x (their weight scale)"]
-    for e in symptoms[:4]:
-        chain.append(_loss_text(e) if e.signal == Signal.LOSS else
-                     f"{e.signal} {e.after} in `{e.layer}` from step {e.step}")
+    chain += _symptoms_text(symptoms)
     if ctx.nonfinite is not None:
         chain.append(f"non_finite: NaN/Inf in `{ctx.nonfinite.layer or 'the model'}` at step {ctx.nonfinite.step}")
     conf = min(0.55 + 0.1 * len(symptoms) + 0.1 * (ctx.nonfinite is not None), 0.9)
+    target = f"`{layer}` starts" if layer else "the weight layers start"
     if verb == "amplifies":
-        target = f"`{layer}`" if layer else "the weight layers"
-        fix = (f"{target} start(s) with weights ~{_fmt(g)}x too large: re-initialise with nn.init.xavier_uniform_ "
+        fix = (f"{target} with weights ~{_fmt(g)}x too large: re-initialise with nn.init.xavier_uniform_ "
                f"(or kaiming_uniform_ for ReLU), or scale them down by {_fmt(g)}; clip gradients at max_norm=1.0 meanwhile")
     else:
-        target = f"`{layer}`" if layer else "the weight layers"
-        fix = (f"{target} start(s) with weights too small (each layer scales the signal by ~{_fmt(g)}): use a "
+        fix = (f"{target} with weights too small (each scales the signal by ~{_fmt(g)}): use a "
                "variance-preserving init, nn.init.xavier_normal_ for tanh/sigmoid or nn.init.kaiming_normal_ for ReLU")
     return [_hyp(ctx, Cause.BAD_INITIALIZATION, layer, group[0].step, conf, chain, group + symptoms, fix)]
 
@@ -268,8 +295,8 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
     nf = ctx.nonfinite
     finite_ev = ctx.free(Signal.FINITE, FiniteState.NONFINITE)
     loss_nf = ctx.loss_state(LossState.NONFINITE)
-    if nf is None and not finite_ev:
-        return []
+    if (nf is None and not finite_ev) or (nf is not None and nf.phase in ("input", "loss")):
+        return []  # NaN/Inf from the data or the loss: rule_data's case
     step = nf.step if nf is not None else finite_ev[0].step
     layer = nf.layer if nf is not None else finite_ev[0].layer
     phase = nf.phase if nf is not None else "forward"
