@@ -157,6 +157,7 @@ class Features:
     nonfinite: np.ndarray      # (T, L) bool
     wu: np.ndarray             # updated layers: update and weight norms
     wnu: np.ndarray
+    has_params: np.ndarray     # (L,) bool
 
 
 def _key(trace: Trace) -> tuple:
@@ -217,7 +218,8 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
-                    nonfinite=nonfinite, wu=cols(ui, Stat.W_UPDATE_NORM), wnu=cols(ui, Stat.W_NORM))
+                    nonfinite=nonfinite, wu=cols(ui, Stat.W_UPDATE_NORM), wnu=cols(ui, Stat.W_NORM),
+                    has_params=np.array([l.n_params > 0 for l in layers], dtype=bool))
 
 
 def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[str, LayerHealth]]:
@@ -272,8 +274,11 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         col_of = {int(i): k for k, i in enumerate(f.gi)}
         nxt = 0
         for i in f.by_order[::-1]:
-            nxt = g_last.get(int(i), nxt)
-            g_last[int(i)] = nxt
+            i = int(i)
+            if i in g_last:
+                nxt = g_last[i]
+            elif not f.has_params[i]:  # frozen or sparse weight layers keep "healthy": no gradient by design
+                g_last[i] = nxt
         for i, name in enumerate(names):
             k = col_of.get(i)
             values = {"act_std": float(std[-1, i]), "dead_fraction": float(f.dead_all[-1, i]),

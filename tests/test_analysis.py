@@ -1,0 +1,219 @@
+"""Health states, events and hysteresis on synthetic traces; thresholds metadata; report and Mermaid text."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+import neuraldbg
+from neuraldbg import ActState, CausalHypothesis, Cause, GradState, SemanticEvent, Stat, Thresholds
+from neuraldbg.analysis import analyze
+from neuraldbg.events import MAX_PER_SERIES, debounce
+from neuraldbg.layers import Kind, LayerInfo
+from neuraldbg.report import render_mermaid, render_report
+from neuraldbg.states import Signal
+from neuraldbg.stats import N_STATS
+from neuraldbg.trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
+
+# -- a synthetic trace builder ------------------------------------------------------------------------------
+
+_KIND = {"Linear": Kind.LINEAR, "ReLU": Kind.RELU, "Tanh": Kind.BOUNDED, "Sigmoid": Kind.BOUNDED}
+
+
+def make_trace(types: list[str], n_samples: int, fill=None, frozen: tuple[int, ...] = ()) -> Trace:
+    """Layers ``types`` in forward order, healthy statistics at every sample; ``fill(row, t)`` edits a row."""
+    layers = []
+    for i, t in enumerate(types):
+        params = 1000 if t == "Linear" else 0
+        layers.append(LayerInfo(index=i, name=f"net.{i}", type_name=t, kind=_KIND[t],
+                                bounds=(-1.0, 1.0) if t == "Tanh" else (0.0, 1.0) if t == "Sigmoid" else None,
+                                n_params=params, n_trainable=0 if i in frozen else params, order=i))
+    trace = Trace(layers, capacity=max(64, n_samples))
+    lin = np.array([t == "Linear" for t in types])
+    for step in range(n_samples):
+        row = np.full((len(types), N_STATS), np.nan, dtype=np.float32)
+        row[:, Stat.ACT_MEAN] = 0.0
+        row[:, Stat.ACT_STD] = 1.0
+        row[:, Stat.ACT_ABSMAX] = 3.0
+        row[:, Stat.ACT_NONFINITE] = 0.0
+        row[:, Stat.GRAD_RMS] = 1e-2
+        row[:, Stat.GRAD_NONFINITE] = 0.0
+        row[[t == "ReLU" for t in types], Stat.ACT_DEAD] = 0.05
+        row[[t in ("Tanh", "Sigmoid") for t in types], Stat.ACT_SATURATED] = 0.01
+        row[lin, Stat.W_NORM] = 5.0
+        row[lin, Stat.W_GRAD_NORM] = 0.05
+        row[lin, Stat.W_UPDATE_NORM] = 5e-3
+        for i in frozen:
+            row[i, Stat.W_GRAD_NORM] = np.nan
+            row[i, Stat.W_UPDATE_NORM] = 0.0
+        if fill is not None:
+            fill(row, step)
+        g = np.array([0.01, 0.0, 1.0, 4.0, 0.0], dtype=np.float32)[:len(GLOBAL_COLUMNS)]
+        trace.add_sample(step, row, g)
+        trace.add_loss(step, 2.0 * math.exp(-step / 10))
+    return trace
+
+
+def run(trace: Trace, **changes):
+    return analyze(trace, Thresholds().replace(**changes), steps=int(trace.stats.steps[-1]) + 1)
+
+
+# -- hysteresis ----------------------------------------------------------------------------------------------
+
+def test_debounce_accepts_a_state_only_after_it_persists():
+    codes = np.array([0, 1, 0, 1, 1, 1, 0, 0])
+    assert debounce(codes, 2).tolist() == [0, 0, 0, 1, 1, 1, 0, 0]
+    assert debounce(codes, 3).tolist() == [0, 0, 0, 1, 1, 1, 1, 1]  # the final 0s are too short to count
+    assert debounce(codes, 1).tolist() == codes.tolist()
+
+
+def test_a_flapping_layer_makes_no_events():
+    def fill(row, t):
+        row[1, Stat.ACT_DEAD] = 0.9 if t % 2 else 0.0
+    a = run(make_trace(["Linear", "ReLU", "Linear"], 20, fill))
+    assert not [e for e in a.events if e.signal == Signal.ACTIVATION]
+    assert not [h for h in a.hypotheses if h.confidence >= 0.5]
+
+
+def test_persisting_dead_layer_is_one_event_at_its_onset_with_the_numbers():
+    def fill(row, t):
+        if t >= 5:
+            row[1, Stat.ACT_DEAD] = 0.9
+            row[0, Stat.W_GRAD_NORM] = 0.0
+    a = run(make_trace(["Linear", "ReLU", "Linear"], 20, fill))
+    dead = [e for e in a.events if e.signal == Signal.ACTIVATION]
+    assert len(dead) == 1
+    ev = dead[0]
+    assert (ev.layer, ev.step, ev.before, ev.after, ev.end) == ("net.1", 5, ActState.NORMAL, ActState.DEAD, None)
+    assert ev.values["dead_fraction"] == pytest.approx(0.9)
+    assert a.health["net.1"].act == ActState.DEAD and a.health["net.1"].step == 19
+    assert a.health["net.0"].grad == GradState.VANISHING
+    top = a.hypotheses[0]
+    assert (top.cause, top.layer, top.step) == (Cause.DEAD_UNITS, "net.1", 5)
+    assert all(isinstance(e, SemanticEvent) for e in top.evidence)
+
+
+def test_recovery_closes_the_event():
+    def fill(row, t):
+        if 4 <= t < 10:
+            row[1, Stat.ACT_DEAD] = 0.9
+    a = run(make_trace(["Linear", "ReLU", "Linear"], 20, fill))
+    evs = [e for e in a.events if e.signal == Signal.ACTIVATION]
+    assert [(e.step, str(e.after), e.end) for e in evs] == [(4, "dead", 10), (10, "normal", None)]
+    assert a.health["net.1"].act == ActState.NORMAL
+
+
+def test_thresholds_move_the_verdict_without_new_data():
+    def fill(row, t):
+        row[1, Stat.ACT_DEAD] = 0.7
+    trace = make_trace(["Linear", "ReLU", "Linear"], 12, fill)
+    assert run(trace).hypotheses[0].cause == Cause.DEAD_UNITS
+    assert not [h for h in run(trace, dead_fraction=0.8).hypotheses if h.cause == Cause.DEAD_UNITS]
+    assert not [e for e in run(trace, persist=20).events if e.signal == Signal.ACTIVATION]
+
+
+def test_event_list_is_bounded():
+    def fill(row, t):
+        row[1, Stat.ACT_DEAD] = 0.9 if (t // 3) % 2 else 0.0
+    a = run(make_trace(["Linear", "ReLU", "Linear"], 600, fill))
+    assert 0 < len([e for e in a.events if e.signal == Signal.ACTIVATION]) <= MAX_PER_SERIES
+
+
+# -- health states ---------------------------------------------------------------------------------------------
+
+def test_saturated_output_is_not_a_failure_but_a_saturated_hidden_layer_is():
+    def fill(row, t):
+        row[1, Stat.ACT_SATURATED] = 0.95
+        row[3, Stat.ACT_SATURATED] = 0.99
+    a = run(make_trace(["Linear", "Tanh", "Linear", "Sigmoid"], 12, fill))
+    assert a.health["net.1"].act == ActState.SATURATED
+    assert a.health["net.3"].act == ActState.NORMAL  # the model's own output: a confident classifier
+
+
+def test_vanishing_is_measured_against_the_layers_after_it_and_frozen_layers_are_ignored():
+    def fill(row, t):
+        row[0, Stat.W_GRAD_NORM] = np.nan   # frozen stem: no gradient by design
+        row[2, Stat.W_GRAD_NORM] = 5e-8     # relative gradient 1e-8 vs 1e-2 after it
+    a = run(make_trace(["Linear", "ReLU", "Linear", "ReLU", "Linear"], 12, fill, frozen=(0,)))
+    assert a.health["net.0"].grad == GradState.HEALTHY
+    assert a.health["net.2"].grad == GradState.VANISHING
+    assert a.health["net.4"].grad == GradState.HEALTHY
+    # a ReLU shows the state of the next weight layer after it
+    assert (a.health["net.1"].grad, a.health["net.3"].grad) == (GradState.VANISHING, GradState.HEALTHY)
+    top = a.hypotheses[0]
+    assert (top.cause, top.layer) == (Cause.VANISHING_GRADIENTS, "net.2")
+    assert top.evidence[0].values["attenuation"] == pytest.approx(1e-6, rel=1e-3)
+
+
+def test_uniform_scale_change_is_not_a_gradient_fault():
+    """Gradients 1000x smaller everywhere (a loss scaled down) are not vanishing: states are ratios."""
+    def fill(row, t):
+        row[:, Stat.GRAD_RMS] *= 1e-3
+        row[[0, 2], Stat.W_GRAD_NORM] *= 1e-3
+        row[[0, 2], Stat.W_UPDATE_NORM] *= 1e-3
+    a = run(make_trace(["Linear", "ReLU", "Linear"], 12, fill))
+    assert all(h.grad == GradState.HEALTHY for h in a.health.values())
+
+
+def test_nonfinite_from_replay_drives_the_verdict():
+    def fill(row, t):
+        if t >= 6:
+            row[:, Stat.ACT_NONFINITE] = 1.0
+    trace = make_trace(["Linear", "ReLU", "Linear"], 10, fill)
+    trace.nonfinite = NonFiniteOrigin(6, "net.2", "forward")
+    top = run(trace).hypotheses[0]
+    assert (top.cause, top.layer, top.step) == (Cause.NON_FINITE, "net.2", 6)
+    trace.nonfinite = NonFiniteOrigin(6, "net.0", "weights")
+    top = run(trace).hypotheses[0]
+    assert (top.cause, top.layer) == (Cause.LEARNING_RATE_TOO_HIGH, "")
+    assert any("NaN/Inf" in c for c in top.chain)
+    trace.nonfinite = NonFiniteOrigin(6, "input", "input")
+    assert (run(trace).hypotheses[0].cause, run(trace).hypotheses[0].layer) == (Cause.DATA, "input")
+
+
+def test_healthy_synthetic_trace_is_quiet_and_says_so():
+    trace = make_trace(["Linear", "ReLU", "Linear", "Tanh", "Linear"], 30)
+    a = run(trace)
+    assert not [h for h in a.hypotheses if h.confidence >= 0.5]
+    assert "Verdict: healthy" in render_report(a, trace, step=30)
+
+
+# -- thresholds -----------------------------------------------------------------------------------------------
+
+def test_every_threshold_has_slider_metadata_and_a_default_in_range():
+    t = Thresholds()
+    for f in dataclasses.fields(Thresholds):
+        md = f.metadata
+        assert {"label", "scale", "min", "max", "doc"} <= set(md), f.name
+        assert md["scale"] in ("log", "linear")
+        assert md["min"] <= getattr(t, f.name) <= md["max"], f.name
+        if md["scale"] == "log":
+            assert md["min"] > 0
+    assert Thresholds.from_dict(t.to_dict()) == t
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.dead_fraction = 0.1  # type: ignore[misc]
+
+
+def test_public_names_are_exported():
+    for name in ("CausalHypothesis", "SemanticEvent", "ActState", "GradState", "Thresholds", "Cause"):
+        assert name in neuraldbg.__all__
+    fields = {f.name for f in dataclasses.fields(CausalHypothesis)}
+    assert {"cause", "layer", "step", "confidence", "chain", "evidence", "suggestion"} <= fields
+
+
+# -- Mermaid ----------------------------------------------------------------------------------------------------
+
+def test_mermaid_draws_root_then_chain():
+    def fill(row, t):
+        row[1, Stat.ACT_DEAD] = 1.0
+        row[0, Stat.W_GRAD_NORM] = 0.0
+    a = run(make_trace(["Linear", "ReLU", "Linear"], 12, fill))
+    text = render_mermaid(a)
+    lines = text.splitlines()
+    assert lines[0] == "flowchart TD"
+    assert "dead_units in net.1 from step 0" in lines[1] and ":::root" in lines[1]
+    assert "h0 --> h0c0" in text and "h0c0 --> h0c1" in text and "-.-> h0fix" in text
+    assert '"' not in "".join(l.split('["', 1)[1].rsplit('"]', 1)[0] for l in lines if '["' in l)
+    assert "healthy" in render_mermaid(run(make_trace(["Linear"], 5)))
