@@ -326,6 +326,15 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
             StateSeries(Signal.INPUT, steps, inp[:, None], ["input"], {s: in_values for s in InputState}, persist=1)]
 
 
+def _rolling_median(v: np.ndarray, w: int) -> np.ndarray:
+    """Median of the last ``w`` values at each point (fewer at the start): a single spike moves nothing."""
+    if len(v) == 0:
+        return v.copy()
+    padded = np.concatenate([np.full(w - 1, np.nan), v])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, w)
+    return np.nanmedian(windows, axis=1)  # every window ends with a real value: never all-NaN
+
+
 def _rolling_mean(v: np.ndarray, w: int) -> np.ndarray:
     c = np.concatenate([[0.0], np.cumsum(v)])
     i = np.arange(1, len(v) + 1)
@@ -341,12 +350,12 @@ def loss_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
         return []
     v = values.astype(np.float64)
     ok = np.isfinite(v)
-    w = max(3, min(th.plateau_steps // 2, n // 10 if n >= 30 else 3))
+    w = max(5, min(th.plateau_steps // 4, n // 10))
     # carry the last finite value over non-finite ones for smoothing
     idx = np.maximum.accumulate(np.where(ok, np.arange(n), 0))
     filled = np.where(ok, v, v[idx]) if ok.any() else np.zeros(n)
     filled = np.where(np.isfinite(filled), filled, 0.0)
-    smooth = _rolling_mean(filled, w)
+    smooth = _rolling_median(filled, w)
     start = float(np.median(filled[:w]))
     scale = abs(start) + 1e-12
     best = np.minimum.accumulate(smooth)

@@ -212,7 +212,9 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
             chain.append(f"the layers after it receive a constant signal: {_symptoms_text(downstream, 1)[0]}")
         loss = _loss_symptoms(ctx, ev.step)
         chain += [_loss_text(e) for e in loss[:1]]
-        conf = 0.4 + 0.5 * frac + 0.05 * bool(blocked or loss)
+        # at the threshold: 0.5; all units dead: 0.9; more when the gradient or the loss shows it
+        th = min(ctx.th.dead_fraction, 0.999)
+        conf = 0.5 + 0.4 * (frac - th) / (1 - th) + 0.05 * bool(blocked or loss)
         fix = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{ev.layer}` by "
                f"nn.LeakyReLU(0.01)" if prev else f"replace `{ev.layer}` by nn.LeakyReLU(0.01)")
         if not ctx.from_start(ev):
@@ -242,7 +244,9 @@ def rule_saturated(ctx: Context) -> list[CausalHypothesis]:
             chain.append(f"its derivative is ~0, so the gradient vanishes in {_names(blocked)}")
         chain += [_loss_text(e) for e in loss[:1]]
         consequence = bool(blocked or loss)
-        conf = (0.6 + 0.3 * frac) if consequence else (0.25 + 0.2 * frac)
+        # pinned outputs pass (almost) no gradient: a nearly fully saturated layer stops learning by itself
+        th = min(ctx.th.saturated_fraction, 0.999)
+        conf = (0.6 + 0.3 * frac) if consequence else (0.35 + 0.55 * max(frac - th, 0.0) / (1 - th))
         fix = (f"scale down the pre-activations of `{ev.layer}`: re-initialise `{prev}` with nn.init.xavier_uniform_ "
                f"(gain 1), or add nn.LayerNorm/BatchNorm before `{ev.layer}`; or use ReLU/GELU instead of {kind}"
                if prev else f"normalise what enters `{ev.layer}` or use ReLU/GELU instead of {kind}")
@@ -457,8 +461,8 @@ def rule_lr_high(ctx: Context) -> list[CausalHypothesis]:
     chain += [_loss_text(e) for e in loss[:1]]
     if large and loss:
         conf = 0.85
-    elif loss:
-        conf = 0.6 if loss[0].after == LossState.DIVERGING else 0.55
+    elif loss:  # a diverging loss alone is most often the learning rate; an oscillating one may be noise
+        conf = 0.6 if loss[0].after == LossState.DIVERGING else 0.45
     else:
         conf = 0.3
     step = min(e.step for e in large + loss)

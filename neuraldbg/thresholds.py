@@ -18,7 +18,7 @@ class Thresholds:
     """What counts as unhealthy. Change one with ``dbg.reanalyze(name=value)``."""
 
     # -- activations -------------------------------------------------------------------------------
-    dead_fraction: float = _f(0.5, "dead units", "linear", 0.05, 1.0,
+    dead_fraction: float = _f(0.9, "dead units", "linear", 0.05, 1.0,
                               "share of a ReLU layer's units never positive over a batch for the layer to be dead")
     saturated_fraction: float = _f(0.6, "saturated outputs", "linear", 0.05, 1.0,
                                    "share of a sigmoid/tanh layer's outputs at their bounds for it to be saturated")
@@ -27,7 +27,7 @@ class Thresholds:
     layer_gain: float = _f(10.0, "layer gain", "log", 2.0, 1e3,
                            "output/input spread ratio of a weight layer (either way) that points at its init scale")
     # -- gradients ---------------------------------------------------------------------------------
-    vanishing_ratio: float = _f(1e-3, "gradient attenuation", "log", 1e-8, 0.3,
+    vanishing_ratio: float = _f(1e-4, "gradient attenuation", "log", 1e-8, 0.3,
                                 "relative weight gradient of a layer vs the layers after it, below which it vanished")
     exploding_ratio: float = _f(1e3, "gradient amplification", "log", 3.0, 1e8,
                                 "relative weight gradient vs the layers after it, or vs its own start, that explodes")
@@ -43,7 +43,7 @@ class Thresholds:
                                  "typical step-to-step loss change, as a fraction of its level, with no progress")
     loss_progress: float = _f(0.05, "loss progress", "log", 1e-4, 0.5,
                               "least improvement of the smoothed loss, as a fraction of the start loss, not a plateau")
-    plateau_steps: int = _f(20, "plateau steps", "linear", 5, 1000,
+    plateau_steps: int = _f(50, "plateau steps", "linear", 5, 1000,
                             "recorded losses needed before the loss can be called flat")
     # -- data --------------------------------------------------------------------------------------
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
