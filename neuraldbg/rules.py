@@ -212,9 +212,9 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
             chain.append(f"the layers after it receive a constant signal: {_symptoms_text(downstream, 1)[0]}")
         loss = _loss_symptoms(ctx, ev.step)
         chain += [_loss_text(e) for e in loss[:1]]
-        # at the threshold: 0.5; all units dead: 0.9; more when the gradient or the loss shows it
+        # just above the threshold: a weak signal; all units dead: 0.9; more when the gradient or loss shows it
         th = min(ctx.th.dead_fraction, 0.999)
-        conf = 0.5 + 0.4 * (frac - th) / (1 - th) + 0.05 * bool(blocked or loss)
+        conf = 0.45 + 0.45 * max(frac - th, 0.0) / (1 - th) + 0.05 * bool(blocked or loss)
         fix = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{ev.layer}` by "
                f"nn.LeakyReLU(0.01)" if prev else f"replace `{ev.layer}` by nn.LeakyReLU(0.01)")
         if not ctx.from_start(ev):

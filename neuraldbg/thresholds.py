@@ -18,7 +18,7 @@ class Thresholds:
     """What counts as unhealthy. Change one with ``dbg.reanalyze(name=value)``."""
 
     # -- activations -------------------------------------------------------------------------------
-    dead_fraction: float = _f(0.9, "dead units", "linear", 0.05, 1.0,
+    dead_fraction: float = _f(0.6, "dead units", "linear", 0.05, 1.0,
                               "share of a ReLU layer's units never positive over a batch for the layer to be dead")
     saturated_fraction: float = _f(0.6, "saturated outputs", "linear", 0.05, 1.0,
                                    "share of a sigmoid/tanh layer's outputs at their bounds for it to be saturated")

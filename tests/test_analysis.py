@@ -71,7 +71,7 @@ def test_debounce_accepts_a_state_only_after_it_persists():
 
 def test_a_flapping_layer_makes_no_events():
     def fill(row, t):
-        row[1, Stat.ACT_DEAD] = 0.9 if t % 2 else 0.0
+        row[1, Stat.ACT_DEAD] = 0.95 if t % 2 else 0.0
     a = run(make_trace(["Linear", "ReLU", "Linear"], 20, fill))
     assert not [e for e in a.events if e.signal == Signal.ACTIVATION]
     assert not [h for h in a.hypotheses if h.confidence >= 0.5]
@@ -80,14 +80,14 @@ def test_a_flapping_layer_makes_no_events():
 def test_persisting_dead_layer_is_one_event_at_its_onset_with_the_numbers():
     def fill(row, t):
         if t >= 5:
-            row[1, Stat.ACT_DEAD] = 0.9
+            row[1, Stat.ACT_DEAD] = 0.95
             row[0, Stat.W_GRAD_NORM] = 0.0
     a = run(make_trace(["Linear", "ReLU", "Linear"], 20, fill))
     dead = [e for e in a.events if e.signal == Signal.ACTIVATION]
     assert len(dead) == 1
     ev = dead[0]
     assert (ev.layer, ev.step, ev.before, ev.after, ev.end) == ("net.1", 5, ActState.NORMAL, ActState.DEAD, None)
-    assert ev.values["dead_fraction"] == pytest.approx(0.9)
+    assert ev.values["dead_fraction"] == pytest.approx(0.95)
     assert a.health["net.1"].act == ActState.DEAD and a.health["net.1"].step == 19
     assert a.health["net.0"].grad == GradState.VANISHING
     top = a.hypotheses[0]
@@ -98,7 +98,7 @@ def test_persisting_dead_layer_is_one_event_at_its_onset_with_the_numbers():
 def test_recovery_closes_the_event():
     def fill(row, t):
         if 4 <= t < 10:
-            row[1, Stat.ACT_DEAD] = 0.9
+            row[1, Stat.ACT_DEAD] = 0.95
     a = run(make_trace(["Linear", "ReLU", "Linear"], 20, fill))
     evs = [e for e in a.events if e.signal == Signal.ACTIVATION]
     assert [(e.step, str(e.after), e.end) for e in evs] == [(4, "dead", 10), (10, "normal", None)]
@@ -107,16 +107,16 @@ def test_recovery_closes_the_event():
 
 def test_thresholds_move_the_verdict_without_new_data():
     def fill(row, t):
-        row[1, Stat.ACT_DEAD] = 0.7
+        row[1, Stat.ACT_DEAD] = 0.95
     trace = make_trace(["Linear", "ReLU", "Linear"], 12, fill)
     assert run(trace).hypotheses[0].cause == Cause.DEAD_UNITS
-    assert not [h for h in run(trace, dead_fraction=0.8).hypotheses if h.cause == Cause.DEAD_UNITS]
+    assert not [h for h in run(trace, dead_fraction=0.97).hypotheses if h.cause == Cause.DEAD_UNITS]
     assert not [e for e in run(trace, persist=20).events if e.signal == Signal.ACTIVATION]
 
 
 def test_event_list_is_bounded():
     def fill(row, t):
-        row[1, Stat.ACT_DEAD] = 0.9 if (t // 3) % 2 else 0.0
+        row[1, Stat.ACT_DEAD] = 0.95 if (t // 3) % 2 else 0.0
     a = run(make_trace(["Linear", "ReLU", "Linear"], 600, fill))
     assert 0 < len([e for e in a.events if e.signal == Signal.ACTIVATION]) <= MAX_PER_SERIES
 
