@@ -20,7 +20,8 @@ lab: venv
 	$(VENV)/bin/jupyter lab --allow-root notebooks/01_quickstart.ipynb
 
 test: venv
-	$(PY) -m pytest
+	$(PY) -m pytest --cov --cov-report=term
+	$(VENV)/bin/bandit -q -r neuraldbg ndbg_jupyter -ll
 
 bench: venv
 	$(PY) benchmarks/overhead.py
