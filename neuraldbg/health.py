@@ -302,7 +302,7 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
         high = (has & (wu > wn * th.update_too_large)).sum(axis=1)
         notlow = (has & (wu >= wn * th.update_negligible)).sum(axis=1)
     upd = np.zeros(len(steps), dtype=np.int8)
-    upd[(cnt > 0) & (2 * high > cnt)] = UpdateState.TOO_LARGE.code  # the median layer's ratio is too large
+    upd[high > 0] = UpdateState.TOO_LARGE.code                       # some layer's weights change too much
     upd[(cnt > 0) & (notlow == 0)] = UpdateState.NEGLIGIBLE.code     # even the largest one is negligible
 
     def ratios(r):

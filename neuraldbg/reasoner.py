@@ -1,7 +1,7 @@
 """Inference: run the rules in order, let each root cause explain its events, rank the hypotheses."""
 from __future__ import annotations
 
-from .hypothesis import CausalHypothesis
+from .hypothesis import CONFIDENT, CausalHypothesis
 from .rules import RULES, Context
 
 
@@ -11,7 +11,8 @@ def infer(ctx: Context) -> list[CausalHypothesis]:
     for _, rule in RULES:
         for hyp in rule(ctx):
             ctx.found.append(hyp)
-            ctx.claimed.update(id(e) for e in hyp.evidence)
+            if hyp.confidence >= CONFIDENT:  # a weak hypothesis explains nothing away
+                ctx.claimed.update(id(e) for e in hyp.evidence)
     merged: dict[tuple, CausalHypothesis] = {}
     for i, hyp in enumerate(ctx.found):
         key = (hyp.cause, hyp.layer)

@@ -193,8 +193,8 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
         chain = [f"{frac:.0%} of the units of `{ev.layer}` output 0 for every input from step {ev.step}"]
         large = _update_before(ctx, ev.step)
         if not ctx.from_start(ev) and large:
-            u = large[0].values.get("update_median", math.nan)
-            chain = [f"updates of {_fmt(u)} x the weights per step (lr {lr}) from step {large[0].step}"] + chain
+            u = large[0].values.get("update_max", math.nan)
+            chain = [f"updates of up to {_fmt(u)} x the weights per step (lr {lr}) from step {large[0].step}"] + chain
             if blocked:
                 chain.append(f"no gradient flows back through `{ev.layer}`: it vanishes in {_names(blocked)}")
             chain.append("the layers before it stop learning")
@@ -220,7 +220,8 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
         if not ctx.from_start(ev):
             fix += f"; if the units died during training, lower the learning rate from {lr} to ~{lr10}"
         hyp = _hyp(ctx, Cause.DEAD_UNITS, ev.layer, ev.step, conf, chain, [ev] + blocked + downstream + loss, fix)
-        ctx.claimed.update(id(e) for e in hyp.evidence)
+        if downstream:
+            ctx.claimed.update(id(e) for e in downstream)
         out.append(hyp)
     return out
 
@@ -314,7 +315,7 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
     if phase == "weights" or large or (diverging and not exploding):
         chain = []
         if large:
-            chain.append(f"updates of {_fmt(large[0].values.get('update_median', math.nan))} x the weights per step "
+            chain.append(f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step "
                          f"(lr {lr}) from step {large[0].step}")
         chain += [_loss_text(e) for e in diverging[:1]]
         if blown:
@@ -394,7 +395,7 @@ def rule_exploding(ctx: Context) -> list[CausalHypothesis]:
     amp = max(v.get("attenuation", 0) or 0, v.get("grad_growth", 0) or 0)
     lr, lr10 = ctx.lr_text()
     if large:
-        chain = [f"updates of {_fmt(large[0].values.get('update_median', math.nan))} x the weights per step (lr {lr})",
+        chain = [f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step (lr {lr})",
                  f"the gradient grows {_fmt(amp)}x in {_names(free)} from step {origin.step}"]
         chain += [_loss_text(e) for e in loss[:1]]
         return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step, 0.6 + 0.25 * bool(loss), chain,
@@ -456,7 +457,7 @@ def rule_lr_high(ctx: Context) -> list[CausalHypothesis]:
     lr, lr10 = ctx.lr_text()
     chain = []
     if large:
-        chain.append(f"updates of {_fmt(large[0].values.get('update_median', math.nan))} x the weights per step "
+        chain.append(f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step "
                      f"(lr {lr}) from step {large[0].step}")
     chain += [_loss_text(e) for e in loss[:1]]
     if large and loss:

@@ -33,7 +33,7 @@ class Thresholds:
                                 "relative weight gradient vs the layers after it, or vs its own start, that explodes")
     # -- updates -----------------------------------------------------------------------------------
     update_too_large: float = _f(0.1, "update/weight high", "log", 1e-3, 10.0,
-                                 "median update-to-weight ratio per step above which updates are too large")
+                                 "update-to-weight ratio of a layer per step above which its update is too large")
     update_negligible: float = _f(1e-5, "update/weight low", "log", 1e-10, 1e-2,
                                   "largest update-to-weight ratio per step below which updates are negligible")
     # -- loss --------------------------------------------------------------------------------------

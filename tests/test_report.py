@@ -27,7 +27,7 @@ def test_dead_layer_report():
 def test_learning_rate_report():
     _, text = _report("relu_mlp_lr10")
     assert "Verdict: learning_rate_too_high in the model, from step 0." in text
-    assert re.search(r"updates of [0-9.]+ x the weights per step \(lr 10\)", text)
+    assert re.search(r"updates of up to [0-9.]+ x the weights per step \(lr 10\)", text)
     assert "lower the learning rate from 10 to ~1" in text
 
 
