@@ -63,7 +63,8 @@ def _fmt(v: float) -> str:
 
 def debounce(codes: np.ndarray, persist: int) -> np.ndarray:
     """Hysteresis along axis 0: a code is accepted once it holds ``persist`` consecutive rows;
-    until then the previously accepted code (initially 0, the healthy state) stands."""
+    until then the previously accepted code (initially 0, the healthy state) stands. A negative
+    code means "not measured" and continues the state before it."""
     codes = np.asarray(codes)
     squeeze = codes.ndim == 1
     c = codes[:, None] if squeeze else codes
@@ -71,6 +72,9 @@ def debounce(codes: np.ndarray, persist: int) -> np.ndarray:
     k = max(int(persist), 1)
     if t == 0:
         return codes.copy()
+    if (c < 0).any():  # no information at a sample (nothing measured): the last known state goes on
+        idx = np.maximum.accumulate(np.where(c >= 0, np.arange(t)[:, None], -1), axis=0)
+        c = np.where(idx >= 0, np.take_along_axis(c, np.maximum(idx, 0), axis=0), 0).astype(c.dtype)
     ok = np.ones(c.shape, dtype=bool)
     for i in range(1, k):
         same = np.zeros(c.shape, dtype=bool)

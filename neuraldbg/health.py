@@ -303,6 +303,7 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
         notlow = (has & (wu >= wn * th.update_negligible)).sum(axis=1)
     upd = np.zeros(len(steps), dtype=np.int8)
     upd[high > 0] = UpdateState.TOO_LARGE.code                       # some layer's weights change too much
+    upd[cnt == 0] = -1                                                # nothing measured (NaN weights, no step)
     upd[(cnt > 0) & (notlow == 0)] = UpdateState.NEGLIGIBLE.code     # even the largest one is negligible
 
     def ratios(r):

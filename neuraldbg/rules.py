@@ -296,6 +296,9 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
 
 # -- NaN/Inf in the model ---------------------------------------------------------------------------------
 
+_OVERFLOW_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENTION})
+
+
 def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
     nf = ctx.nonfinite
     finite_ev = ctx.free(Signal.FINITE, FiniteState.NONFINITE)
@@ -312,7 +315,12 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
     exploding = [e for e in ctx.all(Signal.GRADIENT, GradState.EXPLODING) if e.step < step]
     blown = [e for e in ctx.all(Signal.ACTIVATION, ActState.ANOMALOUS) if e.step < step]
     where = f"`{layer}`" if layer else "the model"
-    if phase == "weights" or large or (diverging and not exploding):
+    # a weight layer cannot leave a domain: NaN/Inf from its finite inputs and weights is an overflow,
+    # values grown too large; after the start of training, the updates grew them
+    info = ctx.layers.get(layer)
+    overflow = (phase == "forward" and info is not None and info.kind in _OVERFLOW_KINDS
+                and step > ctx.first_step and not exploding)
+    if phase == "weights" or large or (diverging and not exploding) or overflow:
         chain = []
         if large:
             chain.append(f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step "
@@ -320,6 +328,8 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
         chain += [_loss_text(e) for e in diverging[:1]]
         if blown:
             chain.append(f"activations blow up in {_names(blown)}")
+        if overflow and not large and not diverging:
+            chain.append(f"weights and activations grow during training until `{layer}` ({info.type_name}) overflows")
         chain.append(f"the parameters of {where} become NaN/Inf after the update before step {step}"
                      if phase == "weights" else f"non_finite: NaN/Inf first produced in {where} ({phase}) at step {step}")
         conf = 0.9 if (phase == "weights" or large) else 0.7

@@ -158,6 +158,30 @@ def lstm_dead_head():
     return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), sequences(), steps=20)
 
 
+def lr_schedule_jump():
+    """A schedule bug sets lr to 20 at step 150 of 300: by then the default sampling is sparse, and the
+    NaN a few steps later first shows as an overflow in a Linear layer; the root is the learning rate."""
+    torch.manual_seed(0)
+    model = mlp([8, 64, 64, 3])
+
+    def schedule(step, opt):
+        if step == 150:
+            for g in opt.param_groups:
+                g["lr"] = 20.0
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(8, 3), steps=300,
+               before_step=schedule)
+
+
+def wide_layer_x50_before_tanh():
+    """A wide tanh MLP whose middle layer starts with weights x50: the weight scale is the root, whether
+    it shows as saturation or as a vanishing gradient."""
+    torch.manual_seed(3)
+    model = mlp([10] + [256] * 6 + [4], act=nn.Tanh)
+    with torch.no_grad():
+        model[6].weight.mul_(50.0)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(10, 4, batch=128), steps=30)
+
+
 def regression_sgd_diverges():
     """Linear regression with SGD above the stability limit: the loss climbs step after step."""
     torch.manual_seed(0)
@@ -194,6 +218,8 @@ FAULTY = {
     "compiled_saturated_tanh": (compiled_saturated_tanh, Expect(Cause.SATURATED_ACTIVATIONS, "3", (0, 1))),
     "lstm_dead_head": (lstm_dead_head, Expect(Cause.DEAD_UNITS, "head.1", (0, 0))),
     "regression_sgd_diverges": (regression_sgd_diverges, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (0, 10))),
+    "lr_schedule_jump": (lr_schedule_jump, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (150, 160))),
+    "wide_layer_x50_before_tanh": (wide_layer_x50_before_tanh, Expect(Cause.BAD_INITIALIZATION, "6", (0, 0))),
     "unlearnable_plateau": (unlearnable_plateau, Expect(Cause.LOSS_PLATEAU, "", (0, 60))),
 }
 
@@ -258,6 +284,21 @@ def healthy_compiled_mlp():
                teacher_classes(8, 3), steps=30)
 
 
+def healthy_deep_narrow_relu():
+    """Six ReLU layers of 16 units at the default init: some units die along the way, not most of a layer."""
+    torch.manual_seed(3)
+    model = mlp([10] + [16] * 6 + [4])
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(10, 4, batch=8), steps=40)
+
+
+def healthy_deep_gelu():
+    """Six GELU layers of 256 units at the default init, trained with Adam: the gradient shrinks toward
+    the input (~1e-3x) without vanishing."""
+    torch.manual_seed(3)
+    model = mlp([10] + [256] * 6 + [4], act=nn.GELU)
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(10, 4, batch=8), steps=40)
+
+
 def healthy_deep_residual_layernorm():
     """Twelve pre-norm residual blocks: deep, but normalised and residual, so gradients flow."""
     torch.manual_seed(0)
@@ -286,6 +327,8 @@ HEALTHY = {
     "lstm": healthy_lstm,
     "compiled_mlp": healthy_compiled_mlp,
     "deep_residual_layernorm": healthy_deep_residual_layernorm,
+    "deep_narrow_relu": healthy_deep_narrow_relu,
+    "deep_gelu_adam": healthy_deep_gelu,
 }
 
 

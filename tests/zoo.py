@@ -23,11 +23,14 @@ class Run:
     loss: Callable = F.cross_entropy
     steps: int = 30
     options: dict = field(default_factory=dict)
+    before_step: Callable[[int, torch.optim.Optimizer], None] | None = None  # e.g. a learning-rate schedule
 
 
 def train(run: Run) -> NeuralDbg:
     with NeuralDbg(run.model, optimizer=run.opt, **run.options) as dbg:
         for step in range(run.steps):
+            if run.before_step is not None:
+                run.before_step(step, run.opt)
             x, y = run.data(step)
             run.opt.zero_grad()
             loss = run.loss(run.model(x), y)
