@@ -19,7 +19,7 @@ from neuraldbg.trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 # -- a synthetic trace builder ------------------------------------------------------------------------------
 
-_KIND = {"Linear": Kind.LINEAR, "ReLU": Kind.RELU, "Tanh": Kind.BOUNDED, "Sigmoid": Kind.BOUNDED}
+_KIND = {"Linear": Kind.LINEAR, "ReLU": Kind.RELU, "Tanh": Kind.BOUNDED, "Sigmoid": Kind.BOUNDED, "Custom": Kind.OTHER}
 
 
 def make_trace(types: list[str], n_samples: int, fill=None, frozen: tuple[int, ...] = ()) -> Trace:
@@ -161,16 +161,22 @@ def test_nonfinite_from_replay_drives_the_verdict():
     def fill(row, t):
         if t >= 6:
             row[:, Stat.ACT_NONFINITE] = 1.0
-    trace = make_trace(["Linear", "ReLU", "Linear"], 10, fill)
-    trace.nonfinite = NonFiniteOrigin(6, "net.2", "forward")
-    top = run(trace).hypotheses[0]
-    assert (top.cause, top.layer, top.step) == (Cause.NON_FINITE, "net.2", 6)
-    trace.nonfinite = NonFiniteOrigin(6, "net.0", "weights")
-    top = run(trace).hypotheses[0]
-    assert (top.cause, top.layer) == (Cause.LEARNING_RATE_TOO_HIGH, "")
-    assert any("NaN/Inf" in c for c in top.chain)
-    trace.nonfinite = NonFiniteOrigin(6, "input", "input")
-    assert (run(trace).hypotheses[0].cause, run(trace).hypotheses[0].layer) == (Cause.DATA, "input")
+    trace = make_trace(["Linear", "ReLU", "Custom", "Linear"], 10, fill)
+
+    def top_with(origin):
+        trace.nonfinite = origin
+        h = run(trace).hypotheses[0]
+        return h.cause, h.layer, h.step
+
+    # a custom module's own operation left its domain
+    assert top_with(NonFiniteOrigin(6, "net.2", "forward")) == (Cause.NON_FINITE, "net.2", 6)
+    # a Linear layer cannot: finite inputs and weights overflowed, grown by the updates
+    assert top_with(NonFiniteOrigin(6, "net.3", "forward"))[:2] == (Cause.LEARNING_RATE_TOO_HIGH, "")
+    # an update made the weights NaN
+    assert top_with(NonFiniteOrigin(6, "net.0", "weights"))[:2] == (Cause.LEARNING_RATE_TOO_HIGH, "")
+    assert any("NaN/Inf" in c for c in run(trace).hypotheses[0].chain)
+    assert top_with(NonFiniteOrigin(6, "input", "input")) == (Cause.DATA, "input", 6)
+    assert top_with(NonFiniteOrigin(6, "", "loss")) == (Cause.DATA, "input", 6)
 
 
 def test_healthy_synthetic_trace_is_quiet_and_says_so():
