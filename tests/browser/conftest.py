@@ -45,9 +45,9 @@ def chromium():
 
 
 @pytest.fixture
-def page(chromium, request):
+def nb_page(chromium, request):
     """A fresh browser context and page per test; a screenshot is kept when the test fails."""
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    context = chromium.new_context(viewport={"width": 1400, "height": 2000})
     pg = context.new_page()
     pg.set_default_timeout(30_000)
     yield pg
