@@ -350,16 +350,16 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
         return [_hyp(ctx, Cause.NON_FINITE, "", step, 0.6, [f"NaN/Inf appears at step {step}; "
                                                              f"{nf.detail if nf else ''}".strip()], evidence,
                      "run the failing step under torch.autograd.detect_anomaly() to find the operation")]
-    kind = ctx.layers[layer].type_name if layer in ctx.layers else "module"
+    kind = f" ({ctx.layers[layer].type_name})" if layer in ctx.layers else ""
     if phase == "forward":
-        chain = [f"at step {step}, the forward pass of `{layer}` ({kind}) is the first to output NaN/Inf "
+        chain = [f"at step {step}, the forward pass of `{layer}`{kind} is the first to output NaN/Inf "
                  "from finite inputs and weights",
                  "every layer after it, the loss and all gradients become NaN"]
         fix = (f"guard the operation in `{layer}` that leaves its domain: add an eps to a denominator "
                "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), torch.log(x.clamp_min(1e-12))), "
                "or use a stable form (torch.logsumexp, F.softmax / F.log_softmax instead of exp/sum)")
     else:
-        chain = [f"at step {step}, the backward pass of `{layer}` ({kind}) turns a finite gradient into NaN/Inf",
+        chain = [f"at step {step}, the backward pass of `{layer}`{kind} turns a finite gradient into NaN/Inf",
                  "the parameter gradients of every layer before it become NaN"]
         fix = (f"the derivative of an operation in `{layer}` is infinite at the values it sees (sqrt or pow at 0, "
                "log of 0, division by ~0): add an eps (torch.sqrt(x + 1e-12)) or clamp its input")
