@@ -474,8 +474,9 @@ def rule_lr_high(ctx: Context) -> list[CausalHypothesis]:
         conf = 0.85
     elif loss:  # a diverging loss alone is most often the learning rate; an oscillating one may be noise
         conf = 0.6 if loss[0].after == LossState.DIVERGING else 0.45
-    else:
-        conf = 0.3
+    else:  # alone, the size of the updates speaks: weights replaced every step are a failure by themselves
+        top = max((e.values.get("update_max", 0.0) or 0.0) for e in large)
+        conf = 0.3 + 0.15 * math.log10(max(top / ctx.th.update_too_large, 1.0)) if top == top else 0.3
     step = min(e.step for e in large + loss)
     return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", step, conf, chain, large + loss,
                  f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")]

@@ -182,6 +182,13 @@ def wide_layer_x50_before_tanh():
     return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(10, 4, batch=128), steps=30)
 
 
+def adam_lr_too_high_bounces():
+    """Adam at lr=0.3: the loss drops, then bounces between levels; every step rewrites the weights."""
+    torch.manual_seed(0)
+    model = mlp([8, 32, 3])
+    return Run(model, torch.optim.Adam(model.parameters(), lr=0.3), teacher_classes(8, 3), steps=60)
+
+
 def regression_sgd_diverges():
     """Linear regression with SGD above the stability limit: the loss climbs step after step."""
     torch.manual_seed(0)
@@ -218,6 +225,7 @@ FAULTY = {
     "compiled_saturated_tanh": (compiled_saturated_tanh, Expect(Cause.SATURATED_ACTIVATIONS, "3", (0, 1))),
     "lstm_dead_head": (lstm_dead_head, Expect(Cause.DEAD_UNITS, "head.1", (0, 0))),
     "regression_sgd_diverges": (regression_sgd_diverges, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (0, 10))),
+    "adam_lr_too_high_bounces": (adam_lr_too_high_bounces, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (0, 2))),
     "lr_schedule_jump": (lr_schedule_jump, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (150, 160))),
     "wide_layer_x50_before_tanh": (wide_layer_x50_before_tanh, Expect(Cause.BAD_INITIALIZATION, "6", (0, 0))),
     "unlearnable_plateau": (unlearnable_plateau, Expect(Cause.LOSS_PLATEAU, "", (0, 60))),
