@@ -365,3 +365,39 @@ def test_healthy_run_stays_quiet(name):
     loud = [h for h in dbg.explain() if h.confidence >= 0.5]
     assert not loud, f"{name}:\n{_verdict(dbg)}"
     assert "Verdict: healthy" in dbg.report()
+
+
+# -- the same faults across sizes: defaults are ratios, so the verdict must not depend on width or batch ----
+
+def _sized(fault: str, width: int, depth: int, batch: int) -> tuple[Run, tuple[Cause, str]]:
+    torch.manual_seed(3)
+    act = nn.Tanh if fault in ("tiny_init", "raw_scale") else nn.ReLU
+    model = mlp([10] + [width] * depth + [4], act=act)
+    mid = 2 * (depth // 2)
+    lr, scale = 0.05, 1.0
+    if fault == "dead":
+        with torch.no_grad():
+            model[mid].bias.fill_(-30.0)
+        expect = (Cause.DEAD_UNITS, str(mid + 1))
+    elif fault == "lr10":
+        lr, expect = 10.0, (Cause.LEARNING_RATE_TOO_HIGH, "")
+    elif fault == "tiny_init":
+        for m in model:
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.04 / width ** 0.5)  # each layer scales the signal by ~0.04
+                nn.init.zeros_(m.bias)
+        expect = (Cause.BAD_INITIALIZATION, "")
+    else:
+        scale, expect = 255.0, (Cause.DATA, "input")
+    run = Run(model, torch.optim.SGD(model.parameters(), lr=lr), teacher_classes(10, 4, batch=batch, scale=scale),
+              steps=30)
+    return run, expect
+
+
+@pytest.mark.parametrize("size", [(16, 3, 8), (256, 6, 128)], ids=["narrow-shallow-b8", "wide-deep-b128"])
+@pytest.mark.parametrize("fault", ["dead", "lr10", "tiny_init", "raw_scale"])
+def test_verdict_holds_across_sizes(fault, size):
+    run, expect = _sized(fault, *size)
+    dbg = train(run)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == expect and top.confidence >= 0.5, f"{fault} {size}:\n{_verdict(dbg)}"
