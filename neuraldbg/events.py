@@ -48,7 +48,8 @@ class SemanticEvent:
         if self.signal == Signal.FINITE:
             return f"step {self.step}: " + (f"NaN/Inf appears in {where}" if self.bad else f"{where} is finite again")
         nums = ", ".join(f"{k} {_fmt(v)}" for k, v in self.values.items())
-        return f"step {self.step}: {self.signal} {self.before} -> {self.after} in {where}" + (f" ({nums})" if nums else "")
+        text = f"step {self.step}: {self.signal} {self.before} -> {self.after} in {where}"
+        return text + (f" ({nums})" if nums else "")
 
     def __str__(self) -> str:
         return self.describe()

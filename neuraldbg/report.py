@@ -1,7 +1,6 @@
 """Human-readable output of an analysis: a text report and a Mermaid flowchart of the causal graph."""
 from __future__ import annotations
 
-import math
 import re
 
 from .hypothesis import CONFIDENT
@@ -86,7 +85,8 @@ def render_mermaid(analysis, limit: int = 3) -> str:
     for i, h in enumerate(hyps):
         root = f"h{i}"
         style = "root" if h.confidence >= CONFIDENT else "weak"
-        lines.append(f'    {root}["{_label(f"{h.cause} in {h.where} from step {h.step} ({h.confidence:.2f})")}"]:::{style}')
+        title = _label(f"{h.cause} in {h.where} from step {h.step} ({h.confidence:.2f})")
+        lines.append(f'    {root}["{title}"]:::{style}')
         prev = root
         for j, c in enumerate(h.chain):
             node = f"h{i}c{j}"

@@ -74,13 +74,14 @@ class Context:
         return "its current value", "a tenth of it"
 
 
+def _layer_list(names: list[str], limit: int = 4) -> str:
+    unique = list(dict.fromkeys(names))
+    shown = ", ".join(f"`{n}`" for n in unique[:limit])
+    return shown + (f" and {len(unique) - limit} more" if len(unique) > limit else "")
+
+
 def _names(events: list[SemanticEvent], limit: int = 4) -> str:
-    names = []
-    for e in events:
-        if e.layer not in names:
-            names.append(e.layer)
-    shown = ", ".join(f"`{n}`" for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return _layer_list([e.layer for e in events], limit)
 
 
 def _symptoms_text(events: list[SemanticEvent], limit: int = 4) -> list[str]:
@@ -102,7 +103,8 @@ def _symptoms_text(events: list[SemanticEvent], limit: int = 4) -> list[str]:
 def _hyp(ctx: Context, cause: Cause, layer: str, step: int, confidence: float, chain: list[str],
          evidence: list[SemanticEvent], suggestion: str) -> CausalHypothesis:
     evidence = sorted({id(e): e for e in evidence}.values(), key=lambda e: e.step)
-    return CausalHypothesis(cause=cause, layer=layer, step=int(step), confidence=round(min(max(confidence, 0.0), 0.99), 3),
+    confidence = round(min(max(confidence, 0.0), 0.99), 3)
+    return CausalHypothesis(cause=cause, layer=layer, step=int(step), confidence=confidence,
                             chain=chain, evidence=evidence, suggestion=suggestion)
 
 
@@ -114,9 +116,11 @@ def _loss_symptoms(ctx: Context, after: int = -1) -> list[SemanticEvent]:
 def _loss_text(ev: SemanticEvent) -> str:
     v = ev.values
     if ev.after == LossState.PLATEAU:
-        return f"the loss stays flat ({_fmt(v.get('start', math.nan))} at the start, best {_fmt(v.get('best', math.nan))})"
+        start, best = _fmt(v.get("start", math.nan)), _fmt(v.get("best", math.nan))
+        return f"the loss stays flat ({start} at the start, best {best})"
     if ev.after == LossState.DIVERGING:
-        return f"the loss diverges from step {ev.step} (best {_fmt(v.get('best', math.nan))}, then {_fmt(v.get('loss', math.nan))})"
+        best, then = _fmt(v.get("best", math.nan)), _fmt(v.get("loss", math.nan))
+        return f"the loss diverges from step {ev.step} (best {best}, then {then})"
     if ev.after == LossState.OSCILLATING:
         return f"the loss oscillates from step {ev.step} without progress"
     return f"the loss becomes NaN/Inf at step {ev.step}"
@@ -278,7 +282,8 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
         chain = [f"at step {group[0].step}, `{layer}` {verb} its input's spread {_fmt(g)}x (its weight scale)"]
     else:
         gs = [e.values.get("gain", math.nan) for e in group]
-        chain = [f"at step {group[0].step}, {len(group)} layers ({_names(group)}) each {'shrink' if verb == 'shrinks' else 'amplify'}"
+        plural = "shrink" if verb == "shrinks" else "amplify"
+        chain = [f"at step {group[0].step}, {len(group)} layers ({_names(group)}) each {plural}"
                  f" the signal {_fmt(min(gs))}-{_fmt(max(gs))}x (their weight scale)"]
     chain += _symptoms_text(symptoms)
     if ctx.nonfinite is not None:
@@ -287,7 +292,8 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
     target = f"`{layer}` starts" if layer else "the weight layers start"
     if verb == "amplifies":
         fix = (f"{target} with weights ~{_fmt(g)}x too large: re-initialise with nn.init.xavier_uniform_ "
-               f"(or kaiming_uniform_ for ReLU), or scale them down by {_fmt(g)}; clip gradients at max_norm=1.0 meanwhile")
+               f"(or kaiming_uniform_ for ReLU), or scale them down by {_fmt(g)}; "
+               "clip gradients at max_norm=1.0 meanwhile")
     else:
         fix = (f"{target} with weights too small (each scales the signal by ~{_fmt(g)}): use a "
                "variance-preserving init, nn.init.xavier_normal_ for tanh/sigmoid or nn.init.kaiming_normal_ for ReLU")
@@ -331,7 +337,8 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
         if overflow and not large and not diverging:
             chain.append(f"weights and activations grow during training until `{layer}` ({info.type_name}) overflows")
         chain.append(f"the parameters of {where} become NaN/Inf after the update before step {step}"
-                     if phase == "weights" else f"non_finite: NaN/Inf first produced in {where} ({phase}) at step {step}")
+                     if phase == "weights" else
+                     f"non_finite: NaN/Inf first produced in {where} ({phase}) at step {step}")
         conf = 0.9 if (phase == "weights" or large) else 0.7
         return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step if large else step, conf, chain,
                      large + diverging + blown + exploding + evidence,
@@ -356,7 +363,8 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
                  "from finite inputs and weights",
                  "every layer after it, the loss and all gradients become NaN"]
         fix = (f"guard the operation in `{layer}` that leaves its domain: add an eps to a denominator "
-               "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), torch.log(x.clamp_min(1e-12))), "
+               "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), "
+               "torch.log(x.clamp_min(1e-12))), "
                "or use a stable form (torch.logsumexp, F.softmax / F.log_softmax instead of exp/sum)")
     else:
         chain = [f"at step {step}, the backward pass of `{layer}`{kind} turns a finite gradient into NaN/Inf",
@@ -405,11 +413,13 @@ def rule_exploding(ctx: Context) -> list[CausalHypothesis]:
     amp = max(v.get("attenuation", 0) or 0, v.get("grad_growth", 0) or 0)
     lr, lr10 = ctx.lr_text()
     if large:
-        chain = [f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step (lr {lr})",
+        top = _fmt(large[0].values.get("update_max", math.nan))
+        chain = [f"updates of up to {top} x the weights per step (lr {lr})",
                  f"the gradient grows {_fmt(amp)}x in {_names(free)} from step {origin.step}"]
         chain += [_loss_text(e) for e in loss[:1]]
         return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step, 0.6 + 0.25 * bool(loss), chain,
-                     large + free + loss, f"lower the learning rate from {lr} to ~{lr10} and clip gradients at max_norm=1.0")]
+                     large + free + loss,
+                     f"lower the learning rate from {lr} to ~{lr10} and clip gradients at max_norm=1.0")]
     chain = [f"the relative gradient of `{origin.layer}` is {_fmt(amp)}x that of the layers after it or of its start, "
              f"from step {origin.step}"]
     if where != origin.layer:
@@ -449,8 +459,8 @@ def rule_vanishing(ctx: Context) -> list[CausalHypothesis]:
                      key=ctx.rank.get)
     if bounded:
         kinds = sorted({ctx.layers[n].type_name for n in bounded})
-        fix = (f"replace the {'/'.join(kinds)} activations ({_names([SemanticEvent(0, n, Signal.ACTIVATION, None, None) for n in bounded], 3)})"
-               " by ReLU or GELU, or add BatchNorm/LayerNorm after each weight layer or residual connections")
+        fix = (f"replace the {'/'.join(kinds)} activations ({_layer_list(bounded, 3)}) by ReLU or GELU, "
+               "or add BatchNorm/LayerNorm after each weight layer or residual connections")
     else:
         fix = ("add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with "
                "nn.init.kaiming_normal_")
@@ -479,7 +489,8 @@ def rule_lr_high(ctx: Context) -> list[CausalHypothesis]:
         conf = 0.3 + 0.15 * math.log10(max(top / ctx.th.update_too_large, 1.0)) if top == top else 0.3
     step = min(e.step for e in large + loss)
     return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", step, conf, chain, large + loss,
-                 f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")]
+                 f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), "
+                 "and clip gradients at max_norm=1.0")]
 
 
 def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import Cause
-from zoo import (EmbeddingBagModel, GradientReversal, LogFeatures, NaiveSoftmax, ResNet, Run, SeqClassifier, TransformerBlock, mlp,
-                 nll_of_probs, pixels, sequences, teacher_classes, teacher_regression, tokens, train)
+from zoo import (EmbeddingBagModel, GradientReversal, LogFeatures, NaiveSoftmax, ResNet, Run, SeqClassifier,
+                 TransformerBlock, mlp, nll_of_probs, pixels, sequences, teacher_classes, teacher_regression, tokens,
+                 train)
 
 
 @dataclass
