@@ -89,14 +89,15 @@ def _at(a: np.ndarray) -> Value:
 
 
 def _first_finite(x: np.ndarray) -> np.ndarray:
-    """Per column, the first finite value (NaN when none); cheap when row 0 is finite."""
+    """Per column, the first finite positive value (NaN when none); cheap when row 0 has it.
+    A zero start (a zero-initialised layer) is no baseline to grow from."""
     if x.shape[0] == 0:
         return np.full(x.shape[1], np.nan, dtype=np.float32)
     out = np.array(x[0], dtype=np.float32)
-    missing = np.nonzero(~np.isfinite(out))[0]
+    missing = np.nonzero(~(np.isfinite(out) & (out > 0)))[0]
     if len(missing):
         sub = x[:, missing]
-        ok = np.isfinite(sub)
+        ok = np.isfinite(sub) & (sub > 0)
         first = ok.argmax(axis=0)
         out[missing] = np.where(ok.any(axis=0), sub[first, np.arange(len(missing))], np.nan)
     return out
@@ -256,7 +257,7 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
     # -- gain of weight layers: output spread / spread of the layer that ran just before
     gain = np.zeros(f.own.shape, dtype=np.int8)
     with np.errstate(invalid="ignore"):
-        ok = f.prev > 0
+        ok = (f.prev > 0) & (f.own > 0)  # an exactly-zero output is a deliberate zero init, not a scale
         gain[ok & (f.own < f.prev / th.layer_gain)] = GainState.SHRINKS.code
         gain[ok & (f.own > f.prev * th.layer_gain)] = GainState.AMPLIFIES.code
     g_value = {"gain": _ratio(f.own, f.prev)}
@@ -296,8 +297,11 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     g = trace.globals.data
     steps = f.steps
     wu, wn = f.wu, f.wnu
+    # a layer whose weights started at zero (a deliberate zero init) is being built up: its ratio to a
+    # weight that was 0 a few steps ago says nothing about the learning rate
+    started_at_zero = wn[0] == 0 if len(wn) else np.zeros(wn.shape[1], dtype=bool)
     with np.errstate(invalid="ignore"):
-        has = np.isfinite(wu) & (wn > 0)
+        has = np.isfinite(wu) & (wn > 0) & ~started_at_zero
         cnt = has.sum(axis=1)
         high = (has & (wu > wn * th.update_too_large)).sum(axis=1)
         notlow = (has & (wu >= wn * th.update_negligible)).sum(axis=1)

@@ -326,6 +326,26 @@ def healthy_deep_residual_layernorm():
     return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(8, 3), steps=30)
 
 
+def healthy_zero_init_residual():
+    """Residual blocks whose last layer starts at zero (a common init): zero is a choice, not a collapse."""
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.fc1 = nn.Linear(d, d)
+            self.act = nn.ReLU()
+            self.fc2 = nn.Linear(d, d)
+            nn.init.zeros_(self.fc2.weight)
+            nn.init.zeros_(self.fc2.bias)
+
+        def forward(self, x):
+            return x + self.fc2(self.act(self.fc1(x)))
+
+    model = nn.Sequential(nn.Linear(8, 32), *[Block(32) for _ in range(4)], nn.Linear(32, 3))
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(8, 3), steps=30)
+
+
 HEALTHY = {
     "transformer_layernorm": healthy_transformer,
     "resnet_batchnorm": healthy_resnet_bn,
@@ -338,6 +358,7 @@ HEALTHY = {
     "deep_residual_layernorm": healthy_deep_residual_layernorm,
     "deep_narrow_relu": healthy_deep_narrow_relu,
     "deep_gelu_adam": healthy_deep_gelu,
+    "zero_init_residual": healthy_zero_init_residual,
 }
 
 
