@@ -37,7 +37,9 @@ def hypothesis_html(rank: int, hyp) -> str:
         + (f", from step {int(step)}" if step is not None else "") + f" &nbsp; {_bar(confidence)}</div>",
     ]
     if chain:
-        parts.append('<div class="ndbg-chain">' + " &rarr; ".join(html.escape(c) for c in chain) + "</div>")
+        links = "".join(f'<div style="padding-left:1.2em;text-indent:-1.2em">{"&rarr; " if k else ""}'
+                        f"{html.escape(c)}</div>" for k, c in enumerate(chain))
+        parts.append(f'<div class="ndbg-chain" style="margin:2px 0">{links}</div>')
     if fix:
         parts.append(f'<div class="ndbg-fix"><b>Fix:</b> {html.escape(fix)}</div>')
     if evidence:

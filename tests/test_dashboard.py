@@ -183,7 +183,7 @@ def test_panel_lists_ranked_hypotheses_and_a_healthy_verdict():
                            suggestion="")
     html = panel_html([hyp, weak], step=50, finished=True)
     assert '<div class="ndbg-hyp" data-cause="dead_units" data-layer="enc.3" data-confidence="0.870"' in html
-    assert "from step 12" in html and "enc.3 dead &rarr; no gradient below enc.3" in html
+    assert "from step 12" in html and "enc.3 dead</div>" in html and "&rarr; no gradient below enc.3</div>" in html
     assert "use LeakyReLU" in html and "ndbg-healthy" not in html
     healthy = panel_html([weak], step=50, finished=True)
     assert 'class="ndbg-healthy"' in healthy and 'class="ndbg-hyp ndbg-weak" data-cause="loss_plateau"' in healthy
