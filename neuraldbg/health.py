@@ -156,8 +156,11 @@ class Features:
     own: np.ndarray
     prev: np.ndarray
     nonfinite: np.ndarray      # (T, L) bool
-    wu: np.ndarray             # updated layers: update and weight norms
+    wu: np.ndarray             # updated layers: update and weight norms, their ratio (NaN: not usable)
     wnu: np.ndarray
+    update_ratio: np.ndarray
+    update_count: np.ndarray   # (T,) layers with a usable ratio
+    growth: np.ndarray         # (T, L) output spread / first spread
     has_params: np.ndarray     # (L,) bool
 
 
@@ -214,12 +217,20 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     if len(gi):
         nonfinite[:, gi] |= np.isinf(wg) | np.isinf(wn)
     ui = np.nonzero([l.n_trainable > 0 for l in layers])[0]
+    wu, wnu = cols(ui, Stat.W_UPDATE_NORM), cols(ui, Stat.W_NORM)
+    # a layer whose weights started at zero (a deliberate zero init) is being built up: its ratio to a
+    # weight that was 0 a few steps ago says nothing about the learning rate
+    started_at_zero = wnu[0] == 0 if len(wnu) else np.zeros(wnu.shape[1], dtype=bool)
+    with np.errstate(all="ignore"):
+        has = np.isfinite(wu) & (wnu > 0) & ~started_at_zero
+        ratio = np.where(has, wu / np.where(has, wnu, 1.0), np.float32(np.nan)).astype(np.float32)
+        growth = std / _first_finite(std)
     return Features(key=key, steps=trace.stats.steps.copy(), names=[l.name for l in layers], order=order,
                     by_order=by_order, std=std, base=_first_finite(std), act_nf=act_nf,
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
-                    nonfinite=nonfinite, wu=cols(ui, Stat.W_UPDATE_NORM), wnu=cols(ui, Stat.W_NORM),
+                    nonfinite=nonfinite, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1), growth=growth,
                     has_params=np.array([l.n_params > 0 for l in layers], dtype=bool))
 
 
@@ -229,7 +240,7 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
 
     # -- activations (all layers)
     with np.errstate(invalid="ignore"):
-        act = np.where((std > f.base * th.activation_growth) | f.act_nf, np.int8(ActState.ANOMALOUS.code), np.int8(0))
+        act = np.where((f.growth > th.activation_growth) | f.act_nf, np.int8(ActState.ANOMALOUS.code), np.int8(0))
     if len(f.ri):
         sub = act[:, f.ri]
         sub[(f.dead >= th.dead_fraction) & (sub == 0)] = ActState.DEAD.code
@@ -296,25 +307,18 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     """Model-level update state and input state per sample."""
     g = trace.globals.data
     steps = f.steps
-    wu, wn = f.wu, f.wnu
-    # a layer whose weights started at zero (a deliberate zero init) is being built up: its ratio to a
-    # weight that was 0 a few steps ago says nothing about the learning rate
-    started_at_zero = wn[0] == 0 if len(wn) else np.zeros(wn.shape[1], dtype=bool)
+    wu, wn, ratio, cnt = f.wu, f.wnu, f.update_ratio, f.update_count
     with np.errstate(invalid="ignore"):
-        has = np.isfinite(wu) & (wn > 0) & ~started_at_zero
-        cnt = has.sum(axis=1)
-        high = (has & (wu > wn * th.update_too_large)).sum(axis=1)
-        notlow = (has & (wu >= wn * th.update_negligible)).sum(axis=1)
+        high = (ratio > th.update_too_large).sum(axis=1)
+        notlow = (ratio >= th.update_negligible).sum(axis=1)
     upd = np.zeros(len(steps), dtype=np.int8)
     upd[high > 0] = UpdateState.TOO_LARGE.code                       # some layer's weights change too much
     upd[cnt == 0] = -1                                                # nothing measured (NaN weights, no step)
     upd[(cnt > 0) & (notlow == 0)] = UpdateState.NEGLIGIBLE.code     # even the largest one is negligible
 
     def ratios(r):
-        with np.errstate(all="ignore"):
-            u = wu[r] / wn[r]
-        u = u[np.isfinite(u)]
-        return u
+        u = ratio[r]
+        return u[np.isfinite(u)]
 
     col = GLOBAL_COLUMNS.index
     lr = g[:, col("lr")]
