@@ -307,7 +307,7 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     """Model-level update state and input state per sample."""
     g = trace.globals.data
     steps = f.steps
-    wu, wn, ratio, cnt = f.wu, f.wnu, f.update_ratio, f.update_count
+    ratio, cnt = f.update_ratio, f.update_count
     with np.errstate(invalid="ignore"):
         high = (ratio > th.update_too_large).sum(axis=1)
         notlow = (ratio >= th.update_negligible).sum(axis=1)
