@@ -20,7 +20,7 @@ lab: venv
 	$(VENV)/bin/jupyter lab --allow-root notebooks/01_quickstart.ipynb
 
 test: venv
-	$(PY) -m pytest --cov --cov-report=term -m "not slow"
+	$(PY) -m pytest --cov --cov-report=term
 	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env notebooks/
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks/01_quickstart.ipynb
