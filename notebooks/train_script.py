@@ -20,8 +20,8 @@ def main(path: str = "run.ndbg") -> None:
     y = (X @ torch.randn(20) > 0).long()
 
     torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=20.0)  # far too high for this network
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.5)  # meant: 5e-4
 
     with NeuralDbg(model, optimizer=opt) as dbg:
         for step in range(150):
