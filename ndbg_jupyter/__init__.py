@@ -12,7 +12,7 @@ def load_ipython_extension(ipython) -> None:
     """Register ``%%neuraldbg`` and ``%neuraldbg`` (called by ``%load_ext ndbg_jupyter``)."""
     from ._magic import NeuralDbgMagics
 
-    ipython.register_magics(NeuralDbgMagics(shell=ipython))
+    ipython.register_magics(NeuralDbgMagics(ipython))
 
 
 def unload_ipython_extension(ipython) -> None:

@@ -107,7 +107,7 @@ class NeuralDbgMagics(Magics, Configurable):
     thresholds = Dict({}, help="Threshold overrides for every run, e.g. {'dead_fraction': 0.95}.").tag(config=True)
 
     def __init__(self, shell=None, **kwargs):
-        super().__init__(shell=shell, **kwargs)
+        super().__init__(shell, **kwargs)
         self.clock = time.monotonic  # replaceable: tests drive the throttles with a fake clock
         self.session: NeuralDbg | None = None
         self.dashboard = None
