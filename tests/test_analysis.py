@@ -186,6 +186,18 @@ def test_healthy_synthetic_trace_is_quiet_and_says_so():
     assert "Verdict: healthy" in render_report(a, trace, step=30)
 
 
+
+def test_a_run_with_no_sample_yet_has_an_empty_analysis():
+    # a session stopped before its first step (or a cell interrupted at once) is explained, not an error
+    import torch.nn as nn
+    from neuraldbg import NeuralDbg
+    dbg = NeuralDbg(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)))
+    with dbg:
+        pass
+    assert dbg.explain() == [] and dbg.health() == {} and dbg.events == []
+    assert "0 steps" in dbg.report() and "Verdict: healthy" in dbg.report()
+    assert dbg.reanalyze(dead_fraction=0.5) == []
+
 # -- thresholds -----------------------------------------------------------------------------------------------
 
 def test_every_threshold_has_slider_metadata_and_a_default_in_range():
