@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import math
 import weakref
 
 import numpy as np
@@ -265,13 +266,21 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
                                          "relative_grad": _at(rel)}}
     out.append(StateSeries(Signal.GRADIENT, steps, grad, [names[i] for i in f.gi], grad_values))
 
-    # -- gain of weight layers: output spread / spread of the layer that ran just before
+    # -- gain of weight layers: output spread / spread of the layer that ran just before. A layer is
+    # out of scale when its gain passes the threshold, or when it passes its square root while the
+    # spread compounded since the first weight layer's input passes the threshold squared: several
+    # layers each a few times too large add up to the same fault as one far too large
     gain = np.zeros(f.own.shape, dtype=np.int8)
-    with np.errstate(invalid="ignore"):
+    root = math.sqrt(th.layer_gain)
+    with np.errstate(invalid="ignore", divide="ignore"):
         ok = (f.prev > 0) & (f.own > 0)  # an exactly-zero output is a deliberate zero init, not a scale
-        gain[ok & (f.own < f.prev / th.layer_gain)] = GainState.SHRINKS.code
-        gain[ok & (f.own > f.prev * th.layer_gain)] = GainState.AMPLIFIES.code
-    g_value = {"gain": _ratio(f.own, f.prev)}
+        reach = f.own / f.prev[:, :1] if f.prev.shape[1] else f.own
+        big, small = th.layer_gain, 1.0 / th.layer_gain
+        shrinks = (f.own < f.prev * small) | ((f.own < f.prev / root) & (reach < small * small))
+        amplifies = (f.own > f.prev * big) | ((f.own > f.prev * root) & (reach > big * big))
+        gain[ok & shrinks] = GainState.SHRINKS.code
+        gain[ok & amplifies] = GainState.AMPLIFIES.code
+    g_value = {"gain": _ratio(f.own, f.prev), "compounded": _at(reach)}
     out.append(StateSeries(Signal.GAIN, steps, gain, [names[i] for i in f.wi],
                            {GainState.SHRINKS: g_value, GainState.AMPLIFIES: g_value}))
 

@@ -157,15 +157,26 @@ def rule_data(ctx: Context) -> list[CausalHypothesis]:
         first = sorted(ctx.rank, key=ctx.rank.get)[:3]
         symptoms = [e for e in ctx.events if e.bad and id(e) not in ctx.claimed and e.layer in first
                     and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE)]
+        # an input out of scale gives the first layer gradients, and so updates, out of scale: what those
+        # updates then break (units pushed dead, a diverging loss) follows from the input
+        updates = [e for e in ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step <= ev.step + ctx.th.persist]
+        if updates:
+            later = [e for e in ctx.events if e.bad and id(e) not in ctx.claimed and e.step >= updates[0].step
+                     and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE, Signal.UPDATE)]
+            seen = {id(e) for e in symptoms}
+            symptoms += [e for e in updates + later if id(e) not in seen and not seen.add(id(e))]
         symptoms += _loss_symptoms(ctx)
         v = ev.values
         m, s, a = v.get("input_mean", math.nan), v.get("input_std", math.nan), v.get("input_absmax", math.nan)
         chain = [f"the input is not normalised: mean {_fmt(m)}, std {_fmt(s)}, values up to {_fmt(a)}"]
-        chain += _symptoms_text(symptoms)
+        chain += [f"updates of up to {_fmt(e.values.get('update_max', math.nan))} x the weights per step from step "
+                  f"{e.step}: the first layer's gradient scales with its input" for e in updates[:1]]
+        chain += _symptoms_text([e for e in symptoms if e.signal != Signal.UPDATE])
         fix = (f"normalise the input: x = (x - {_fmt(m)}) / {_fmt(s)}" +
                ("; for 0-255 images, divide by 255 first, then subtract the per-channel mean and divide by the std"
                 if a == a and 200 <= a <= 256 else ""))
-        out.append(_hyp(ctx, Cause.DATA, "input", ev.step, 0.8 if symptoms else 0.35, chain, [ev] + symptoms, fix))
+        conf = (0.85 + 0.05 * bool(updates)) if symptoms else 0.35
+        out.append(_hyp(ctx, Cause.DATA, "input", ev.step, conf, chain, [ev] + symptoms, fix))
     return out
 
 
@@ -183,6 +194,10 @@ def _downstream_of_dead(ctx: Context, ev: SemanticEvent) -> list[SemanticEvent]:
             and ctx.rank.get(e.layer, -1) > pos and e.signal in (Signal.ACTIVATION, Signal.GAIN)]
 
 
+def _amplified_at_start(ctx: Context) -> list[SemanticEvent]:
+    return [e for e in ctx.free(Signal.GAIN, GainState.AMPLIFIES) if ctx.from_start(e)]
+
+
 def rule_dead(ctx: Context) -> list[CausalHypothesis]:
     out = []
     for ev in sorted(ctx.free(Signal.ACTIVATION, ActState.DEAD), key=lambda e: (e.step, ctx.rank.get(e.layer, 0))):
@@ -196,6 +211,8 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
         lr, lr10 = ctx.lr_text()
         chain = [f"{frac:.0%} of the units of `{ev.layer}` output 0 for every input from step {ev.step}"]
         large = _update_before(ctx, ev.step)
+        if large and ctx.from_start(large[0]) and _amplified_at_start(ctx):
+            continue  # the updates are large because the initial weights are: rule_initialization's case
         if not ctx.from_start(ev) and large:
             u = large[0].values.get("update_max", math.nan)
             chain = [f"updates of up to {_fmt(u)} x the weights per step (lr {lr}) from step {large[0].step}"] + chain
@@ -230,9 +247,35 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
     return out
 
 
+def _saturated_by_updates(ctx: Context, events: list[SemanticEvent]) -> list[CausalHypothesis]:
+    """Units that saturate only after updates too large for the weights: the learning rate grew the
+    weights (the gains that follow are the updates' doing, not the initial scale)."""
+    large = _update_before(ctx, max(e.step for e in events))
+    lr, lr10 = ctx.lr_text()
+    names = [e.layer for e in events]
+    gains = [e for e in ctx.free(Signal.GAIN, GainState.AMPLIFIES) if e.step > ctx.first_step]
+    loss = _loss_symptoms(ctx)
+    frac = max(e.values.get("saturated_fraction", 1.0) for e in events)
+    chain = [f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step "
+             f"(lr {lr}) from step {large[0].step}",
+             f"the weights grow until {frac:.0%} of the outputs of {_layer_list(names)} are pinned at their bounds "
+             f"from step {min(e.step for e in events)}"]
+    chain += [_loss_text(e) for e in loss[:1]]
+    return [_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step, 0.8 + 0.05 * bool(loss), chain,
+                 large + events + gains + loss,
+                 f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up) and clip gradients at max_norm=1.0")]
+
+
 def rule_saturated(ctx: Context) -> list[CausalHypothesis]:
     out = []
-    for ev in ctx.free(Signal.ACTIVATION, ActState.SATURATED):
+    free = ctx.free(Signal.ACTIVATION, ActState.SATURATED)
+    by_updates = [e for e in free if not ctx.from_start(e) and _update_before(ctx, e.step)]
+    if by_updates:
+        out += _saturated_by_updates(ctx, by_updates)
+    explained = {id(e) for e in by_updates}
+    for ev in free:
+        if id(ev) in explained:
+            continue
         frac = ev.values.get("saturated_fraction", 1.0)
         blocked = ctx.linked(LinkKind.BLOCKS, ev)
         loss = [e for e in _loss_symptoms(ctx, ev.step) if e.after in (LossState.PLATEAU, LossState.OSCILLATING)]
@@ -285,7 +328,16 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
         plural = "shrink" if verb == "shrinks" else "amplify"
         chain = [f"at step {group[0].step}, {len(group)} layers ({_names(group)}) each {plural}"
                  f" the signal {_fmt(min(gs))}-{_fmt(max(gs))}x (their weight scale)"]
-    chain += _symptoms_text(symptoms)
+    deepest = group[-1].values.get("compounded", math.nan)
+    if deepest == deepest and (deepest > ctx.th.layer_gain or deepest < 1 / ctx.th.layer_gain):
+        chain[0] += f"; compounded, the spread reaching `{group[-1].layer}` is {_fmt(deepest)}x the input's"
+    updates = []
+    if verb == "amplifies":  # outputs out of scale give gradients, and so updates, out of scale
+        updates = [e for e in ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE) if ctx.from_start(e)]
+        chain += [f"updates of up to {_fmt(e.values.get('update_max', math.nan))} x the weights per step "
+                  f"from step {e.step}: the gradients are as out of scale as the outputs" for e in updates[:1]]
+        symptoms += updates
+    chain += _symptoms_text([e for e in symptoms if e.signal != Signal.UPDATE])
     if ctx.nonfinite is not None:
         chain.append(f"non_finite: NaN/Inf in `{ctx.nonfinite.layer or 'the model'}` at step {ctx.nonfinite.step}")
     conf = min(0.55 + 0.1 * len(symptoms) + 0.1 * (ctx.nonfinite is not None), 0.9)

@@ -209,7 +209,38 @@ def unlearnable_plateau():
     return Run(model, torch.optim.SGD(model.parameters(), lr=0.01), data, steps=70)
 
 
+def inputs_x1000_mlp():
+    """Features left in raw units (x1000): the first layer's gradient, and so every update, is out of
+    scale; the ReLU units it pushes dead and the diverging loss follow from the input, not the lr."""
+    torch.manual_seed(1)
+    model = mlp([20, 64, 64, 5])
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(20, 5, scale=1000.0), steps=120)
+
+
+def std1_init_relu_mlp():
+    """N(0, 1) weights in a width-64 ReLU MLP: no layer alone is 10x out of scale, but together they
+    grow the logits ~400x (loss ~500 at step 0); the large first updates are the init's doing."""
+    torch.manual_seed(1)
+    model = mlp([20, 64, 64, 64, 5])
+    for m in model:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=1.0)
+            nn.init.zeros_(m.bias)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(20, 5), steps=120)
+
+
+def tanh_mlp_sgd_lr20():
+    """SGD at lr=20 on a tanh MLP: the weights grow until the tanh units saturate. The saturation is a
+    symptom in the learning rate's chain, not a root of its own."""
+    torch.manual_seed(1)
+    model = mlp([20, 64, 64, 64, 5], act=nn.Tanh)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=20.0), teacher_classes(20, 5), steps=120)
+
+
 FAULTY = {
+    "inputs_x1000_mlp": (inputs_x1000_mlp, Expect(Cause.DATA, "input", (0, 0))),
+    "std1_init_relu_mlp": (std1_init_relu_mlp, Expect(Cause.BAD_INITIALIZATION, "", (0, 0))),
+    "tanh_mlp_sgd_lr20": (tanh_mlp_sgd_lr20, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (0, 2))),
     "dead_middle_relu": (dead_middle_relu, Expect(Cause.DEAD_UNITS, "3", (0, 0))),
     "tiny_init_deep_tanh": (tiny_init_deep_tanh, Expect(Cause.BAD_INITIALIZATION, "", (0, 0))),
     "deep_sigmoid_cnn": (deep_sigmoid_cnn, Expect(Cause.VANISHING_GRADIENTS, "10", (0, 2))),
@@ -379,6 +410,19 @@ def test_faulty_run_names_its_root_cause(name):
     lo, hi = expect.onset
     assert lo <= top.step <= hi, msg
     assert top.chain and top.evidence and top.suggestion, msg
+
+
+def test_symptoms_stay_in_their_roots_chain():
+    # the saturation the learning rate causes, and the dead units the raw input causes, are not
+    # reported again as roots of their own
+    for build, symptom in ((tanh_mlp_sgd_lr20, Cause.SATURATED_ACTIVATIONS), (inputs_x1000_mlp, Cause.DEAD_UNITS),
+                           (inputs_x1000_mlp, Cause.LEARNING_RATE_TOO_HIGH)):
+        hyps = train(build()).explain()
+        assert not [h for h in hyps[1:] if h.cause == symptom and h.confidence >= 0.5], _verdict_of(hyps)
+
+
+def _verdict_of(hyps) -> str:
+    return "\n".join(f"  {h} {h.chain}" for h in hyps) or "  (none)"
 
 
 @pytest.mark.parametrize("name", sorted(HEALTHY))
