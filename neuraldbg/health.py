@@ -235,6 +235,17 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     has_params=np.array([l.n_params > 0 for l in layers], dtype=bool))
 
 
+def attenuation_series(trace: Trace) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The sampled steps and, per trainable weight layer, its relative gradient against the largest one
+    after it at each of them: how much of the gradient reaches it (threshold-independent)."""
+    f = features(trace)
+    if not len(f.steps) or not len(f.gi):
+        return f.steps, {}
+    with np.errstate(all="ignore"):
+        a = np.where(f.later > 0, f.rel / f.later, np.nan)
+    return f.steps, {f.names[i]: a[:, k] for k, i in enumerate(f.gi) if np.isfinite(a[:, k]).any()}
+
+
 def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[str, LayerHealth]]:
     steps, names, std, t = f.steps, f.names, f.std, len(f.steps)
     out: list[StateSeries] = []

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from .causes import Cause
 from .events import SemanticEvent, _fmt
 from .hypothesis import CausalHypothesis
@@ -35,6 +37,8 @@ class Context:
     lr: float
     th: Thresholds
     has_loss: bool
+    # sampled steps, and per weight layer its gradient attenuation toward the input at each
+    attenuation: tuple = (np.zeros(0, dtype=np.int64), {})
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
@@ -564,12 +568,44 @@ def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:
     return [_hyp(ctx, Cause.LEARNING_RATE_TOO_LOW, "", ev.step, conf, chain, small + plateau, fix)]
 
 
+# A loss that makes no progress lowers the bar for a gradient that fades toward the input: a typical
+# attenuation within this factor of the vanishing threshold explains the plateau.
+PLATEAU_SLACK = 10.0
+
+
+def _plateau_from_fading_gradient(ctx: Context, ev: SemanticEvent) -> list[CausalHypothesis]:
+    steps, series = ctx.attenuation
+    bar = ctx.th.vanishing_ratio * PLATEAU_SLACK
+    with np.errstate(all="ignore"):
+        typical = {n: float(np.nanmedian(a)) for n, a in series.items() if n in ctx.rank}
+    weak = sorted((n for n, a in typical.items() if a < bar), key=ctx.rank.get)
+    if not weak:
+        return []
+    origin = weak[-1]  # the fade is first that strong here; the layers before it get even less
+    below = np.nonzero(series[origin] < bar)[0]
+    onset = int(steps[below[0]]) if len(below) else ev.step
+    chain = [f"the relative gradient of `{origin}` is typically {_fmt(typical[origin])}x that of the layers after it, "
+             f"from step {onset}",
+             (f"it fades further toward the input: {_layer_list(weak[:-1])}" if len(weak) > 1 else
+              "the layers before it barely learn"), _loss_text(ev)]
+    bounded = sorted({n for n, l in ctx.layers.items() if l.kind == Kind.BOUNDED and n in ctx.rank}, key=ctx.rank.get)
+    kinds = sorted({ctx.layers[n].type_name for n in bounded})
+    fix = (f"replace the {'/'.join(kinds)} activations ({_layer_list(bounded, 3)}) by ReLU or GELU, or add "
+           "BatchNorm/LayerNorm after each weight layer" if bounded else
+           "add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with nn.init.kaiming_normal_")
+    return [_hyp(ctx, Cause.VANISHING_GRADIENTS, origin, onset, 0.6 + 0.1 * (len(weak) > 1), chain, [ev], fix)]
+
+
 def rule_plateau(ctx: Context) -> list[CausalHypothesis]:
     plateau = [e for e in ctx.loss_state(LossState.PLATEAU) if id(e) not in ctx.claimed]
     if not plateau:
         return []
     ev = plateau[-1]
     strong = any(h.confidence >= 0.5 for h in ctx.found)
+    if not strong and ev.end is None:
+        fading = _plateau_from_fading_gradient(ctx, ev)
+        if fading:
+            return fading
     lr, _ = ctx.lr_text()
     conf = 0.3 if (strong or ev.end is not None) else 0.6
     return [_hyp(ctx, Cause.LOSS_PLATEAU, "", ev.step, conf, [_loss_text(ev)], plateau,

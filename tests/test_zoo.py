@@ -237,7 +237,17 @@ def tanh_mlp_sgd_lr20():
     return Run(model, torch.optim.SGD(model.parameters(), lr=20.0), teacher_classes(20, 5), steps=120)
 
 
+def deep_sigmoid_mlp_plateau():
+    """Four sigmoid layers, default init, SGD: the gradient reaching the first layers is ~1e-3 of the
+    head's, never below the vanishing threshold at any one step, and the loss stays flat: the plateau
+    is the fading gradient's."""
+    torch.manual_seed(1)
+    model = mlp([20] + [64] * 4 + [5], act=nn.Sigmoid)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.1), teacher_classes(20, 5), steps=120)
+
+
 FAULTY = {
+    "deep_sigmoid_mlp_plateau": (deep_sigmoid_mlp_plateau, Expect(Cause.VANISHING_GRADIENTS, "2", (0, 0))),
     "inputs_x1000_mlp": (inputs_x1000_mlp, Expect(Cause.DATA, "input", (0, 0))),
     "std1_init_relu_mlp": (std1_init_relu_mlp, Expect(Cause.BAD_INITIALIZATION, "", (0, 0))),
     "tanh_mlp_sgd_lr20": (tanh_mlp_sgd_lr20, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (0, 2))),
