@@ -183,7 +183,14 @@ def features(trace: Trace) -> Features:
     f = _build_features(trace, key)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[id(trace)] = (weakref.ref(trace), f)
+    key_id = id(trace)
+
+    def forget(ref, key_id=key_id):  # a dropped trace frees its features (they hold views of its arrays)
+        entry = _CACHE.get(key_id)
+        if entry is not None and entry[0] is ref:
+            del _CACHE[key_id]
+
+    _CACHE[key_id] = (weakref.ref(trace, forget), f)
     return f
 
 
