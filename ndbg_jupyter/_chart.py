@@ -92,6 +92,11 @@ class Chart:
         self.renders += 1
         return True
 
+    def close(self) -> None:
+        """Let go of the figure (a retired dashboard redraws nothing)."""
+        self._fig = None
+        self._key = None
+
     def _draw_loss(self, trace) -> None:
         ax, steps, loss = self._ax_loss, trace.loss.steps, trace.loss.data.astype(float)
         self._line.set_data(steps, loss)

@@ -6,6 +6,7 @@ under about a tenth of the wall time, and redraws the chart at most every ``char
 """
 from __future__ import annotations
 
+import base64
 import html
 import math
 import time
@@ -43,6 +44,16 @@ class _Root(widgets.VBox):
         if data:
             data["text/plain"] = self.text
         return data
+
+
+def _close_tree(w) -> None:
+    """Close a widget, its children, and the layout and style widgets each one owns."""
+    for child in getattr(w, "children", ()):
+        _close_tree(child)
+    for part in (getattr(w, "layout", None), getattr(w, "style", None)):
+        if isinstance(part, widgets.Widget):
+            part.close()
+    w.close()
 
 
 def _elapsed(seconds: float) -> str:
@@ -200,6 +211,33 @@ class Dashboard:
             self.status.value = ""
         except Exception as e:  # noqa: BLE001 - shown in the dashboard, not raised into a comm handler
             self.status.value = f'<span style="color:#c62828">re-analysis failed: {html.escape(repr(e))}</span>'
+
+    # -- retiring --------------------------------------------------------------------------------
+    def snapshot_html(self) -> str:
+        """A static copy of what the dashboard shows (progress, chart, grid, panel): no widgets."""
+        parts = [self.root.children[0].value, self.progress.value]
+        if self.chart.widget.value:
+            png = base64.b64encode(self.chart.widget.value).decode("ascii")
+            parts.append(f'<img class="ndbg-chart" style="max-width:100%" src="data:image/png;base64,{png}">')
+        grid = "".join(w.value for w in self.grid.widgets_to_sync() if w.value)
+        parts.append(f'<div style="display:flex;flex-flow:row wrap"><div class="ndbg-grid" style="min-width:30em">'
+                     f'{grid}</div><div class="ndbg-panel" style="flex:1 1 28em;min-width:24em">'
+                     f"{self.panel.value}</div></div>")
+        parts.append('<div style="color:#757575;font-size:12px">An earlier run: a static copy. '
+                     "<code>%neuraldbg thresholds</code> re-analyses the latest one.</div>")
+        return '<div class="ndbg-dashboard ndbg-archived">' + "".join(parts) + "</div>"
+
+    def retire(self) -> str:
+        """Close every widget of this dashboard and let go of its session; returns the static copy to
+        show in its place. A notebook that runs many watched cells keeps a bounded number alive."""
+        snapshot = self.snapshot_html()
+        for w in (self.root, self._thresholds_view, self.controls.widget):
+            if w is not None:
+                _close_tree(w)
+        self.dbg = None
+        self.chart.close()
+        self.state = "retired"
+        return snapshot
 
     def _fail(self, e: BaseException) -> None:
         self.error = e

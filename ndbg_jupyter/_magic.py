@@ -103,6 +103,8 @@ class NeuralDbgMagics(Magics, Configurable):
                                help="auto: widgets in a kernel with a front end, text in a terminal.").tag(config=True)
     update_interval = Float(0.25, help="Seconds between live dashboard updates, at least.").tag(config=True)
     chart_interval = Float(1.0, help="Seconds between chart redraws, at least.").tag(config=True)
+    live_dashboards = Int(3, help="Dashboards kept interactive; older ones become static copies "
+                                  "(their widgets closed, their sessions let go).").tag(config=True)
     fold_above = Int(40, help="Fold the health grid into parent modules above this many layers.").tag(config=True)
     thresholds = Dict({}, help="Threshold overrides for every run, e.g. {'dead_fraction': 0.95}.").tag(config=True)
 
@@ -111,11 +113,12 @@ class NeuralDbgMagics(Magics, Configurable):
         self.clock = time.monotonic  # replaceable: tests drive the throttles with a fake clock
         self.session: NeuralDbg | None = None
         self.dashboard = None
+        self._live: list[tuple] = []  # (dashboard, display handle), oldest first
 
-    @validate("every")
+    @validate("every", "live_dashboards")
     def _check_every(self, proposal):
         if proposal["value"] is not None and proposal["value"] < 1:
-            raise TraitError(f"every must be a positive integer, got {proposal['value']}")
+            raise TraitError(f"{proposal['trait'].name} must be a positive integer, got {proposal['value']}")
         return proposal["value"]
 
     @validate("out")
@@ -230,6 +233,7 @@ class NeuralDbgMagics(Magics, Configurable):
                 except Exception as e:  # noqa: BLE001 - a view failure must not stop the user's cell
                     dash._fail(e)
                 handle = display(dash.root, display_id=True)
+                self._keep(dash, handle)
             result = self.shell.run_cell(cell)  # shows the user's traceback, displays the last value
         finally:
             dbg.stop()  # every way out: hooks removed
@@ -307,7 +311,7 @@ class NeuralDbgMagics(Magics, Configurable):
             dash = self._new_dashboard(f"trace {path}")
             dash.show(dbg, "loaded")
             self.dashboard = dash
-            display(dash.root)
+            self._keep(dash, display(dash.root, display_id=True))
         else:
             print(Verdict(dbg, "loaded").text())
 
@@ -320,9 +324,22 @@ class NeuralDbgMagics(Magics, Configurable):
             dash = self._new_dashboard("")
             dash.show(dbg, "loaded" if dbg.model is None else "finished")
             self.dashboard = dash
-        display(dash.thresholds_view())
+            self._keep(dash, display(dash.thresholds_view(), display_id=True))
+        else:
+            display(dash.thresholds_view())
+
+    def _keep(self, dash, handle) -> None:
+        """Track a new dashboard; beyond ``live_dashboards``, the oldest becomes a static copy."""
+        self._live.append((dash, handle))
+        while len(self._live) > self.live_dashboards:
+            old, old_handle = self._live.pop(0)
+            text = old.root.text
+            snapshot = old.retire()
+            if old_handle is not None:
+                old_handle.update({"text/html": snapshot, "text/plain": text}, raw=True)
 
     def close(self) -> None:
         if self.session is not None and self.session.watching:
             self.session.stop()
         self.session = self.dashboard = None
+        self._live.clear()

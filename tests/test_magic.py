@@ -310,3 +310,69 @@ def test_load_of_a_bad_file_is_a_usage_error(ip, tmp_path):
         ip.run_line_magic("neuraldbg", f"load {bad}")
     with pytest.raises(UsageError, match="cannot load"):
         ip.run_line_magic("neuraldbg", f"load {tmp_path / 'missing.ndbg'}")
+
+
+# -- the same cell, run again and again ---------------------------------------------------------------
+
+@pytest.mark.parametrize("frontend, runs", [("text", 100), ("widgets", 12)])
+def test_the_same_cell_rerun_many_times_builds_up_nothing(ip, frontend, runs):
+    import gc
+    import tracemalloc
+    import weakref
+
+    import ipywidgets
+
+    ip.run_cell(DEAD_SETUP)
+    magics = magics_of(ip)
+    magics.frontend = frontend
+    cell = "%%neuraldbg model --loss loss\n" + train(3)
+    sessions = []
+
+    def rerun(n):
+        for _ in range(n):
+            with capture_output():
+                ip.run_cell(cell, store_history=False)
+            sessions.append(weakref.ref(ip.user_ns["_ndbg"]))
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+
+    warm = max(runs // 5, magics.live_dashboards + 1)
+    rerun(warm)  # imports, caches, as many dashboards as are kept live
+    n_widgets = len(ipywidgets.widgets.widget._instances)
+    tracemalloc.start()
+    try:
+        # traced from here: every kept dashboard was made while traced, at the start as at the end
+        start = rerun(magics.live_dashboards + 1)
+        measured = runs - warm - magics.live_dashboards - 1
+        end = rerun(measured)
+    finally:
+        tracemalloc.stop()
+    per_run = (end - start) / measured
+    assert no_hooks(ip.user_ns["model"], ip.user_ns["opt"])
+    # only the sessions still shown live (and the latest, in _ndbg) are alive
+    assert sum(r() is not None for r in sessions) <= magics.live_dashboards
+    assert len(ipywidgets.widgets.widget._instances) == n_widgets
+    # a kept session is ~150 kB, a kept dashboard ~2 MB; what remains is the shell's own history
+    print(f"{frontend}: memory grows {per_run:.0f} bytes per rerun")
+    assert per_run < 5_000, f"memory grows {per_run:.0f} bytes per rerun"
+    if frontend == "widgets":
+        assert len(magics._live) == magics.live_dashboards
+
+
+def test_an_older_dashboard_becomes_a_static_copy_of_its_verdict(ip):
+    ip.run_cell(DEAD_SETUP)
+    magics = magics_of(ip)
+    magics.frontend, magics.live_dashboards = "widgets", 1
+    run(ip, "%%neuraldbg model --loss loss\n" + train(5))
+    first = magics.dashboard
+    first_sliders = list(first.controls.sliders.values())
+    result, io = run(ip, "%%neuraldbg model --loss loss\n" + train(5))
+    assert first.state == "retired" and first.dbg is None
+    assert all(s.comm is None for s in first_sliders)  # closed: the front end drops them
+    assert magics.dashboard is not first and magics.dashboard.state == "finished"
+    # the first cell's output was replaced by static HTML that still shows its verdict
+    static = [o for o in io.outputs if "text/html" in o.data and "ndbg-archived" in o.data["text/html"]]
+    assert len(static) == 1 and 'data-cause="dead_units"' in static[0].data["text/html"]
+    assert "data:image/png;base64," in static[0].data["text/html"]
+    assert 'data-layer="1"' in static[0].data["text/html"] and static[0].update
+    assert static[0].data["text/plain"].startswith("NeuralDbg report")
