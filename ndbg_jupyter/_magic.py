@@ -44,6 +44,13 @@ def _widget_frontend(shell) -> bool:
     return any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__)
 
 
+def _parse(magic, line: str):
+    try:
+        return parse_argstring(magic, line)
+    except ValueError as e:  # shlex: an unclosed quote or a trailing backslash
+        raise UsageError(f"cannot parse the arguments {line!r}: {e}") from None
+
+
 def _identifier(value: str, what: str) -> str:
     if not value.isidentifier() or keyword.iskeyword(value):
         raise UsageError(f"{what} must be a Python variable name, got {value!r}")
@@ -147,7 +154,7 @@ class NeuralDbgMagics(Magics, Configurable):
         ``_ndbg`` (or VAR) however the cell ends. After it: ``%neuraldbg explain | report |
         save PATH | load PATH | thresholds``.
         """
-        plan = self._plan(parse_argstring(self.neuraldbg_cell, line))
+        plan = self._plan(_parse(self.neuraldbg_cell, line))
         self._run(plan, cell)
 
     def _plan(self, args) -> _Plan:
@@ -270,7 +277,7 @@ class NeuralDbgMagics(Magics, Configurable):
     def neuraldbg_line(self, line):
         """Work on the last session: explain, report, save PATH, load PATH (the dashboard of a saved
         trace; the session goes into ``_ndbg``), thresholds (sliders that re-analyse the trace)."""
-        args = parse_argstring(self.neuraldbg_line, line)
+        args = _parse(self.neuraldbg_line, line)
         if args.command in ("save", "load") and not args.path:
             raise UsageError(f"%neuraldbg {args.command} needs a PATH")
         if args.command not in ("save", "load") and args.path:

@@ -376,3 +376,82 @@ def test_an_older_dashboard_becomes_a_static_copy_of_its_verdict(ip):
     assert "data:image/png;base64," in static[0].data["text/html"]
     assert 'data-layer="1"' in static[0].data["text/html"] and static[0].update
     assert static[0].data["text/plain"].startswith("NeuralDbg report")
+
+
+# -- fuzzing the argument line ------------------------------------------------------------------------
+
+def _fuzz_lines():
+    import dataclasses
+
+    from hypothesis import strategies as st
+
+    from neuraldbg import Thresholds
+
+    flags = ["--optimizer", "--loss", "--every", "--out", "--no-live", "--bogus", "-x", "--"]
+    flags += [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(Thresholds)]
+    words = ["model", "opt", "loss", "nosuch", "1bad", "model[0]", "model[9]", "(model", "None", "0", "-1", "3",
+             "1e9", "nan", "inf", "-inf", "0.5", "2.5", "''", '"a b"', "'unclosed", "\\", "=", "_ndbg", "x.y"]
+    token = st.one_of(st.sampled_from(flags + words),
+                      st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=6))
+    return st.lists(token, max_size=6).map(" ".join)
+
+
+def test_fuzzed_argument_lines_run_the_cell_or_fail_in_one_line_leaving_everything_as_it_was(ip):
+    from hypothesis import HealthCheck, example, given, settings
+
+    cell = "ran = True\n" + train(2)
+    outcomes = {"ran": 0, "refused": 0}
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(line=_fuzz_lines())
+    @example(line="model --every 2 --dead-fraction 0.9 --out run1")
+    @example(line="--no-live")
+    def check(line):
+        for name in ("ran", "_ndbg"):
+            ip.user_ns.pop(name, None)
+        ip.run_cell(DEAD_SETUP)
+        model, opt = ip.user_ns["model"], ip.user_ns["opt"]
+        before = {k: id(v) for k, v in ip.user_ns.items()}
+        try:
+            with capture_output():
+                ip.run_cell_magic("neuraldbg", line, cell)
+        except UsageError as e:
+            assert "\n" not in str(e).strip(), line
+            assert "ran" not in ip.user_ns, line
+            assert {k: id(v) for k, v in ip.user_ns.items()} == before, line
+            outcomes["refused"] += 1
+        else:
+            assert ip.user_ns.get("ran") is True, line
+            assert any(isinstance(v, NeuralDbg) for v in ip.user_ns.values()), line
+            outcomes["ran"] += 1
+        assert no_hooks(model, opt), line
+
+    check()
+    assert outcomes["ran"] and outcomes["refused"]
+
+
+def test_fuzzed_line_magic_commands_work_or_fail_in_one_line(ip, tmp_path, monkeypatch):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    monkeypatch.chdir(tmp_path)  # `save PATH` writes where it is told
+    ip.run_cell(DEAD_SETUP)
+    with capture_output():
+        ip.run_cell_magic("neuraldbg", "model", train(3))
+    session = ip.user_ns["_ndbg"]
+    word = st.one_of(st.sampled_from(["explain", "report", "save", "load", "thresholds", "run.ndbg", "missing.ndbg",
+                                      "--x", "''", "'open", "a b", "/"]),
+                     st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=5))
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(line=st.lists(word, max_size=3).map(" ".join))
+    def check(line):
+        try:
+            with capture_output():
+                ip.run_line_magic("neuraldbg", line)
+        except UsageError as e:
+            assert "\n" not in str(e).strip(), line
+        session_now = ip.user_ns["_ndbg"]
+        assert session_now is session or line.split()[:1] == ["load"], line
+
+    check()
