@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections import deque
 from typing import Callable
 
 Clock = Callable[[], float]
@@ -15,21 +17,26 @@ class Schedule:
     warm-up (so faults present from step 0 are seen at full resolution), then picks the interval
     from the measured cost of a sampled step so that monitoring stays within ``budget`` of the
     training time, never sparser than ``max_every`` nor than a quarter of the steps run so far.
+    Both costs are medians of the last few steps of their kind, and an unsampled step is kept every
+    ``remeasure`` steps even when sampling looks free, so one slow plain step (a noisy machine)
+    cannot pin the schedule to sampling every step.
     """
 
-    def __init__(self, every: int | None = None, *, warmup: int = 16, budget: float = 0.02,
-                 max_every: int = 100, clock: Clock = time.perf_counter):
+    def __init__(self, every: int | None = None, *, warmup: int = 16, budget: float = 0.015,
+                 max_every: int = 100, remeasure: int = 8, clock: Clock = time.perf_counter):
         if every is not None and int(every) < 1:
             raise ValueError(f"every must be a positive integer, got {every!r}")
         self.every = None if every is None else int(every)
         self.warmup = warmup
         self.budget = budget
         self.max_every = max_every
+        self.remeasure = remeasure
         self.clock = clock
         self.interval = 1 if every is None else self.every
         self._next = 0
-        self._plain = None    # EMA of the wall time of an unsampled step
-        self._sampled = None  # EMA of the wall time of a sampled step
+        self._plain: deque[float] = deque(maxlen=5)    # wall times of the last unsampled steps
+        self._sampled: deque[float] = deque(maxlen=5)  # ... and of the last sampled ones
+        self._in_a_row = 0                             # sampled steps since the last unsampled one
         self._t_last = None
 
     def resume(self) -> None:
@@ -43,25 +50,26 @@ class Schedule:
         """Called once per completed step; updates the timing model and the next sampled step."""
         now = self.clock()
         if self._t_last is not None:
-            dt = now - self._t_last
-            if sampled:
-                self._sampled = dt if self._sampled is None else 0.7 * self._sampled + 0.3 * dt
-            else:
-                self._plain = dt if self._plain is None else 0.7 * self._plain + 0.3 * dt
+            (self._sampled if sampled else self._plain).append(now - self._t_last)
         self._t_last = now
         if not sampled:
+            self._in_a_row = 0
             return
+        self._in_a_row += 1
         if self.every is None:
             self.interval = self._auto_interval(step)
+            if self.interval == 1 and step + 1 >= self.warmup and self._in_a_row >= self.remeasure:
+                self.interval = 2  # one unsampled step, to measure what a plain step costs now
         self._next = step + self.interval
 
     def _auto_interval(self, step: int) -> int:
         if step + 1 < self.warmup:
             return 1
-        if self._plain is None or self._sampled is None:
+        if not self._plain or not self._sampled:
             return 2  # no unsampled step measured yet: sample every other step to measure one
-        extra = max(self._sampled - self._plain, 0.0)
-        k = math.ceil(extra / max(self.budget * self._plain, 1e-9))
+        plain = statistics.median(self._plain)
+        extra = max(statistics.median(self._sampled) - plain, 0.0)
+        k = math.ceil(extra / max(self.budget * plain, 1e-9))
         # never sparser than a quarter of the run so far: short runs stay well sampled
         return int(min(max(k, 1), self.max_every, max(1, (step + 1) // 4)))
 
