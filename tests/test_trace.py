@@ -61,6 +61,21 @@ def test_schedule_every_n_and_auto():
         Schedule(every=0)
 
 
+def test_one_slow_plain_step_does_not_pin_the_schedule_to_every_step():
+    t = [0.0]
+    auto = Schedule(clock=lambda: t[0], warmup=5, budget=0.02)
+    sampled, plain_seen = [], 0
+    for step in range(300):
+        s = auto.should_sample(step)
+        if not s:
+            plain_seen += 1
+        # the first unsampled step is slow (the machine was busy); then a sampled step costs 10% more
+        t[0] += 0.011 if s else (0.050 if plain_seen == 1 else 0.010)
+        auto.step_done(step, s)
+        sampled.append(s)
+    assert sum(sampled[150:]) < 50  # every ~7 steps, not every step
+
+
 def test_throttle_with_a_fake_clock():
     now = [0.0]
     th = Throttle(0.25, clock=lambda: now[0])
