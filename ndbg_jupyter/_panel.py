@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import html
+import re
 
 from ._states import value_of
 
 CONFIDENT = 0.5  # a hypothesis at or above this confidence means "this run has this failure"
 
 _BOX = "font:13px/1.5 var(--jp-ui-font-family,sans-serif);margin:4px 0;padding:6px 8px;border-radius:4px"
+
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def _text(s: str) -> str:
+    """Escaped text with `names` (layers, code) set as code, as the report writes them."""
+    return _CODE.sub(r"<code>\1</code>", html.escape(s))
 
 
 def _bar(confidence: float) -> str:
@@ -38,12 +47,12 @@ def hypothesis_html(rank: int, hyp) -> str:
     ]
     if chain:
         links = "".join(f'<div style="padding-left:1.2em;text-indent:-1.2em">{"&rarr; " if k else ""}'
-                        f"{html.escape(c)}</div>" for k, c in enumerate(chain))
+                        f"{_text(c)}</div>" for k, c in enumerate(chain))
         parts.append(f'<div class="ndbg-chain" style="margin:2px 0">{links}</div>')
     if fix:
-        parts.append(f'<div class="ndbg-fix"><b>Fix:</b> {html.escape(fix)}</div>')
+        parts.append(f'<div class="ndbg-fix"><b>Fix:</b> {_text(fix)}</div>')
     if evidence:
-        items = "".join(f"<li>{html.escape(str(e))}</li>" for e in evidence[:12])
+        items = "".join(f"<li>{_text(str(e))}</li>" for e in evidence[:12])
         more = f"<li>... {len(evidence) - 12} more</li>" if len(evidence) > 12 else ""
         parts.append(f"<details><summary>evidence ({len(evidence)})</summary><ul>{items}{more}</ul></details>")
     parts.append("</div>")

@@ -185,6 +185,11 @@ def test_panel_lists_ranked_hypotheses_and_a_healthy_verdict():
     assert '<div class="ndbg-hyp" data-cause="dead_units" data-layer="enc.3" data-confidence="0.870"' in html
     assert "from step 12" in html and "enc.3 dead</div>" in html and "&rarr; no gradient below enc.3</div>" in html
     assert "use LeakyReLU" in html and "ndbg-healthy" not in html
+    named = SimpleNamespace(cause="non_finite", layer="norm", step=3, confidence=0.9,
+                            chain=["`norm` divides by <0>"], evidence=[], suggestion="add an eps in `norm`")
+    text = panel_html([named], step=5, finished=True)
+    assert "<code>norm</code> divides by &lt;0&gt;" in text and "add an eps in <code>norm</code>" in text
+    assert "`" not in text
     healthy = panel_html([weak], step=50, finished=True)
     assert 'class="ndbg-healthy"' in healthy and 'class="ndbg-hyp ndbg-weak" data-cause="loss_plateau"' in healthy
 
