@@ -21,17 +21,18 @@ from neuraldbg import Stat
 _COLUMNS = 240  # heatmap resolution along steps
 
 
-def gradient_flow(steps: np.ndarray, grad_rms: np.ndarray, columns: int = _COLUMNS):
+def gradient_flow(steps: np.ndarray, grad_rms: np.ndarray, columns: int = _COLUMNS, end: int | None = None):
     """Resample per-layer gradient RMS (samples x layers) onto a uniform step grid, as log10.
 
     Returns (matrix layers x columns, first step, last step); each column holds the latest sample
     at or before its step, so thinned (sparser) old samples keep their place on the time axis.
     A zero gradient becomes -inf (drawn in the colour for "below the scale"), a layer not measured
-    NaN (drawn as background).
+    NaN (drawn as background). ``end``: the last step of the run (the loss curve's), when it is
+    later than the last sample; the columns up to it hold the last sample, so both charts share the axis.
     """
     if len(steps) == 0:
         return np.full((grad_rms.shape[1] if grad_rms.ndim == 2 else 0, 1), np.nan), 0, 1
-    lo, hi = int(steps[0]), int(steps[-1])
+    lo, hi = int(steps[0]), max(int(steps[-1]), end if end is not None else 0)
     grid = np.linspace(lo, hi, min(columns, hi - lo + 1))
     idx = np.clip(np.searchsorted(steps, grid, side="right") - 1, 0, len(steps) - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -84,8 +85,9 @@ class Chart:
         self._key = key
         if self._fig is None:
             self._make()
-        self._draw_loss(trace)
-        self._draw_grad(trace, layer_order)
+        end = max(int(trace.loss.steps[-1]) if trace.loss.n else 0, int(trace.stats.steps[-1]) if trace.stats.n else 0)
+        self._draw_loss(trace, end)
+        self._draw_grad(trace, layer_order, end)
         buf = io.BytesIO()
         self._fig.canvas.print_png(buf)
         self.widget.value = buf.getvalue()
@@ -97,7 +99,7 @@ class Chart:
         self._fig = None
         self._key = None
 
-    def _draw_loss(self, trace) -> None:
+    def _draw_loss(self, trace, end: int) -> None:
         ax, steps, loss = self._ax_loss, trace.loss.steps, trace.loss.data.astype(float)
         self._line.set_data(steps, loss)
         self._no_loss.set_visible(len(steps) == 0)
@@ -108,13 +110,13 @@ class Chart:
             ax.set_yscale("log" if positive and spread > 100 else "linear")
             ax.relim()
             ax.autoscale_view()
-        ax.set_xlim(0, max(int(steps[-1]) if len(steps) else 1, 1))
+        ax.set_xlim(0, max(end, 1))
 
-    def _draw_grad(self, trace, layer_order: list[int]) -> None:
+    def _draw_grad(self, trace, layer_order: list[int], end: int) -> None:
         names = [trace.layers[i].name or "(model)" for i in layer_order]
         data = trace.stats.data
         rms = data[:, layer_order, int(Stat.GRAD_RMS)] if len(layer_order) else np.zeros((len(data), 0))
-        matrix, lo, hi = gradient_flow(trace.stats.steps, rms)
+        matrix, lo, hi = gradient_flow(trace.stats.steps, rms, end=end)
         n = max(len(layer_order), 1)
         finite = matrix[np.isfinite(matrix)]
         if finite.size:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from neuraldbg import NeuralDbg
-from ndbg_jupyter._chart import gradient_flow
+from ndbg_jupyter._chart import Chart, gradient_flow
 from ndbg_jupyter._dashboard import Dashboard
 from ndbg_jupyter._grid import HealthGrid, fold, row_html
 from ndbg_jupyter._panel import panel_html
@@ -204,6 +204,19 @@ def test_gradient_flow_resamples_thinned_steps_onto_a_uniform_axis():
     np.testing.assert_allclose(matrix[0], np.log10([1, 1, 1, 1, 2, 3, 4]))
     assert matrix[1, 4] == -np.inf  # a zero gradient: below the colour scale, drawn darkest
     assert matrix[1, 6] == pytest.approx(2.0)
+    # the run went on to step 9 after its last sample: the axis reaches it, holding the last sample
+    matrix, lo, hi = gradient_flow(steps, rms, columns=10, end=9)
+    assert (lo, hi) == (0, 9) and matrix.shape == (2, 10)
+    np.testing.assert_allclose(matrix[0, 6:], np.log10([4, 4, 4, 4]))
+
+
+def test_loss_and_gradient_flow_share_the_step_axis():
+    model, opt = dead_mlp()
+    with NeuralDbg(model, opt, every=25) as dbg:  # last sample at step 50, last loss at step 59
+        train(model, opt, dbg, 60)
+    chart = Chart()
+    chart.update(dbg.trace, list(range(len(dbg.trace.layers))))
+    assert chart._ax_loss.get_xlim() == chart._ax_grad.get_xlim() == (0, 59)
 
 
 # -- sliders --------------------------------------------------------------------------------------------
