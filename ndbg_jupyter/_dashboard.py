@@ -220,7 +220,7 @@ class Dashboard:
             png = base64.b64encode(self.chart.widget.value).decode("ascii")
             parts.append(f'<img class="ndbg-chart" style="max-width:100%" src="data:image/png;base64,{png}">')
         grid = "".join(w.value for w in self.grid.widgets_to_sync() if w.value)
-        parts.append(f'<div style="display:flex;flex-flow:row wrap"><div class="ndbg-grid" style="min-width:30em">'
+        parts.append(f'<div style="display:flex;flex-flow:row wrap"><div class="ndbg-grid" style="min-width:30em;flex:0 0 auto">'
                      f'{grid}</div><div class="ndbg-panel" style="flex:1 1 28em;min-width:24em">'
                      f"{self.panel.value}</div></div>")
         parts.append('<div style="color:#757575;font-size:12px">An earlier run: a static copy. '

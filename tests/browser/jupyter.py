@@ -67,10 +67,15 @@ class JupyterServer:
         with urllib.request.urlopen(req, timeout=5) as r:
             return json.loads(r.read())
 
-    def add_notebook(self, source: str, name: str) -> str:
+    def add_notebook(self, source: str, name: str, after_load_ext: str = "") -> str:
         """Copy ``notebooks/<source>`` into the server's root as ``name``, outputs cleared and the
-        kernelspec set (a notebook without one opens a "Select Kernel" dialog)."""
+        kernelspec set (a notebook without one opens a "Select Kernel" dialog); ``after_load_ext``:
+        a code cell to insert after the ``%load_ext ndbg_jupyter`` cell."""
         nb = json.loads((NOTEBOOKS / source).read_text())
+        if after_load_ext:
+            at = next(i for i, c in enumerate(nb["cells"]) if "%load_ext ndbg_jupyter" in "".join(c["source"]))
+            nb["cells"].insert(at + 1, {"cell_type": "code", "metadata": {}, "source": after_load_ext,
+                                        "outputs": [], "execution_count": None})
         nb.setdefault("metadata", {})["kernelspec"] = KERNELSPEC
         nb["metadata"].pop("widgets", None)
         for cell in nb["cells"]:

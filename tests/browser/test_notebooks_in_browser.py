@@ -16,8 +16,8 @@ pytestmark = pytest.mark.browser
 QUICKSTART_CAUSE, QUICKSTART_LAYER = "dead_units", "3"
 
 
-def open_and_run(page, server, source: str, name: str, ui: str) -> None:
-    server.add_notebook(source, name)
+def open_and_run(page, server, source: str, name: str, ui: str, after_load_ext: str = "") -> None:
+    server.add_notebook(source, name, after_load_ext)
     page.goto(server.lab_url(name) if ui == "lab" else server.notebook_url(name))
     wait_kernel_ready(page)
     run_all(page)
@@ -94,11 +94,16 @@ def test_quickstart_dashboard(jupyter_server, nb_page, ui):
 
 
 def test_nan_hunt_in_lab(jupyter_server, nb_page):
+    # one live dashboard at a time: the first run's is replaced by its static copy when the second
+    # run starts, and must still show what it found, with no widget left to fail
     page = nb_page
-    open_and_run(page, jupyter_server, "02_nan_hunt.ipynb", "nan_hunt_lab.ipynb", "lab")
+    open_and_run(page, jupyter_server, "02_nan_hunt.ipynb", "nan_hunt_lab.ipynb", "lab",
+                 after_load_ext="%config NeuralDbgMagics.live_dashboards = 1")
     dashboards = page.locator(".ndbg-dashboard")
     assert dashboards.count() == 2
     failing, fixed = dashboards.nth(0), dashboards.nth(1)
+    assert "ndbg-archived" in failing.get_attribute("class")
+    assert "ndbg-archived" not in fixed.get_attribute("class") and fixed.locator(".ndbg-slider").count() > 0
     assert first_hypothesis(failing) == ("non_finite", "log")
     # the grid shows the latest state: the layers after `log` carry NaN from the poisoned weights
     assert failing.locator('.ndbg-grid .ndbg-row[data-nonfinite="true"]').count() >= 1
