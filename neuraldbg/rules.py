@@ -270,6 +270,34 @@ def _saturated_by_updates(ctx: Context, events: list[SemanticEvent]) -> list[Cau
                  f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up) and clip gradients at max_norm=1.0")]
 
 
+def _saturated_by_init(ctx: Context, events: list[SemanticEvent]) -> list[CausalHypothesis]:
+    """Several bounded layers saturated from the first step, each behind a weight layer: one root, the
+    initial weight scale, rather than one saturation per layer."""
+    events = sorted(events, key=lambda e: ctx.rank.get(e.layer, 0))
+    sat = [e.layer for e in events]
+    weights = list(dict.fromkeys(ctx.previous_weight_layer(n) for n in sat))
+    gains = [e for e in ctx.all(Signal.GAIN, GainState.AMPLIFIES) if e.layer in weights and ctx.from_start(e)]
+    blocked = [b for e in events for b in ctx.linked(LinkKind.BLOCKS, e)]
+    loss = [e for e in _loss_symptoms(ctx) if e.after in (LossState.PLATEAU, LossState.OSCILLATING)]
+    kinds = sorted({ctx.layers[n].type_name for n in sat})
+    fracs = [e.values.get("saturated_fraction", math.nan) for e in events]
+    first = min(e.step for e in events)
+    chain = [f"at step {first}, {_layer_list(weights)} start with weights too large for the {'/'.join(kinds)} after them"
+             + (f" (up to {_fmt(max(e.values.get('gain', 0.0) for e in gains))}x the spread of their input)"
+                if gains else ""),
+             f"{min(fracs):.0%}-{max(fracs):.0%} of the outputs of {_layer_list(sat)} are pinned at their bounds "
+             f"from step {first}"]
+    if blocked:
+        chain.append(f"their derivative is ~0, so the gradient vanishes in {_names(blocked)}")
+    chain += [_loss_text(e) for e in loss[:1]]
+    conf = min(0.7 + 0.05 * len(sat) + 0.05 * bool(blocked or loss), 0.9)
+    gain = "5/3, nn.init.calculate_gain('tanh')" if "Tanh" in kinds else "1"
+    fix = (f"re-initialise {_layer_list(weights)} with nn.init.xavier_uniform_ (gain {gain}) instead of their current "
+           f"scale, or add nn.LayerNorm before each {'/'.join(kinds)}")
+    return [_hyp(ctx, Cause.BAD_INITIALIZATION, weights[0] if len(weights) == 1 else "", first, conf, chain,
+                 events + gains + blocked + loss, fix)]
+
+
 def rule_saturated(ctx: Context) -> list[CausalHypothesis]:
     out = []
     free = ctx.free(Signal.ACTIVATION, ActState.SATURATED)
@@ -277,6 +305,10 @@ def rule_saturated(ctx: Context) -> list[CausalHypothesis]:
     if by_updates:
         out += _saturated_by_updates(ctx, by_updates)
     explained = {id(e) for e in by_updates}
+    at_start = [e for e in free if id(e) not in explained and ctx.from_start(e) and ctx.previous_weight_layer(e.layer)]
+    if len({e.layer for e in at_start}) >= 2:
+        out += _saturated_by_init(ctx, at_start)
+        explained.update(id(e) for e in at_start)
     for ev in free:
         if id(ev) in explained:
             continue

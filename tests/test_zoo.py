@@ -246,7 +246,20 @@ def deep_sigmoid_mlp_plateau():
     return Run(model, torch.optim.SGD(model.parameters(), lr=0.1), teacher_classes(20, 5), steps=120)
 
 
+def std2_init_tanh_mlp():
+    """Every weight layer of a tanh MLP drawn with std 2: three tanh layers saturated from step 0 are
+    one fault, the initial weight scale, not three saturations."""
+    torch.manual_seed(1)
+    model = mlp([20, 64, 64, 64, 5], act=nn.Tanh)
+    for m in model:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=2.0)
+            nn.init.zeros_(m.bias)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(20, 5), steps=120)
+
+
 FAULTY = {
+    "std2_init_tanh_mlp": (std2_init_tanh_mlp, Expect(Cause.BAD_INITIALIZATION, "", (0, 0))),
     "deep_sigmoid_mlp_plateau": (deep_sigmoid_mlp_plateau, Expect(Cause.VANISHING_GRADIENTS, "2", (0, 0))),
     "inputs_x1000_mlp": (inputs_x1000_mlp, Expect(Cause.DATA, "input", (0, 0))),
     "std1_init_relu_mlp": (std1_init_relu_mlp, Expect(Cause.BAD_INITIALIZATION, "", (0, 0))),
@@ -423,10 +436,11 @@ def test_faulty_run_names_its_root_cause(name):
 
 
 def test_symptoms_stay_in_their_roots_chain():
-    # the saturation the learning rate causes, and the dead units the raw input causes, are not
-    # reported again as roots of their own
+    # the saturation the learning rate or the init causes, and the dead units the raw input causes,
+    # are not reported again as roots of their own
     for build, symptom in ((tanh_mlp_sgd_lr20, Cause.SATURATED_ACTIVATIONS), (inputs_x1000_mlp, Cause.DEAD_UNITS),
-                           (inputs_x1000_mlp, Cause.LEARNING_RATE_TOO_HIGH)):
+                           (inputs_x1000_mlp, Cause.LEARNING_RATE_TOO_HIGH),
+                           (std2_init_tanh_mlp, Cause.SATURATED_ACTIVATIONS)):
         hyps = train(build()).explain()
         assert not [h for h in hyps[1:] if h.cause == symptom and h.confidence >= 0.5], _verdict_of(hyps)
 
