@@ -117,6 +117,7 @@ class Recorder:
         self._layer_handles: list = []
         self._next_order = 0
         self._pass_step = 0           # the step the latest forward pass belongs to
+        self._seen_lr = self._lr()     # the learning rate of the latest step, to see it jump
         self._pending_losses: list = []
         self._out_grads: list = []
         self._out_leaves: list = []
@@ -191,6 +192,8 @@ class Recorder:
     def _on_forward_start(self, module, args, kwargs):
         if self._replaying or not torch.is_grad_enabled():
             return None  # evaluation passes under no_grad are neither steps nor statistics
+        if self._pass_step != self.step:  # the first forward pass of a step (not a second, accumulated one)
+            self._watch_lr()
         self._pass_step = self.step
         self._last_inputs = (args, kwargs)
         if self.trace.nonfinite is None:
@@ -393,6 +396,15 @@ class Recorder:
             idx.extend(i for i, _ in items)
             parts.append(batch_fn(torch.stack([t for _, t in items]), key))
         return idx, parts
+
+    def _watch_lr(self) -> None:
+        """A learning rate that jumps (x2 or more either way, e.g. a schedule) starts a burst of sampled
+        steps: what a new learning rate does shows in its first steps."""
+        lr, seen = self._lr(), self._seen_lr
+        self._seen_lr = lr
+        if lr > 0 and seen > 0 and (lr >= 2 * seen or lr <= seen / 2):
+            self.schedule.burst(self.step)
+            self._sample_now = True
 
     def _lr(self) -> float:
         if self.optimizer is None or not self.optimizer.param_groups:

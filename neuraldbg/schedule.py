@@ -37,6 +37,7 @@ class Schedule:
         self._plain: deque[float] = deque(maxlen=5)    # wall times of the last unsampled steps
         self._sampled: deque[float] = deque(maxlen=5)  # ... and of the last sampled ones
         self._in_a_row = 0                             # sampled steps since the last unsampled one
+        self._burst_until = 0                          # steps before this one are all sampled
         self._t_last = None
 
     def resume(self) -> None:
@@ -44,7 +45,11 @@ class Schedule:
         self._t_last = None
 
     def should_sample(self, step: int) -> bool:
-        return step >= self._next
+        return step >= self._next or step < self._burst_until
+
+    def burst(self, step: int, n: int = 8) -> None:
+        """Sample steps ``step`` .. ``step + n - 1`` (something changed: a new learning rate)."""
+        self._burst_until = max(self._burst_until, step + n)
 
     def step_done(self, step: int, sampled: bool) -> None:
         """Called once per completed step; updates the timing model and the next sampled step."""

@@ -85,3 +85,15 @@ def test_throttle_with_a_fake_clock():
         fired.append(th.ready())
     assert sum(fired) == 4  # t = 0, 0.25, 0.5, 0.75
     assert th.ready(force=True)
+
+
+def test_a_burst_samples_the_next_steps_whatever_the_interval():
+    fixed = Schedule(every=50)
+    sampled = []
+    for step in range(100):
+        if step == 20:
+            fixed.burst(step, 4)  # e.g. the learning rate jumped at step 20
+        s = fixed.should_sample(step)
+        fixed.step_done(step, s)
+        sampled += [step] if s else []
+    assert sampled == [0, 20, 21, 22, 23, 73]
