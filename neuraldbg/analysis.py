@@ -50,6 +50,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
     links = patterns_mod.detect(events, rank, first)
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0,
-                  attenuation=health_mod.attenuation_series(trace))
+                  attenuation=health_mod.attenuation_series(trace),
+                  lr_series=(trace.globals.steps, trace.global_column("lr")))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

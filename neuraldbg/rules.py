@@ -39,6 +39,7 @@ class Context:
     has_loss: bool
     # sampled steps, and per weight layer its gradient attenuation toward the input at each
     attenuation: tuple = (np.zeros(0, dtype=np.int64), {})
+    lr_series: tuple = (np.zeros(0, dtype=np.int64), np.zeros(0))  # sampled steps and the learning rate at each
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
@@ -104,8 +105,25 @@ def _symptoms_text(events: list[SemanticEvent], limit: int = 4) -> list[str]:
     return lines
 
 
+def _lr_jump(ctx: Context, upto: int) -> tuple[float, float, int] | None:
+    """The latest rise of the learning rate (x2 or more between sampled steps) at or before ``upto``:
+    (from, to, step)."""
+    steps, lr = ctx.lr_series
+    for i in range(len(steps) - 1, 0, -1):
+        if steps[i] <= upto and lr[i - 1] > 0 and lr[i] >= 2 * lr[i - 1]:
+            return float(lr[i - 1]), float(lr[i]), int(steps[i])
+    return None
+
+
 def _hyp(ctx: Context, cause: Cause, layer: str, step: int, confidence: float, chain: list[str],
          evidence: list[SemanticEvent], suggestion: str) -> CausalHypothesis:
+    if cause == Cause.LEARNING_RATE_TOO_HIGH:
+        jump = _lr_jump(ctx, step)
+        if jump is not None:  # the failure starts with a new learning rate: say so, from there
+            before, after, at = jump
+            chain = [f"the learning rate rises from {_fmt(before)} to {_fmt(after)} at step {at}"] + chain
+            suggestion += f"; it was {_fmt(before)} before step {at}: check the schedule that raised it"
+            step = at
     evidence = sorted({id(e): e for e in evidence}.values(), key=lambda e: e.step)
     confidence = round(min(max(confidence, 0.0), 0.99), 3)
     return CausalHypothesis(cause=cause, layer=layer, step=int(step), confidence=confidence,
@@ -414,6 +432,10 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
     info = ctx.layers.get(layer)
     overflow = (phase == "forward" and info is not None and info.kind in _OVERFLOW_KINDS
                 and step > ctx.first_step and not exploding)
+    if phase == "forward" and not overflow:
+        # an operation that leaves its domain (a division by 0, log of 0) in a module that holds no
+        # weights: large updates that had stopped long before the NaN did not cause it
+        large = [e for e in large if e.end is None or e.end >= step - ctx.th.persist]
     if phase == "weights" or large or (diverging and not exploding) or overflow:
         chain = []
         if large:
