@@ -1,0 +1,42 @@
+"""The held-out zoo (``zoo_heldout.py``): the same checks as ``test_zoo.py`` on scenarios that the rules
+and default thresholds were not chosen on. A known miss is an xfail with its reason (strict: a fix
+makes it fail until the mark goes)."""
+from __future__ import annotations
+
+import pytest
+
+from zoo import train
+from zoo_heldout import FAULTY, HEALTHY
+
+KNOWN_MISSES = {
+    "gru_recurrent_x30": "the saturation is inside the GRU's gates, which module hooks do not see; the "
+                         "recurrent weight scale is not compared with its default yet",
+    "tanh_rnn_tiny_recurrent": "the same for a recurrent weight scale far below its default: the verdict is "
+                               "loss_plateau, not bad_initialization in `rnn`",
+    "regression_targets_1e5": "targets are not seen by the hooks (only the input is): a target scale of 1e5 "
+                              "reads as learning_rate_too_high",
+}
+
+
+def _verdict(hyps) -> str:
+    return "\n".join(f"  {h} {h.chain}" for h in hyps) or "  (none)"
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_MISSES[n], strict=True))
+                                  if n in KNOWN_MISSES else n for n in sorted(FAULTY)])
+def test_heldout_faulty_run_names_its_root_cause(name):
+    build, expect = FAULTY[name]
+    hyps = train(build()).explain()
+    assert hyps, f"{name}: no hypothesis"
+    top = hyps[0]
+    msg = f"{name}:\n{_verdict(hyps)}"
+    assert top.confidence >= 0.5, msg
+    assert (str(top.cause), top.layer) in [(c, l) for c, l in expect.accepted], msg
+    assert expect.onset[0] <= top.step <= expect.onset[1], msg
+
+
+@pytest.mark.parametrize("name", sorted(HEALTHY))
+def test_heldout_healthy_run_stays_quiet(name):
+    dbg = train(HEALTHY[name]())
+    loud = [h for h in dbg.explain() if h.confidence >= 0.5]
+    assert not loud, f"{name}:\n{_verdict(loud)}"
