@@ -156,6 +156,7 @@ class Features:
     wi: list[int]              # gain layers, their spread and the spread before them
     own: np.ndarray
     prev: np.ndarray
+    rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
     nonfinite: np.ndarray      # (T, L) bool
     wu: np.ndarray             # updated layers: update and weight norms, their ratio (NaN: not usable)
     wnu: np.ndarray
@@ -221,6 +222,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     prev = (np.stack([input_std if pos[i] == 0 else std[:, by_order[pos[i] - 1]] for i in wi], axis=1)
             if wi else np.zeros((t, 0), dtype=np.float32))
     own = std[:, wi] if wi else np.zeros((t, 0), dtype=np.float32)
+    rscale = np.array([layers[i].extra.get("recurrent_scale", np.nan) for i in wi], dtype=np.float64)
     nonfinite = act_nf | (cols.full(Stat.GRAD_NONFINITE) > 0)
     if len(gi):
         nonfinite[:, gi] |= np.isinf(wg) | np.isinf(wn)
@@ -238,6 +240,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
+                    rscale=rscale,
                     nonfinite=nonfinite, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1), growth=growth,
                     has_params=np.array([l.n_params > 0 for l in layers], dtype=bool))
 
@@ -298,7 +301,12 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         amplifies = (f.own > f.prev * big) | ((f.own > f.prev * root) & (reach > big * big))
         gain[ok & shrinks] = GainState.SHRINKS.code
         gain[ok & amplifies] = GainState.AMPLIFIES.code
-    g_value = {"gain": _ratio(f.own, f.prev), "compounded": _at(reach)}
+        # a recurrent layer's hidden-to-hidden weights act once per time step: their initial scale far
+        # from the default explodes or erases the state through time, whatever the output spread says
+        gain[:, f.rscale < small] = GainState.SHRINKS.code
+        gain[:, f.rscale > big] = GainState.AMPLIFIES.code
+    g_value = {"gain": _ratio(f.own, f.prev), "compounded": _at(reach),
+               "recurrent_scale": _at(np.broadcast_to(f.rscale, gain.shape))}
     out.append(StateSeries(Signal.GAIN, steps, gain, [names[i] for i in f.wi],
                            {GainState.SHRINKS: g_value, GainState.AMPLIFIES: g_value}))
 

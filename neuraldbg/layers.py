@@ -1,9 +1,11 @@
 """What a watched layer is: its name, kind, activation bounds and the layout of its units."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+import torch
 from torch import nn
 
 
@@ -94,7 +96,8 @@ class LayerInfo:
     def to_dict(self) -> dict:
         return {"index": self.index, "name": self.name, "type": self.type_name, "kind": self.kind.value,
                 "bounds": list(self.bounds) if self.bounds else None, "n_params": self.n_params,
-                "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order}
+                "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order,
+                "recurrent_scale": self.extra.get("recurrent_scale")}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LayerInfo":
@@ -103,7 +106,8 @@ class LayerInfo:
                    bounds=(float(bounds[0]), float(bounds[1])) if bounds else None,
                    n_params=int(d.get("n_params", 0)), n_trainable=int(d.get("n_trainable", 0)),
                    channels_first=bool(d.get("channels_first", False)),
-                   order=None if d.get("order") is None else int(d["order"]))
+                   order=None if d.get("order") is None else int(d["order"]),
+                   extra={} if d.get("recurrent_scale") is None else {"recurrent_scale": float(d["recurrent_scale"])})
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -121,9 +125,26 @@ def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
+def recurrent_scale(module: nn.Module) -> float | None:
+    """The spread of a recurrent layer's hidden-to-hidden weights against PyTorch's default init
+    (uniform in +-1/sqrt(hidden): std 1/sqrt(3 hidden)); the largest over its layers and directions.
+    1 at the default, ~1.7 for an orthogonal init of a plain RNN; far from 1, the state explodes or forgets through time."""
+    if not isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+        return None
+    hidden = getattr(module, "hidden_size", 0)
+    ratios = []
+    with torch.no_grad():
+        for pname, p in module.named_parameters(recurse=False):
+            if pname.startswith("weight_hh") and p.numel() > 1 and hidden > 0 and not p.is_meta:
+                ratios.append(float(p.detach().float().std()) * math.sqrt(3 * hidden))
+    return max(ratios, key=lambda r: abs(math.log(r)) if r > 0 else math.inf) if ratios else None
+
+
 def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
     own = list(module.parameters(recurse=False))
+    scale = recurrent_scale(module)
     return LayerInfo(index=index, name=name, type_name=type(module).__name__, kind=classify(module),
                      bounds=output_bounds(module), n_params=sum(p.numel() for p in own),
                      n_trainable=sum(p.numel() for p in own if p.requires_grad),
-                     channels_first=isinstance(module, _CHANNELS_FIRST))
+                     channels_first=isinstance(module, _CHANNELS_FIRST),
+                     extra={} if scale is None else {"recurrent_scale": scale})

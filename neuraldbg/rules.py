@@ -366,8 +366,13 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
     symptoms = [e for e in ctx.events if e.bad and id(e) not in ctx.claimed and e.signal in
                 (Signal.GRADIENT, Signal.FINITE, Signal.ACTIVATION)]
     symptoms += _loss_symptoms(ctx)
-    if not symptoms:
-        return []
+    out = []
+    recurrent = [e for e in gains if _recurrent_scale_off(ctx, e)]
+    if recurrent:
+        out.append(_recurrent_init(ctx, recurrent, symptoms))
+        gains = [e for e in gains if e not in recurrent]
+    if not symptoms or not gains:
+        return out
     amplify = [e for e in gains if e.after == GainState.AMPLIFIES]
     shrink = [e for e in gains if e.after == GainState.SHRINKS]
     group = amplify if len(amplify) >= len(shrink) else shrink
@@ -403,7 +408,32 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
     else:
         fix = (f"{target} with weights too small (each scales the signal by ~{_fmt(g)}): use a "
                "variance-preserving init, nn.init.xavier_normal_ for tanh/sigmoid or nn.init.kaiming_normal_ for ReLU")
-    return [_hyp(ctx, Cause.BAD_INITIALIZATION, layer, group[0].step, conf, chain, group + symptoms, fix)]
+    return out + [_hyp(ctx, Cause.BAD_INITIALIZATION, layer, group[0].step, conf, chain, group + symptoms, fix)]
+
+
+def _recurrent_scale_off(ctx: Context, e: SemanticEvent) -> bool:
+    r = e.values.get("recurrent_scale", math.nan)
+    return r == r and (r > ctx.th.layer_gain or r < 1 / ctx.th.layer_gain)
+
+
+def _recurrent_init(ctx: Context, events: list[SemanticEvent], symptoms: list[SemanticEvent]) -> CausalHypothesis:
+    """Hidden-to-hidden weights far from their default scale: a fault by itself, since they act once per
+    time step (what they do inside the cell does not show at its output)."""
+    events = sorted(events, key=lambda e: ctx.rank.get(e.layer, 0))
+    ev = events[0]
+    r = ev.values.get("recurrent_scale", math.nan)
+    chain = [f"at step {ev.step}, `{ev.layer}` starts with recurrent (hidden-to-hidden) weights {_fmt(r)}x the "
+             "spread of the default init",
+             "applied once per time step, they grow the hidden state until its units saturate or overflow"
+             if r > 1 else
+             "applied once per time step, they erase the hidden state: only the last steps reach the output, "
+             "and the gradient through time vanishes"]
+    chain += _symptoms_text(symptoms)
+    conf = min(0.55 + 0.1 * len(symptoms), 0.9)
+    fix = (f"re-initialise the recurrent weights of `{ev.layer}` (weight_hh_l*) with nn.init.orthogonal_, or keep "
+           "PyTorch's default init (uniform in +-1/sqrt(hidden_size))")
+    return _hyp(ctx, Cause.BAD_INITIALIZATION, ev.layer if len(events) == 1 else "", ev.step, conf, chain,
+                events + symptoms, fix)
 
 
 # -- NaN/Inf in the model ---------------------------------------------------------------------------------

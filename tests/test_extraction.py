@@ -376,3 +376,22 @@ def test_bfloat16_autocast_and_a_large_layer():
         out.float().sum().backward()
     r = row(dbg, 0)
     assert r[index(dbg, "0"), Stat.ACT_STD] > 0 and r[index(dbg, "1"), Stat.GRAD_RMS] > 0
+
+
+def test_recurrent_weight_scale_is_measured_against_the_default_init(tmp_path):
+    from neuraldbg.layers import recurrent_scale
+    torch.manual_seed(0)
+    gru, lstm, rnn = nn.GRU(4, 64), nn.LSTM(4, 64, num_layers=2), nn.RNN(4, 64)
+    assert recurrent_scale(gru) == pytest.approx(1.0, rel=0.05)
+    assert recurrent_scale(lstm) == pytest.approx(1.0, rel=0.05)
+    with torch.no_grad():
+        rnn.weight_hh_l0.mul_(30.0)
+    assert recurrent_scale(rnn) == pytest.approx(30.0, rel=0.05)
+    square = nn.RNN(4, 64)
+    nn.init.orthogonal_(square.weight_hh_l0)
+    assert recurrent_scale(square) == pytest.approx(3 ** 0.5, rel=0.05)  # orthogonal, square: sqrt(3) x
+    assert recurrent_scale(nn.Linear(4, 4)) is None
+    dbg = NeuralDbg(nn.Sequential(rnn))
+    dbg.save(tmp_path / "r.ndbg")
+    (info,) = NeuralDbg.load(tmp_path / "r.ndbg").trace.layers
+    assert info.extra["recurrent_scale"] == pytest.approx(30.0, rel=0.05)

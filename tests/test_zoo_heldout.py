@@ -9,10 +9,6 @@ from zoo import train
 from zoo_heldout import FAULTY, HEALTHY
 
 KNOWN_MISSES = {
-    "gru_recurrent_x30": "the saturation is inside the GRU's gates, which module hooks do not see; the "
-                         "recurrent weight scale is not compared with its default yet",
-    "tanh_rnn_tiny_recurrent": "the same for a recurrent weight scale far below its default: the verdict is "
-                               "loss_plateau, not bad_initialization in `rnn`",
     "regression_targets_1e5": "targets are not seen by the hooks (only the input is): a target scale of 1e5 "
                               "reads as learning_rate_too_high",
 }
