@@ -19,6 +19,7 @@ from .hypothesis import CausalHypothesis
 from .patterns import Link
 from .reasoner import infer
 from .rules import Context
+from .stats import Stat
 from .thresholds import Thresholds
 from .trace import Trace
 
@@ -42,6 +43,21 @@ def _last_lr(trace: Trace) -> float:
     return float(lr[ok][-1]) if ok.any() else math.nan
 
 
+def _loss_reach(trace: Trace) -> tuple[float, float, float]:
+    """At the first step: the loss, the RMS of the model's output (the last layer to run), and how far the
+    loss is out of the output's reach, sqrt(loss) / RMS. Squared-error losses on targets of a scale the
+    outputs do not have start far above 1; a classification loss starts near it."""
+    order = trace.execution_order()
+    if not trace.loss.n or not trace.stats.n or not order or trace.loss.steps[0] != trace.stats.steps[0]:
+        return math.nan, math.nan, math.nan
+    row = trace.stats.data[0, order[-1].index]
+    rms = math.hypot(float(row[Stat.ACT_MEAN]), float(row[Stat.ACT_STD]))
+    loss = float(trace.loss.data[0])
+    if not (math.isfinite(loss) and math.isfinite(rms) and rms > 0):
+        return loss, rms, math.nan
+    return loss, rms, math.sqrt(abs(loss)) / rms
+
+
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
     table = health_mod.compute(trace, thresholds)
     events = events_mod.detect(table, thresholds)
@@ -51,6 +67,6 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0,
                   attenuation=health_mod.attenuation_series(trace),
-                  lr_series=(trace.globals.steps, trace.global_column("lr")))
+                  lr_series=(trace.globals.steps, trace.global_column("lr")), loss_reach=_loss_reach(trace))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

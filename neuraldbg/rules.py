@@ -40,6 +40,7 @@ class Context:
     # sampled steps, and per weight layer its gradient attenuation toward the input at each
     attenuation: tuple = (np.zeros(0, dtype=np.int64), {})
     lr_series: tuple = (np.zeros(0, dtype=np.int64), np.zeros(0))  # sampled steps and the learning rate at each
+    loss_reach: tuple = (math.nan, math.nan, math.nan)  # first loss, output RMS, sqrt(loss) / RMS
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
@@ -174,6 +175,8 @@ def rule_data(ctx: Context) -> list[CausalHypothesis]:
     if out:
         return out
     unscaled = ctx.free(Signal.INPUT, InputState.UNSCALED)
+    if not unscaled:
+        return _targets_out_of_reach(ctx)
     if unscaled:
         ev = unscaled[0]
         first = sorted(ctx.rank, key=ctx.rank.get)[:3]
@@ -200,6 +203,30 @@ def rule_data(ctx: Context) -> list[CausalHypothesis]:
         conf = (0.85 + 0.05 * bool(updates)) if symptoms else 0.35
         out.append(_hyp(ctx, Cause.DATA, "input", ev.step, conf, chain, [ev] + symptoms, fix))
     return out
+
+
+def _targets_out_of_reach(ctx: Context) -> list[CausalHypothesis]:
+    """A first loss whose square root is beyond the input-scale threshold and hundreds of times the
+    outputs' RMS: a squared error against targets on a scale the outputs do not have (the targets
+    themselves are not seen). A classification loss starts near log(classes), whatever the outputs."""
+    loss0, rms, reach = ctx.loss_reach
+    if not (reach == reach and reach > ctx.th.input_scale ** 2 and math.sqrt(abs(loss0)) > ctx.th.input_scale):
+        return []
+    first = ctx.first_step
+    updates = [e for e in ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step <= first + ctx.th.persist]
+    later = [e for e in ctx.events if e.bad and id(e) not in ctx.claimed and updates and e.step >= updates[0].step
+             and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE, Signal.UPDATE)]
+    symptoms = list({id(e): e for e in updates + later}.values()) + _loss_symptoms(ctx)
+    target = math.sqrt(abs(loss0))
+    chain = [f"the loss starts at {_fmt(loss0)}, while the outputs' RMS is {_fmt(rms)}: the targets are ~{_fmt(target)}, "
+             f"{_fmt(reach)}x out of the outputs' reach"]
+    chain += [f"updates of up to {_fmt(e.values.get('update_max', math.nan))} x the weights per step from step "
+              f"{e.step}: the gradient scales with the error" for e in updates[:1]]
+    chain += _symptoms_text([e for e in symptoms if e.signal != Signal.UPDATE])
+    fix = (f"standardise the targets (y = (y - y.mean()) / y.std(), computed on the training set; invert it on "
+           f"the predictions), or scale the loss down by ~{_fmt(target ** 2)}")
+    conf = 0.6 + 0.2 * bool(symptoms) + 0.1 * bool(updates)
+    return [_hyp(ctx, Cause.DATA, "input", first, conf, chain, symptoms, fix)]
 
 
 # -- activations that block the gradient ----------------------------------------------------------------

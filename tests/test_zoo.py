@@ -400,7 +400,17 @@ def healthy_zero_init_residual():
     return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(8, 3), steps=30)
 
 
+def healthy_regression_summed_loss():
+    """MSE summed over a batch of 1024 (the loss starts near 1e3, far above the outputs): a loss scale,
+    not targets out of reach; a learning rate scaled down to match."""
+    torch.manual_seed(0)
+    model = mlp([16, 32, 1])
+    return Run(model, torch.optim.SGD(model.parameters(), lr=2e-5), teacher_regression(16, batch=1024),
+               loss=lambda out, y: F.mse_loss(out, y, reduction="sum"), steps=60)
+
+
 HEALTHY = {
+    "regression_summed_loss": healthy_regression_summed_loss,
     "transformer_layernorm": healthy_transformer,
     "resnet_batchnorm": healthy_resnet_bn,
     "logistic_regression_sigmoid": healthy_logistic_regression,
