@@ -117,7 +117,7 @@ class Recorder:
         self._layer_handles: list = []
         self._next_order = 0
         self._pass_step = 0           # the step the latest forward pass belongs to
-        self._seen_lr = self._lr()     # the learning rate of the latest step, to see it jump
+        self._seen_lr = self._lr(sync=False)  # the learning rate of the latest step, to see it rise
         self._pending_losses: list = []
         self._out_grads: list = []
         self._out_leaves: list = []
@@ -398,18 +398,21 @@ class Recorder:
         return idx, parts
 
     def _watch_lr(self) -> None:
-        """A learning rate that jumps (x2 or more either way, e.g. a schedule) starts a burst of sampled
-        steps: what a new learning rate does shows in its first steps."""
-        lr, seen = self._lr(), self._seen_lr
+        """A learning rate that rises (x2 or more, e.g. a schedule) starts a burst of sampled steps: what
+        a new learning rate does shows in its first steps."""
+        lr, seen = self._lr(sync=False), self._seen_lr
         self._seen_lr = lr
-        if lr > 0 and seen > 0 and (lr >= 2 * seen or lr <= seen / 2):
-            self.schedule.burst(self.step)
+        if lr > 0 and seen > 0 and lr >= 2 * seen and self.schedule.burst(self.step):
             self._sample_now = True
 
-    def _lr(self) -> float:
+    def _lr(self, sync: bool = True) -> float:
+        """The first parameter group's learning rate; NaN when unknown, or when it is a tensor on an
+        accelerator and ``sync`` is False (reading it would wait for the device)."""
         if self.optimizer is None or not self.optimizer.param_groups:
             return float("nan")
         lr = self.optimizer.param_groups[0].get("lr", float("nan"))
+        if not sync and isinstance(lr, torch.Tensor) and lr.device.type != "cpu":
+            return float("nan")
         try:
             return float(lr)
         except (TypeError, ValueError):

@@ -106,13 +106,22 @@ def _symptoms_text(events: list[SemanticEvent], limit: int = 4) -> list[str]:
     return lines
 
 
+# A rise of the learning rate explains a failure that starts within this many steps of it.
+LR_JUMP_WINDOW = 16
+
+
 def _lr_jump(ctx: Context, upto: int) -> tuple[float, float, int] | None:
-    """The latest rise of the learning rate (x2 or more between sampled steps) at or before ``upto``:
-    (from, to, step)."""
+    """A rise of the learning rate (x2 or more between sampled steps) shortly before ``upto``, from a
+    rate that held steady before it (a warm-up ramp is not a jump): (from, to, step)."""
     steps, lr = ctx.lr_series
-    for i in range(len(steps) - 1, 0, -1):
-        if steps[i] <= upto and lr[i - 1] > 0 and lr[i] >= 2 * lr[i - 1]:
-            return float(lr[i - 1]), float(lr[i]), int(steps[i])
+    for i in range(len(steps) - 1, 1, -1):
+        if steps[i] > upto:
+            continue
+        if steps[i] < upto - LR_JUMP_WINDOW:
+            break
+        before, prior = lr[i - 1], lr[i - 2]
+        if before > 0 and lr[i] >= 2 * before and abs(prior - before) <= 0.1 * before:
+            return float(before), float(lr[i]), int(steps[i])
     return None
 
 
@@ -225,7 +234,9 @@ def _targets_out_of_reach(ctx: Context) -> list[CausalHypothesis]:
     chain += _symptoms_text([e for e in symptoms if e.signal != Signal.UPDATE])
     fix = (f"standardise the targets (y = (y - y.mean()) / y.std(), computed on the training set; invert it on "
            f"the predictions), or scale the loss down by ~{_fmt(target ** 2)}")
-    conf = 0.6 + 0.2 * bool(symptoms) + 0.1 * bool(updates)
+    # alone (a loss summed over many values can start high too), a weak signal; with updates out of
+    # scale or a loss that fails, the failure
+    conf = (0.7 + 0.1 * bool(updates)) if symptoms else 0.35
     return [_hyp(ctx, Cause.DATA, "input", first, conf, chain, symptoms, fix)]
 
 
@@ -456,7 +467,8 @@ def _recurrent_init(ctx: Context, events: list[SemanticEvent], symptoms: list[Se
              "applied once per time step, they erase the hidden state: only the last steps reach the output, "
              "and the gradient through time vanishes"]
     chain += _symptoms_text(symptoms)
-    conf = min(0.55 + 0.1 * len(symptoms), 0.9)
+    # alone, a weak signal: the scale is measured when watching starts, and a trained model's may differ
+    conf = min(0.55 + 0.1 * len(symptoms), 0.9) if symptoms else 0.45
     fix = (f"re-initialise the recurrent weights of `{ev.layer}` (weight_hh_l*) with nn.init.orthogonal_, or keep "
            "PyTorch's default init (uniform in +-1/sqrt(hidden_size))")
     return _hyp(ctx, Cause.BAD_INITIALIZATION, ev.layer if len(events) == 1 else "", ev.step, conf, chain,

@@ -38,6 +38,7 @@ class Schedule:
         self._sampled: deque[float] = deque(maxlen=5)  # ... and of the last sampled ones
         self._in_a_row = 0                             # sampled steps since the last unsampled one
         self._burst_until = 0                          # steps before this one are all sampled
+        self._last_burst = -(1 << 62)
         self._t_last = None
 
     def resume(self) -> None:
@@ -47,9 +48,15 @@ class Schedule:
     def should_sample(self, step: int) -> bool:
         return step >= self._next or step < self._burst_until
 
-    def burst(self, step: int, n: int = 8) -> None:
-        """Sample steps ``step`` .. ``step + n - 1`` (something changed: a new learning rate)."""
+    def burst(self, step: int, n: int = 8, gap: int = 400) -> bool:
+        """Sample steps ``step`` .. ``step + n - 1`` (something changed: a new learning rate), unless the
+        user fixed the interval or the last burst started less than ``gap`` steps ago (a schedule with
+        frequent restarts must not keep the sampling dense). Returns whether it did."""
+        if self.every is not None or step < self._last_burst + gap:
+            return False
+        self._last_burst = step
         self._burst_until = max(self._burst_until, step + n)
+        return True
 
     def step_done(self, step: int, sampled: bool) -> None:
         """Called once per completed step; updates the timing model and the next sampled step."""

@@ -87,13 +87,18 @@ def test_throttle_with_a_fake_clock():
     assert th.ready(force=True)
 
 
-def test_a_burst_samples_the_next_steps_whatever_the_interval():
-    fixed = Schedule(every=50)
+def test_a_burst_samples_the_next_steps_at_most_once_in_a_while():
+    t = [0.0]
+    auto = Schedule(clock=lambda: t[0], warmup=5, budget=0.02)
     sampled = []
-    for step in range(100):
-        if step == 20:
-            fixed.burst(step, 4)  # e.g. the learning rate jumped at step 20
-        s = fixed.should_sample(step)
-        fixed.step_done(step, s)
-        sampled += [step] if s else []
-    assert sampled == [0, 20, 21, 22, 23, 73]
+    for step in range(1000):
+        if step in (500, 700, 950):  # e.g. the learning rate rose; 700 is too soon after 500
+            assert auto.burst(step, 4) == (step != 700)
+        s = auto.should_sample(step)
+        t[0] += 0.011 if s else 0.010  # a sampled step costs 10% more: every ~5 steps at most
+        auto.step_done(step, s)
+        sampled.append(s)
+    assert all(sampled[500:504]) and all(sampled[950:954])
+    assert not all(sampled[700:704])
+    fixed = Schedule(every=50)
+    assert not fixed.burst(20)  # an interval the user fixed is kept

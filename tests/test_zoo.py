@@ -258,7 +258,22 @@ def std2_init_tanh_mlp():
     return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(20, 5), steps=120)
 
 
+def sgd_lr3_behind_a_warmup():
+    """SGD at lr=3 reached through a 30-step linear warm-up: the ramp is not a jump; the verdict is the
+    learning rate, dated where the updates grow too large, not at the ramp's first doubling."""
+    torch.manual_seed(0)
+    model = mlp([20, 64, 64, 5])
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)
+    base = 3.0
+
+    def warmup(step, opt):
+        for g in opt.param_groups:
+            g["lr"] = base * min((step + 1) / 30, 1.0)
+    return Run(model, opt, teacher_classes(20, 5), steps=150, before_step=warmup)
+
+
 FAULTY = {
+    "sgd_lr3_behind_a_warmup": (sgd_lr3_behind_a_warmup, Expect(Cause.LEARNING_RATE_TOO_HIGH, "", (2, 30))),
     "std2_init_tanh_mlp": (std2_init_tanh_mlp, Expect(Cause.BAD_INITIALIZATION, "", (0, 0))),
     "deep_sigmoid_mlp_plateau": (deep_sigmoid_mlp_plateau, Expect(Cause.VANISHING_GRADIENTS, "2", (0, 0))),
     "inputs_x1000_mlp": (inputs_x1000_mlp, Expect(Cause.DATA, "input", (0, 0))),
@@ -409,7 +424,22 @@ def healthy_regression_summed_loss():
                loss=lambda out, y: F.mse_loss(out, y, reduction="sum"), steps=60)
 
 
+def healthy_autoencoder_summed_bce():
+    """A 784-pixel autoencoder trained on BCE summed over the batch (VAE style): the loss starts near 7e4,
+    far above the outputs, and that is its scale, not targets out of reach."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 784), nn.Sigmoid())
+    protos = (torch.rand(10, 784) > 0.5).float()
+
+    def data(step):
+        x = protos[torch.randint(0, 10, (128,), generator=torch.Generator().manual_seed(step))]
+        return x, x
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data,
+               loss=lambda out, y: F.binary_cross_entropy(out, y, reduction="sum"), steps=100)
+
+
 HEALTHY = {
+    "autoencoder_summed_bce": healthy_autoencoder_summed_bce,
     "regression_summed_loss": healthy_regression_summed_loss,
     "transformer_layernorm": healthy_transformer,
     "resnet_batchnorm": healthy_resnet_bn,
