@@ -120,7 +120,7 @@ class NeuralDbgMagics(Magics, Configurable):
         self.clock = time.monotonic  # replaceable: tests drive the throttles with a fake clock
         self.session: NeuralDbg | None = None
         self.dashboard = None
-        self._live: list[tuple] = []  # (dashboard, display handle), oldest first
+        self._live: list[tuple] = []  # (dashboard, its display handles), oldest first
 
     @validate("every", "live_dashboards")
     def _check_every(self, proposal):
@@ -240,7 +240,10 @@ class NeuralDbgMagics(Magics, Configurable):
                 except Exception as e:  # noqa: BLE001 - a view failure must not stop the user's cell
                     dash._fail(e)
                 handle = display(dash.root, display_id=True)
-                self._keep(dash, handle)
+                try:
+                    self._keep(dash, handle)
+                except Exception as e:  # noqa: BLE001 - an older view's failure must not stop this cell
+                    print(f"neuraldbg: could not retire an older dashboard: {type(e).__name__}: {e}")
             result = self.shell.run_cell(cell)  # shows the user's traceback, displays the last value
         finally:
             dbg.stop()  # every way out: hooks removed
@@ -278,12 +281,15 @@ class NeuralDbgMagics(Magics, Configurable):
         """Work on the last session: explain, report, save PATH, load PATH (the dashboard of a saved
         trace; the session goes into ``_ndbg``), thresholds (sliders that re-analyse the trace)."""
         args = _parse(self.neuraldbg_line, line)
-        if args.command in ("save", "load") and not args.path:
+        path = args.path
+        if path and len(path) >= 2 and path[0] == path[-1] and path[0] in "'\"":
+            path = path[1:-1]  # the argument splitter keeps quotes: %neuraldbg load "my run.ndbg"
+        if args.command in ("save", "load") and not path:
             raise UsageError(f"%neuraldbg {args.command} needs a PATH")
-        if args.command not in ("save", "load") and args.path:
+        if args.command not in ("save", "load") and path:
             raise UsageError(f"%neuraldbg {args.command} takes no argument")
         if args.command == "load":
-            return self._load(args.path)
+            return self._load(path)
         dbg = self._current()
         if args.command == "explain":
             display(Verdict(dbg, "explain"))
@@ -291,10 +297,10 @@ class NeuralDbgMagics(Magics, Configurable):
             print(dbg.report())
         elif args.command == "save":
             try:
-                dbg.save(args.path)
+                dbg.save(path)
             except (OSError, ValueError) as e:
-                raise UsageError(f"cannot save to {args.path!r}: {e}") from None
-            print(f"saved {dbg.step} steps to {args.path}")
+                raise UsageError(f"cannot save to {path!r}: {e}") from None
+            print(f"saved {dbg.step} steps to {path}")
         else:
             self._thresholds(dbg)
         return None
@@ -333,17 +339,25 @@ class NeuralDbgMagics(Magics, Configurable):
             self.dashboard = dash
             self._keep(dash, display(dash.thresholds_view(), display_id=True))
         else:
-            display(dash.thresholds_view())
+            handle = display(dash.thresholds_view(), display_id=True)
+            for kept, handles in self._live:
+                if kept is dash:  # a second view of a kept dashboard: retired with it
+                    handles.append(handle)
 
     def _keep(self, dash, handle) -> None:
         """Track a new dashboard; beyond ``live_dashboards``, the oldest becomes a static copy."""
-        self._live.append((dash, handle))
+        self._live.append((dash, [handle] if handle is not None else []))
         while len(self._live) > self.live_dashboards:
-            old, old_handle = self._live.pop(0)
+            # the oldest that is not watching a run now (a %neuraldbg load inside a watched cell), and
+            # never the one just shown
+            k = next((i for i, (d, _) in enumerate(self._live[:-1]) if d.state != "watching"), None)
+            if k is None:
+                break
+            old, handles = self._live.pop(k)
             text = old.root.text
             snapshot = old.retire()
-            if old_handle is not None:
-                old_handle.update({"text/html": snapshot, "text/plain": text}, raw=True)
+            for h in handles:
+                h.update({"text/html": snapshot, "text/plain": text}, raw=True)
 
     def close(self) -> None:
         if self.session is not None and self.session.watching:

@@ -456,3 +456,35 @@ def test_fuzzed_line_magic_commands_work_or_fail_in_one_line(ip, tmp_path, monke
         assert session_now is session or line.split()[:1] == ["load"], line
 
     check()
+
+
+def test_a_quoted_path_with_a_space_saves_and_loads(ip, tmp_path):
+    ip.run_cell(DEAD_SETUP)
+    run(ip, "%%neuraldbg model\n" + train(4))
+    path = tmp_path / "my run.ndbg"
+    with capture_output():
+        ip.run_line_magic("neuraldbg", f'save "{path}"')
+        ip.run_line_magic("neuraldbg", f"load '{path}'")
+    assert path.exists() and ip.user_ns["_ndbg"].step == 4
+
+
+def test_retiring_replaces_every_view_of_a_dashboard_and_never_one_still_watching(ip, tmp_path):
+    ip.run_cell(DEAD_SETUP)
+    magics = magics_of(ip)
+    magics.frontend, magics.live_dashboards = "widgets", 1
+    run(ip, "%%neuraldbg model --loss loss\n" + train(4))
+    first = magics.dashboard
+    run(ip, "%neuraldbg thresholds")  # a second view of the same dashboard
+    _, io = run(ip, "%%neuraldbg model --loss loss\n" + train(4))
+    assert first.state == "retired"
+    updates = [o for o in io.outputs if o.update and "ndbg-archived" in o.data.get("text/html", "")]
+    assert len(updates) == 2  # the dashboard and its thresholds view
+    # a trace loaded inside a watched cell retires the older dashboard, not the one watching this cell
+    second = magics.dashboard
+    second.dbg.save(tmp_path / "r.ndbg")
+    load = f"    if step == 1: get_ipython().run_line_magic('neuraldbg', 'load {tmp_path / 'r.ndbg'}')\n"
+    run(ip, "%%neuraldbg model --loss loss\n" + train(3, load))
+    third = magics.dashboard
+    assert second.state == "retired"
+    assert third.state == "finished" and third.error is None and 'data-cause="dead_units"' in third.panel.value
+    assert [d.state for d, _ in magics._live] == ["finished", "loaded"]  # the one watching, then the loaded
