@@ -5,9 +5,10 @@ Everything here is a ratio or a fraction, so one set of thresholds fits many mod
   the model's own output, where a confident sigmoid is the goal), growth of the output spread;
 - gradient: the relative weight gradient |dW|/|W| of a layer against the largest one after it in
   forward order (attenuation toward the input) and against its own start (growth over time);
-- gain: output spread over input spread of a weight layer (what its weight scale does to the signal);
+- gain: output scale (RMS) over input scale of a weight layer (what its weight scale does to the signal),
+  and the scale compounded since the input or the last normalisation layer;
 - update: the optimizer's update-to-weight ratio; input: the batch's scale and finiteness;
-- loss: smoothed curve against its start (progress, rise, oscillation).
+- loss: smoothed curve against its start (progress of the latest window over the first, rise, oscillation).
 
 States are decided with comparisons only; the numbers behind a state (ratios, fractions) are
 computed on demand, at the few places where an event or the latest health needs them. That keeps
@@ -156,6 +157,8 @@ class Features:
     wi: list[int]              # gain layers, their spread and the spread before them
     own: np.ndarray
     prev: np.ndarray
+    origin: np.ndarray         # the scale each gain layer's compounding starts from (input or last norm)
+    segment: list[int]         # per gain layer: how many normalisation layers ran before it
     rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
     nonfinite: np.ndarray      # (T, L) bool
     wu: np.ndarray             # updated layers: update and weight norms, their ratio (NaN: not usable)
@@ -218,10 +221,23 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     weighty = np.array([l.n_params > 0 and k in _GAIN_KINDS for l, k in zip(layers, kinds)], dtype=bool)
     pos = {int(i): p for p, i in enumerate(by_order)}
     wi = [int(i) for i in by_order if weighty[i]]
-    input_std = trace.globals.data[:, GLOBAL_COLUMNS.index("input_std")]
-    prev = (np.stack([input_std if pos[i] == 0 else std[:, by_order[pos[i] - 1]] for i in wi], axis=1)
+    # the scale a weight layer passes on is the RMS of the signal, offset included: a bias of +50 on
+    # outputs of small spread is as far out of scale as a spread of 50
+    g = trace.globals.data
+    input_rms = np.hypot(g[:, GLOBAL_COLUMNS.index("input_mean")], g[:, GLOBAL_COLUMNS.index("input_std")])
+    rms = np.hypot(cols.full(Stat.ACT_MEAN), std)
+    prev = (np.stack([input_rms if pos[i] == 0 else rms[:, by_order[pos[i] - 1]] for i in wi], axis=1)
             if wi else np.zeros((t, 0), dtype=np.float32))
-    own = std[:, wi] if wi else np.zeros((t, 0), dtype=np.float32)
+    own = rms[:, wi] if wi else np.zeros((t, 0), dtype=np.float32)
+    # the scale compounds from the input, or from the last normalisation layer that ran (it resets it)
+    refs, ref, segment, seg = [], input_rms, [], 0
+    for i in by_order:
+        if kinds[i] == Kind.NORM:
+            ref, seg = rms[:, i], seg + 1
+        elif weighty[i]:
+            refs.append(ref)
+            segment.append(seg)
+    origin = np.stack(refs, axis=1) if refs else np.zeros((t, 0), dtype=np.float32)
     rscale = np.array([layers[i].extra.get("recurrent_scale", np.nan) for i in wi], dtype=np.float64)
     nonfinite = act_nf | (cols.full(Stat.GRAD_NONFINITE) > 0)
     if len(gi):
@@ -240,7 +256,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
-                    rscale=rscale,
+                    origin=origin, segment=segment, rscale=rscale,
                     nonfinite=nonfinite, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1), growth=growth,
                     has_params=np.array([l.n_params > 0 for l in layers], dtype=bool))
 
@@ -254,6 +270,15 @@ def attenuation_series(trace: Trace) -> tuple[np.ndarray, dict[str, np.ndarray]]
     with np.errstate(all="ignore"):
         a = np.where(f.later > 0, f.rel / f.later, np.nan)
     return f.steps, {f.names[i]: a[:, k] for k, i in enumerate(f.gi) if np.isfinite(a[:, k]).any()}
+
+
+def _max_ahead(reach: np.ndarray, segment: list[int]) -> np.ndarray:
+    """Per column, the largest value at it or after it before the next normalisation layer."""
+    out = reach.copy()
+    for k in range(reach.shape[1] - 2, -1, -1):
+        if segment[k + 1] == segment[k]:
+            out[:, k] = np.fmax(out[:, k], out[:, k + 1])
+    return out
 
 
 def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[str, LayerHealth]]:
@@ -287,18 +312,24 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
                                          "relative_grad": _at(rel)}}
     out.append(StateSeries(Signal.GRADIENT, steps, grad, [names[i] for i in f.gi], grad_values))
 
-    # -- gain of weight layers: output spread / spread of the layer that ran just before. A layer is
+    # -- gain of weight layers: output scale (RMS) / scale of the layer that ran just before. A layer is
     # out of scale when its gain passes the threshold, or when it passes its square root while the
-    # spread compounded since the first weight layer's input passes the threshold squared: several
-    # layers each a few times too large add up to the same fault as one far too large
+    # scale compounded since the input (or the last normalisation layer) passes the threshold squared: several
+    # layers each a few times too large add up to the same fault as one far too large. When the
+    # compounded scale passes the threshold squared further on, every layer on the way that
+    # amplifies at all has its share in it (twelve layers of gain 1.5 compound to 130x)
     gain = np.zeros(f.own.shape, dtype=np.int8)
     root = math.sqrt(th.layer_gain)
     with np.errstate(invalid="ignore", divide="ignore"):
         ok = (f.prev > 0) & (f.own > 0)  # an exactly-zero output is a deliberate zero init, not a scale
-        reach = f.own / f.prev[:, :1] if f.prev.shape[1] else f.own
+        reach = f.own / f.origin
+        ahead = _max_ahead(np.where(np.isfinite(reach), reach, np.nan), f.segment)
         big, small = th.layer_gain, 1.0 / th.layer_gain
+        # (not mirrored for shrinking: PyTorch's default init itself shrinks the signal ~0.6x per layer,
+        # and a deep default-initialised net trains)
         shrinks = (f.own < f.prev * small) | ((f.own < f.prev / root) & (reach < small * small))
-        amplifies = (f.own > f.prev * big) | ((f.own > f.prev * root) & (reach > big * big))
+        amplifies = ((f.own > f.prev * big) | ((f.own > f.prev * root) & (reach > big * big))
+                     | ((f.own > f.prev) & (ahead > big * big)))
         gain[ok & shrinks] = GainState.SHRINKS.code
         gain[ok & amplifies] = GainState.AMPLIFIES.code
         # a recurrent layer's hidden-to-hidden weights act once per time step: their initial scale far
@@ -404,7 +435,11 @@ def loss_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     scale = abs(start) + 1e-12
     best = np.minimum.accumulate(smooth)
     rise = (smooth - best) / scale
-    progress = (start - best) / scale
+    # progress: the median of the latest losses against that of the first ones, over windows wide
+    # enough that batch noise does not pass for progress (a running minimum would take the deepest
+    # noisy dip of a flat curve as an improvement)
+    wp = max(w, min(th.plateau_steps // 2, n // 4))
+    progress = (float(np.median(filled[:wp])) - _rolling_median(filled, wp)) / scale
     d = np.abs(np.diff(filled, prepend=filled[0]))
     osc = _rolling_mean(d, th.plateau_steps) / scale
     lag = np.maximum(np.arange(n) - th.plateau_steps, 0)

@@ -339,7 +339,7 @@ def _saturated_by_init(ctx: Context, events: list[SemanticEvent]) -> list[Causal
     fracs = [e.values.get("saturated_fraction", math.nan) for e in events]
     first = min(e.step for e in events)
     chain = [f"at step {first}, {_layer_list(weights)} start with weights too large for the {'/'.join(kinds)} after them"
-             + (f" (up to {_fmt(max(e.values.get('gain', 0.0) for e in gains))}x the spread of their input)"
+             + (f" (up to {_fmt(max(e.values.get('gain', 0.0) for e in gains))}x the scale (RMS) of their input)"
                 if gains else ""),
              f"{min(fracs):.0%}-{max(fracs):.0%} of the outputs of {_layer_list(sat)} are pinned at their bounds "
              f"from step {first}"]
@@ -419,7 +419,7 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
     g = group[0].values.get("gain", math.nan)
     verb = "amplifies" if group is amplify else "shrinks"
     if layer:
-        chain = [f"at step {group[0].step}, `{layer}` {verb} its input's spread {_fmt(g)}x (its weight scale)"]
+        chain = [f"at step {group[0].step}, `{layer}` {verb} its input's scale (RMS) {_fmt(g)}x (its weight scale)"]
     else:
         gs = [e.values.get("gain", math.nan) for e in group]
         plural = "shrink" if verb == "shrinks" else "amplify"
@@ -427,7 +427,7 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
                  f" the signal {_fmt(min(gs))}-{_fmt(max(gs))}x (their weight scale)"]
     deepest = group[-1].values.get("compounded", math.nan)
     if deepest == deepest and (deepest > ctx.th.layer_gain or deepest < 1 / ctx.th.layer_gain):
-        chain[0] += f"; compounded, the spread reaching `{group[-1].layer}` is {_fmt(deepest)}x the input's"
+        chain[0] += f"; compounded, the scale reaching `{group[-1].layer}` is {_fmt(deepest)}x the input's"
     updates = []
     if verb == "amplifies":  # outputs out of scale give gradients, and so updates, out of scale
         updates = [e for e in ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE) if ctx.from_start(e)]

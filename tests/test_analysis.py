@@ -19,10 +19,12 @@ from neuraldbg.trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 # -- a synthetic trace builder ------------------------------------------------------------------------------
 
-_KIND = {"Linear": Kind.LINEAR, "ReLU": Kind.RELU, "Tanh": Kind.BOUNDED, "Sigmoid": Kind.BOUNDED, "Custom": Kind.OTHER}
+_KIND = {"Linear": Kind.LINEAR, "ReLU": Kind.RELU, "Tanh": Kind.BOUNDED, "Sigmoid": Kind.BOUNDED, "Custom": Kind.OTHER,
+         "LayerNorm": Kind.NORM}
 
 
-def make_trace(types: list[str], n_samples: int, fill=None, frozen: tuple[int, ...] = ()) -> Trace:
+def make_trace(types: list[str], n_samples: int, fill=None, frozen: tuple[int, ...] = (),
+               loss=lambda step: 2.0 * math.exp(-step / 10)) -> Trace:
     """Layers ``types`` in forward order, healthy statistics at every sample; ``fill(row, t)`` edits a row."""
     layers = []
     for i, t in enumerate(types):
@@ -52,7 +54,7 @@ def make_trace(types: list[str], n_samples: int, fill=None, frozen: tuple[int, .
             fill(row, step)
         g = np.array([0.01, 0.0, 1.0, 4.0, 0.0], dtype=np.float32)[:len(GLOBAL_COLUMNS)]
         trace.add_sample(step, row, g)
-        trace.add_loss(step, 2.0 * math.exp(-step / 10))
+        trace.add_loss(step, loss(step))
     return trace
 
 
@@ -145,6 +147,47 @@ def test_vanishing_is_measured_against_the_layers_after_it_and_frozen_layers_are
     top = a.hypotheses[0]
     assert (top.cause, top.layer) == (Cause.VANISHING_GRADIENTS, "net.2")
     assert top.evidence[0].values["attenuation"] == pytest.approx(1e-6, rel=1e-3)
+
+
+def test_gain_counts_the_offset_of_a_layer_not_only_its_spread():
+    """A Linear whose outputs sit at ~50 with a small spread (a bias of +50) is the layer out of scale,
+    not the next one, which only passes the offset on."""
+    def fill(row, t):
+        row[2, Stat.ACT_MEAN], row[2, Stat.ACT_STD] = 50.0, 0.2
+        row[3, Stat.ACT_MEAN], row[3, Stat.ACT_STD] = 50.0, 0.2
+        row[4, Stat.ACT_MEAN], row[4, Stat.ACT_STD] = 0.0, 1.0
+    a = run(make_trace(["Linear", "ReLU", "Linear", "ReLU", "Linear"], 12, fill))
+    assert [a.health[f"net.{i}"].gain.value for i in (0, 2, 4)] == ["normal", "amplifies", "shrinks"]
+
+
+def test_small_gains_compound_until_a_normalisation_layer():
+    """Twelve layers of gain 1.5 compound to 130x: each has its share. After a normalisation layer the
+    scale starts over, so the same gains there stay normal."""
+    n = 12
+    growth = lambda k: 1.5 ** (k + 1)  # noqa: E731
+
+    def fill(row, t):
+        row[:n, Stat.ACT_STD] = [growth(k) for k in range(n)]
+        row[n, Stat.ACT_STD] = 1.0                                   # the LayerNorm
+        row[n + 1:, Stat.ACT_STD] = [growth(k) for k in range(4)]   # four more layers of gain 1.5: 5x
+    a = run(make_trace(["Linear"] * n + ["LayerNorm"] + ["Linear"] * 4, 12, fill))
+    gains = [a.health[f"net.{i}"].gain.value for i in range(n + 5) if i != n]
+    assert gains == ["amplifies"] * n + ["normal"] * 4
+    # with half the depth the scale reaches 11x: within what default inits and residual sums do
+    a = run(make_trace(["Linear"] * 6, 12, lambda row, t: row.__setitem__((slice(None), Stat.ACT_STD),
+                                                                        [growth(k) for k in range(6)])))
+    assert all(h.gain.value == "normal" for h in a.health.values())
+
+
+def test_a_noisy_flat_loss_is_a_plateau_and_a_noisy_falling_one_is_not():
+    """Progress is the latest window's median against the first one's: the deepest dip of a noisy flat
+    curve is not progress, a steady fall under the same noise is."""
+    noise = np.random.default_rng(0).normal(0.0, 0.06, 200)
+    flat = run(make_trace(["Linear", "ReLU", "Linear"], 60, loss=lambda s: 1.1 * (1 + noise[s])))
+    falling = run(make_trace(["Linear", "ReLU", "Linear"], 60, loss=lambda s: (1.1 - 0.006 * s) * (1 + noise[s])))
+    plateau = [e for e in flat.events if e.signal == Signal.LOSS and e.after.value == "plateau"]
+    assert plateau and plateau[0].step <= 60
+    assert not [e for e in falling.events if e.signal == Signal.LOSS and e.after.value == "plateau"]
 
 
 def test_uniform_scale_change_is_not_a_gradient_fault():

@@ -352,6 +352,38 @@ def lstm_sgd_lr_50():
     return Run(model, torch.optim.SGD(model.parameters(), lr=50.0), seq_task(), steps=50)
 
 
+def deep_linear_gain_1p5():
+    """12 Linear layers, no activation, each initialised with a gain of 1.5 (weights N(0, 1.5^2/fan_in)):
+    no single layer is far off, but the spread compounds ~130x by the output (loss ~100 at step 0) and
+    the first SGD steps blow it up to NaN. The root is the init scale, not the learning rate."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(10, 32)] + [nn.Linear(32, 32) for _ in range(10)] + [nn.Linear(32, 4)]
+    with torch.no_grad():
+        for l in layers:
+            l.weight.normal_(0.0, 1.5 / math.sqrt(l.in_features))
+    model = nn.Sequential(*layers)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.01), mlp_teacher(10, 4), steps=30)
+
+
+def relu_bias_plus50():
+    """A ReLU MLP whose second Linear (`2`) has bias +50: its outputs sit at ~50 (small spread, huge
+    offset), the next Linear turns that offset into outputs ~60x out of scale. The root is `2`."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 4))
+    with torch.no_grad():
+        model[2].bias.fill_(50.0)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.01), mlp_teacher(10, 4), steps=40)
+
+
+def cnn_adam_lr_1e7_small_batch():
+    """A ReLU CNN under Adam lr=1e-7 with batches of 8: nothing moves, but the batch loss is noisy
+    (+-5%), so a dip of the smoothed loss must not pass for progress."""
+    torch.manual_seed(0)
+    model = conv_net()
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-7), images_1ch(batch=8), steps=60)
+
+
 FAULTY = {
     "gru_recurrent_x30": (gru_recurrent_x30, Expect([("bad_initialization", "rnn"),
                                                      ("saturated_activations", "rnn")], (0, 0),
@@ -375,6 +407,10 @@ FAULTY = {
     "one_raw_feature_column": (one_raw_feature_column, Expect([("data", "input")], (0, 0))),
     "regression_targets_1e5": (regression_targets_1e5, Expect([("data", "input")], (0, 0))),
     "lstm_sgd_lr_50": (lstm_sgd_lr_50, Expect([("learning_rate_too_high", "")], (0, 5))),
+    "deep_linear_gain_1p5": (deep_linear_gain_1p5, Expect([("bad_initialization", "")], (0, 0),
+                                                          "all twelve layers share the fault")),
+    "relu_bias_plus50": (relu_bias_plus50, Expect([("bad_initialization", "2")], (0, 0))),
+    "cnn_adam_lr_1e7_small_batch": (cnn_adam_lr_1e7_small_batch, Expect([("learning_rate_too_low", "")], (0, 5))),
 }
 
 
@@ -504,7 +540,30 @@ def healthy_dict_output_weightnorm():
                loss=lambda out, y: F.cross_entropy(out["logits"], y), steps=50)
 
 
+def healthy_tiny_inputs_batchnorm_cnn():
+    """Inputs at 1e-3 scale fed to a CNN with BatchNorm after every conv: BatchNorm restores the scale, so
+    the convs after it must not count the input's smallness as their amplification."""
+    torch.manual_seed(0)
+    model = conv_net(norm=nn.BatchNorm2d)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), images_1ch(scale=1e-3), steps=60)
+
+
+def healthy_deep_kaiming_relu():
+    """Ten Linear+ReLU blocks with kaiming_normal_ init: each Linear doubles the variance the ReLU halves
+    (a gain of ~1.7 per Linear in RMS), and the scale stays put end to end."""
+    torch.manual_seed(0)
+    layers = []
+    for i in range(10):
+        lin = nn.Linear(10 if i == 0 else 48, 48)
+        nn.init.kaiming_normal_(lin.weight, nonlinearity="relu")
+        layers += [lin, nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(48, 4))
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), mlp_teacher(10, 4), steps=60)
+
+
 HEALTHY = {
+    "healthy_tiny_inputs_batchnorm_cnn": healthy_tiny_inputs_batchnorm_cnn,
+    "healthy_deep_kaiming_relu": healthy_deep_kaiming_relu,
     "healthy_softplus_divisor": healthy_softplus_divisor,
     "healthy_dict_output_weightnorm": healthy_dict_output_weightnorm,
     "healthy_gru": healthy_gru,
