@@ -58,6 +58,38 @@ def _loss_reach(trace: Trace) -> tuple[float, float, float]:
     return loss, rms, math.sqrt(abs(loss)) / rms
 
 
+@dataclass(frozen=True)
+class LossFall:
+    """How far below zero the smoothed loss has gone, in units of its own scale at the start (the larger
+    of its first value's magnitude and its batch-to-batch change there), and whether it is still falling
+    as fast."""
+
+    start: float
+    lowest: float
+    depth: float            # -lowest / scale
+    below_from: int         # first step of the smoothed loss below zero
+    still_falling: bool     # the last quarter of the run falls at 0.7x the rate of the second, or faster
+
+
+def _loss_fall(trace: Trace, th: Thresholds) -> LossFall | None:
+    v = trace.loss.data.astype(np.float64)
+    ok = np.isfinite(v)
+    v, steps = v[ok], trace.loss.steps[ok]
+    n = len(v)
+    if n < 12:
+        return None
+    w = max(5, min(th.plateau_steps // 4, n // 10))
+    smooth = health_mod._rolling_median(v, w)
+    below = np.nonzero(smooth < 0)[0]
+    if not len(below):
+        return None
+    scale = max(abs(float(v[0])), float(np.median(np.abs(np.diff(v[:w + 1])))))
+    q = n // 4
+    second, fourth = smooth[q] - smooth[2 * q], smooth[n - 1 - q] - smooth[-1]
+    return LossFall(start=float(v[0]), lowest=float(smooth.min()), depth=float(-smooth.min() / scale),
+                    below_from=int(steps[below[0]]), still_falling=bool(fourth > 0 and fourth >= 0.7 * second))
+
+
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
     table = health_mod.compute(trace, thresholds)
     events = events_mod.detect(table, thresholds)
@@ -67,6 +99,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0,
                   attenuation=health_mod.attenuation_series(trace),
-                  lr_series=(trace.globals.steps, trace.global_column("lr")), loss_reach=_loss_reach(trace))
+                  lr_series=(trace.globals.steps, trace.global_column("lr")), loss_reach=_loss_reach(trace),
+                  loss_fall=_loss_fall(trace, thresholds))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

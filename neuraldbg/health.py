@@ -432,15 +432,18 @@ def loss_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     filled = np.where(np.isfinite(filled), filled, 0.0)
     smooth = _rolling_median(filled, w)
     start = float(np.median(filled[:w]))
-    scale = abs(start) + 1e-12
+    d = np.abs(np.diff(filled, prepend=filled[0]))
     best = np.minimum.accumulate(smooth)
+    # the loss's own scale: its start, or, for a loss that starts near zero or crosses it (a Gaussian
+    # NLL), the batch-to-batch change at the start or the way it has come down, whichever is larger
+    noise = float(np.median(d[1:w + 1])) if n > 1 else 0.0
+    scale = np.maximum(max(abs(start), noise), start - best) + 1e-12
     rise = (smooth - best) / scale
     # progress: the median of the latest losses against that of the first ones, over windows wide
     # enough that batch noise does not pass for progress (a running minimum would take the deepest
     # noisy dip of a flat curve as an improvement)
     wp = max(w, min(th.plateau_steps // 2, n // 4))
     progress = (float(np.median(filled[:wp])) - _rolling_median(filled, wp)) / scale
-    d = np.abs(np.diff(filled, prepend=filled[0]))
     osc = _rolling_mean(d, th.plateau_steps) / scale
     lag = np.maximum(np.arange(n) - th.plateau_steps, 0)
     window_progress = (smooth[lag] - smooth) / scale

@@ -41,6 +41,7 @@ class Context:
     attenuation: tuple = (np.zeros(0, dtype=np.int64), {})
     lr_series: tuple = (np.zeros(0, dtype=np.int64), np.zeros(0))  # sampled steps and the learning rate at each
     loss_reach: tuple = (math.nan, math.nan, math.nan)  # first loss, output RMS, sqrt(loss) / RMS
+    loss_fall: object = None  # analysis.LossFall: how far below zero a positive loss went, or None
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
@@ -185,7 +186,7 @@ def rule_data(ctx: Context) -> list[CausalHypothesis]:
         return out
     unscaled = ctx.free(Signal.INPUT, InputState.UNSCALED)
     if not unscaled:
-        return _targets_out_of_reach(ctx)
+        return _targets_out_of_reach(ctx) or _loss_unbounded_below(ctx)
     if unscaled:
         ev = unscaled[0]
         first = sorted(ctx.rank, key=ctx.rank.get)[:3]
@@ -238,6 +239,31 @@ def _targets_out_of_reach(ctx: Context) -> list[CausalHypothesis]:
     # scale or a loss that fails, the failure
     conf = (0.7 + 0.1 * bool(updates)) if symptoms else 0.35
     return [_hyp(ctx, Cause.DATA, "input", first, conf, chain, symptoms, fix)]
+
+
+# How far below zero, in units of its own early scale, a loss must go before its
+# sign is evidence: a Gaussian NLL goes a few units below zero as its variance shrinks; a cross-entropy
+# against targets outside [0, 1] falls without bound.
+LOSS_BELOW_ZERO = 10.0
+
+
+def _loss_unbounded_below(ctx: Context) -> list[CausalHypothesis]:
+    """A loss that falls an order of magnitude of its own scale below zero, still
+    falling as fast: cross-entropies and squared errors cannot be negative; against targets outside
+    the loss's range (0/255 masks in binary_cross_entropy) they fall without bound as the logits grow."""
+    fall = ctx.loss_fall
+    if fall is None or fall.depth < LOSS_BELOW_ZERO:
+        return []
+    chain = [f"the loss starts at {_fmt(fall.start)} and is below zero from step {fall.below_from}, down to "
+             f"{_fmt(fall.lowest)}" + (", still falling as fast" if fall.still_falling else ""),
+             "a cross-entropy, a binary cross-entropy or a squared error cannot be negative: targets outside the "
+             "loss's range make it unbounded below, and the model learns to push its outputs without limit"]
+    fix = ("check the targets' range: binary_cross_entropy(_with_logits) needs targets in [0, 1] (divide 0/255 masks "
+           "by 255), cross_entropy class indices in [0, classes) or probabilities summing to 1; if the loss is "
+           "meant to go negative (a Gaussian NLL), check that its variance is bounded below")
+    # falling as fast as ever, it is unbounded; slowing down, it may be a likelihood that goes negative
+    conf = 0.6 if fall.still_falling else 0.4
+    return [_hyp(ctx, Cause.DATA, "input", fall.below_from, conf, chain, [], fix)]
 
 
 # -- activations that block the gradient ----------------------------------------------------------------

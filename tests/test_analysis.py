@@ -190,6 +190,34 @@ def test_a_noisy_flat_loss_is_a_plateau_and_a_noisy_falling_one_is_not():
     assert not [e for e in falling.events if e.signal == Signal.LOSS and e.after.value == "plateau"]
 
 
+def test_a_loss_that_starts_near_zero_is_measured_on_its_own_scale():
+    """A loss that starts at 0.17 and goes negative (a Gaussian NLL) with batch noise of +-0.2 is not
+    diverging; the same start rising to 5 is."""
+    noise = np.random.default_rng(1).normal(0.0, 0.2, 80)
+    crossing = run(make_trace(["Linear", "ReLU", "Linear"], 80, loss=lambda s: 0.17 - 1.2 * (1 - math.exp(-s / 20))
+                              + noise[s]))
+    assert not [e for e in crossing.events if e.signal == Signal.LOSS and e.bad]
+    rising = run(make_trace(["Linear", "ReLU", "Linear"], 80, loss=lambda s: 0.17 + (0.06 * s if s > 40 else 0)
+                            + noise[s]))
+    diverging = [e for e in rising.events if e.signal == Signal.LOSS and e.after.value == "diverging"]
+    assert diverging and 40 < diverging[0].step < 60
+
+
+def test_a_loss_falling_without_bound_below_zero_points_at_the_targets():
+    """Falling through zero and on at a steady rate (BCE against 0/255 masks) is data; a likelihood that
+    settles a few units below zero is not; one that goes deep but slows down is only a weak lead."""
+    noise = np.random.default_rng(2).normal(0.0, 0.2, 80)
+
+    def top(loss):
+        hyps = run(make_trace(["Linear", "ReLU", "Linear"], 80, loss=loss)).hypotheses
+        return [(h.cause, h.layer, h.confidence) for h in hyps if h.cause == Cause.DATA]
+
+    unbounded = top(lambda s: 0.3 - 2.0 * s + noise[s])
+    assert unbounded == [(Cause.DATA, "input", 0.6)]
+    assert top(lambda s: 0.15 - 1.2 * (1 - math.exp(-s / 15)) + noise[s]) == []
+    assert top(lambda s: 0.3 - 400 * (1 - math.exp(-s / 8)) + noise[s]) == [(Cause.DATA, "input", 0.4)]
+
+
 def test_uniform_scale_change_is_not_a_gradient_fault():
     """Gradients 1000x smaller everywhere (a loss scaled down) are not vanishing: states are ratios."""
     def fill(row, t):

@@ -384,6 +384,23 @@ def cnn_adam_lr_1e7_small_batch():
     return Run(model, torch.optim.Adam(model.parameters(), lr=1e-7), images_1ch(batch=8), steps=60)
 
 
+def seg_bce_masks_0_255():
+    """A small fully-convolutional segmenter trained with binary_cross_entropy_with_logits on masks loaded
+    as 0/255 instead of 0/1: the loss is unbounded below (-254 x the logit on foreground pixels), so it
+    falls through zero and keeps falling while the logits grow. The targets are the root."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(8, 1, 1))
+
+    def data(step):
+        gs = torch.Generator().manual_seed(4242 + step)
+        x = torch.randn(8, 1, 12, 12, generator=gs)
+        mask = (F.avg_pool2d(x, 3, 1, 1) > 0).float() * 255.0
+        return x, mask
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=F.binary_cross_entropy_with_logits,
+               steps=50)
+
+
 FAULTY = {
     "gru_recurrent_x30": (gru_recurrent_x30, Expect([("bad_initialization", "rnn"),
                                                      ("saturated_activations", "rnn")], (0, 0),
@@ -410,6 +427,7 @@ FAULTY = {
     "deep_linear_gain_1p5": (deep_linear_gain_1p5, Expect([("bad_initialization", "")], (0, 0),
                                                           "all twelve layers share the fault")),
     "relu_bias_plus50": (relu_bias_plus50, Expect([("bad_initialization", "2")], (0, 0))),
+    "seg_bce_masks_0_255": (seg_bce_masks_0_255, Expect([("data", "input")], (0, 10))),
     "cnn_adam_lr_1e7_small_batch": (cnn_adam_lr_1e7_small_batch, Expect([("learning_rate_too_low", "")], (0, 5))),
 }
 
@@ -561,7 +579,37 @@ def healthy_deep_kaiming_relu():
     return Run(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), mlp_teacher(10, 4), steps=60)
 
 
+class MeanAndVariance(nn.Module):
+    """A regression head that predicts a mean and a variance, trained with a Gaussian NLL."""
+
+    def __init__(self, n_in=12, n_out=3):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(n_in, 48), nn.SiLU(), nn.Linear(48, 48), nn.SiLU())
+        self.mu = nn.Linear(48, n_out)
+        self.var = nn.Linear(48, n_out)
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.mu(h), F.softplus(self.var(h)) + 1e-6
+
+
+def healthy_gaussian_nll():
+    """A Gaussian NLL starts near 0 (0.15) and goes negative as the predicted variance shrinks (targets with
+    little noise: to -1.1 in 100 steps): a loss crossing zero, with batch noise as large as its start, is
+    neither diverging nor oscillating, nor a loss unbounded below."""
+    torch.manual_seed(0)
+    model = MeanAndVariance()
+    base = multi_regression(12, 3)
+
+    def data(step):
+        x, y = base(step)
+        return x, y + 0.01 * torch.randn(y.shape, generator=torch.Generator().manual_seed(step))
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-2), data,
+               loss=lambda out, y: F.gaussian_nll_loss(out[0], y, out[1]), steps=100)
+
+
 HEALTHY = {
+    "healthy_gaussian_nll": healthy_gaussian_nll,
     "healthy_tiny_inputs_batchnorm_cnn": healthy_tiny_inputs_batchnorm_cnn,
     "healthy_deep_kaiming_relu": healthy_deep_kaiming_relu,
     "healthy_softplus_divisor": healthy_softplus_divisor,
