@@ -61,8 +61,8 @@ def _loss_reach(trace: Trace) -> tuple[float, float, float]:
 @dataclass(frozen=True)
 class LossFall:
     """How far below zero the smoothed loss has gone, in units of its own scale at the start (the larger
-    of its first value's magnitude and its batch-to-batch change there), and whether it is still falling
-    as fast."""
+    of its first value's magnitude, its batch-to-batch change there, and 1), and whether it is still
+    falling as fast."""
 
     start: float
     lowest: float
@@ -83,11 +83,13 @@ def _loss_fall(trace: Trace, th: Thresholds) -> LossFall | None:
     below = np.nonzero(smooth < 0)[0]
     if not len(below):
         return None
-    scale = max(abs(float(v[0])), float(np.median(np.abs(np.diff(v[:w + 1])))))
+    # a loss per element is of order one nat or unit at most at the start: the floor keeps a loss that
+    # starts at ~0 (a negative cosine, a Gaussian NLL) from being deep below zero at -1
+    scale = max(abs(float(v[0])), float(np.median(np.abs(np.diff(v[:w + 1])))), 1.0)
     q = n // 4
     second, fourth = smooth[q] - smooth[2 * q], smooth[n - 1 - q] - smooth[-1]
     return LossFall(start=float(v[0]), lowest=float(smooth.min()), depth=float(-smooth.min() / scale),
-                    below_from=int(steps[below[0]]), still_falling=bool(fourth > 0 and fourth >= 0.7 * second))
+                    below_from=int(steps[below[0]]), still_falling=bool(second > 0 and fourth >= 0.7 * second))
 
 
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:

@@ -158,6 +158,7 @@ class Features:
     own: np.ndarray
     prev: np.ndarray
     origin: np.ndarray         # the scale each gain layer's compounding starts from (input or last norm)
+    offset: np.ndarray         # per gain layer: |mean| / spread of its output (a bias far off shows here)
     segment: list[int]         # per gain layer: how many normalisation layers ran before it
     rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
     nonfinite: np.ndarray      # (T, L) bool
@@ -208,6 +209,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     seen = order >= 0
     last = order.max() if seen.any() else -1
     by_order = np.argsort(np.where(seen, order, np.iinfo(np.int64).max), kind="stable")[:int(seen.sum())]
+    last_i = int(by_order[-1]) if len(by_order) else -1
     std = cols.full(Stat.ACT_STD)
     act_nf = cols.full(Stat.ACT_NONFINITE) > 0
     ri = np.nonzero([k == Kind.RELU for k in kinds])[0]
@@ -222,19 +224,30 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     pos = {int(i): p for p, i in enumerate(by_order)}
     wi = [int(i) for i in by_order if weighty[i]]
     # the scale a weight layer passes on is the RMS of the signal, offset included: a bias of +50 on
-    # outputs of small spread is as far out of scale as a spread of 50
+    # outputs of small spread is as far out of scale as a spread of 50. Not for the model's own output,
+    # whose bias may rightly sit at the targets' mean (a prior): there, the spread
     g = trace.globals.data
     input_rms = np.hypot(g[:, GLOBAL_COLUMNS.index("input_mean")], g[:, GLOBAL_COLUMNS.index("input_std")])
-    rms = np.hypot(cols.full(Stat.ACT_MEAN), std)
+    mean = cols.full(Stat.ACT_MEAN)
+    rms = np.hypot(mean, std)
     prev = (np.stack([input_rms if pos[i] == 0 else rms[:, by_order[pos[i] - 1]] for i in wi], axis=1)
             if wi else np.zeros((t, 0), dtype=np.float32))
-    own = rms[:, wi] if wi else np.zeros((t, 0), dtype=np.float32)
-    # the scale compounds from the input, or from the last normalisation layer that ran (it resets it)
-    refs, ref, segment, seg = [], input_rms, [], 0
+    own = np.stack([std[:, i] if i == last_i else rms[:, i] for i in wi], axis=1) if wi else np.zeros((t, 0))
+    with np.errstate(all="ignore"):
+        offset = np.abs(mean[:, wi]) / std[:, wi] if wi else np.zeros((t, 0))
+    # the scale compounds from the input, or from the last normalisation layer that ran (it resets it;
+    # one whose output is exactly zero, a zero-initialised gain, does not). Token ids have no scale:
+    # there it compounds from the first weight layer's input
+    refs, ref, segment, seg, first_of_input = [], input_rms, [], 0, True
     for i in by_order:
         if kinds[i] == Kind.NORM:
-            ref, seg = rms[:, i], seg + 1
+            r = rms[:, i]
+            ref, seg, first_of_input = np.where(np.isfinite(r) & (r > 0), r, ref), seg + 1, False
         elif weighty[i]:
+            if first_of_input:
+                usable = np.isfinite(input_rms) & (input_rms > 0)
+                ref = np.where(usable, input_rms, prev[:, len(refs)])
+                first_of_input = False
             refs.append(ref)
             segment.append(seg)
     origin = np.stack(refs, axis=1) if refs else np.zeros((t, 0), dtype=np.float32)
@@ -256,7 +269,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
-                    origin=origin, segment=segment, rscale=rscale,
+                    origin=origin, offset=offset, segment=segment, rscale=rscale,
                     nonfinite=nonfinite, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1), growth=growth,
                     has_params=np.array([l.n_params > 0 for l in layers], dtype=bool))
 
@@ -336,7 +349,9 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         # from the default explodes or erases the state through time, whatever the output spread says
         gain[:, f.rscale < small] = GainState.SHRINKS.code
         gain[:, f.rscale > big] = GainState.AMPLIFIES.code
-    g_value = {"gain": _ratio(f.own, f.prev), "compounded": _at(reach),
+    after_norm = np.broadcast_to(np.array(f.segment, dtype=np.float64) > 0, gain.shape).astype(np.float64)
+    g_value = {"gain": _ratio(f.own, f.prev), "compounded": _at(reach), "offset": _at(f.offset),
+               "after_norm": _at(after_norm),
                "recurrent_scale": _at(np.broadcast_to(f.rscale, gain.shape))}
     out.append(StateSeries(Signal.GAIN, steps, gain, [names[i] for i in f.wi],
                            {GainState.SHRINKS: g_value, GainState.AMPLIFIES: g_value}))
@@ -439,11 +454,11 @@ def loss_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     noise = float(np.median(d[1:w + 1])) if n > 1 else 0.0
     scale = np.maximum(max(abs(start), noise), start - best) + 1e-12
     rise = (smooth - best) / scale
-    # progress: the median of the latest losses against that of the first ones, over windows wide
-    # enough that batch noise does not pass for progress (a running minimum would take the deepest
-    # noisy dip of a flat curve as an improvement)
+    # progress: the start against the median of the latest losses, over a window wide enough that
+    # batch noise does not pass for progress (a running minimum would take the deepest noisy dip of a
+    # flat curve as an improvement)
     wp = max(w, min(th.plateau_steps // 2, n // 4))
-    progress = (float(np.median(filled[:wp])) - _rolling_median(filled, wp)) / scale
+    progress = (start - _rolling_median(filled, wp)) / scale
     osc = _rolling_mean(d, th.plateau_steps) / scale
     lag = np.maximum(np.arange(n) - th.plateau_steps, 0)
     window_progress = (smooth[lag] - smooth) / scale

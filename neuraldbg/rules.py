@@ -442,18 +442,25 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
     group = amplify if len(amplify) >= len(shrink) else shrink
     group.sort(key=lambda e: ctx.rank.get(e.layer, 0))
     layer = group[0].layer if len(group) == 1 else ""
-    g = group[0].values.get("gain", math.nan)
     verb = "amplifies" if group is amplify else "shrinks"
+    gs = [e.values.get("gain", math.nan) for e in group]
+    finite = [x for x in gs if x == x]
+    g = (max(finite) if verb == "amplifies" else min(finite)) if finite else math.nan  # the worst of them
+    # a layer whose outputs sit at an offset larger than their spread is out of scale by its bias
+    biased = bool(layer) and verb == "amplifies" and group[0].values.get("offset", 0.0) > 1.0
     if layer:
-        chain = [f"at step {group[0].step}, `{layer}` {verb} its input's scale (RMS) {_fmt(g)}x (its weight scale)"]
+        what = "its bias: its outputs sit at an offset larger than their spread" if biased else "its weight scale"
+        chain = [f"at step {group[0].step}, `{layer}` {verb} its input's scale (RMS) {_fmt(g)}x ({what})"]
     else:
-        gs = [e.values.get("gain", math.nan) for e in group]
         plural = "shrink" if verb == "shrinks" else "amplify"
         chain = [f"at step {group[0].step}, {len(group)} layers ({_names(group)}) each {plural}"
-                 f" the signal {_fmt(min(gs))}-{_fmt(max(gs))}x (their weight scale)"]
+                 f" the signal {_fmt(min(finite, default=math.nan))}-{_fmt(max(finite, default=math.nan))}x "
+                 "(their weight scale)"]
     deepest = group[-1].values.get("compounded", math.nan)
     if deepest == deepest and (deepest > ctx.th.layer_gain or deepest < 1 / ctx.th.layer_gain):
-        chain[0] += f"; compounded, the scale reaching `{group[-1].layer}` is {_fmt(deepest)}x the input's"
+        since = ("the last normalisation layer before it" if group[-1].values.get("after_norm", 0.0) > 0
+                 else "the input")
+        chain[0] += f"; compounded, the scale reaching `{group[-1].layer}` is {_fmt(deepest)}x that of {since}"
     updates = []
     if verb == "amplifies":  # outputs out of scale give gradients, and so updates, out of scale
         updates = [e for e in ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE) if ctx.from_start(e)]
@@ -465,7 +472,10 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
         chain.append(f"non_finite: NaN/Inf in `{ctx.nonfinite.layer or 'the model'}` at step {ctx.nonfinite.step}")
     conf = min(0.55 + 0.1 * len(symptoms) + 0.1 * (ctx.nonfinite is not None), 0.9)
     target = f"`{layer}` starts" if layer else "the weight layers start"
-    if verb == "amplifies":
+    if biased:
+        fix = (f"`{layer}` starts with a bias far off zero: reset it (nn.init.zeros_(...bias)) and check what set "
+               "it; clip gradients at max_norm=1.0 meanwhile")
+    elif verb == "amplifies":
         fix = (f"{target} with weights ~{_fmt(g)}x too large: re-initialise with nn.init.xavier_uniform_ "
                f"(or kaiming_uniform_ for ReLU), or scale them down by {_fmt(g)}; "
                "clip gradients at max_norm=1.0 meanwhile")

@@ -25,7 +25,7 @@ class Thresholds:
     activation_growth: float = _f(1e3, "activation growth", "log", 3.0, 1e6,
                                   "growth of a layer's output spread since the first sample that is anomalous")
     layer_gain: float = _f(10.0, "layer gain", "log", 2.0, 1e3,
-                           "output/input spread ratio of a weight layer (either way) that points at its init scale")
+                           "output/input scale (RMS) ratio of a weight layer (either way) that points at its init scale")
     # -- gradients ---------------------------------------------------------------------------------
     vanishing_ratio: float = _f(1e-4, "gradient attenuation", "log", 1e-8, 0.3,
                                 "relative weight gradient of a layer vs the layers after it, below which it vanished")

@@ -20,11 +20,11 @@ from neuraldbg.trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 # -- a synthetic trace builder ------------------------------------------------------------------------------
 
 _KIND = {"Linear": Kind.LINEAR, "ReLU": Kind.RELU, "Tanh": Kind.BOUNDED, "Sigmoid": Kind.BOUNDED, "Custom": Kind.OTHER,
-         "LayerNorm": Kind.NORM}
+         "LayerNorm": Kind.NORM, "Embedding": Kind.EMBEDDING}
 
 
 def make_trace(types: list[str], n_samples: int, fill=None, frozen: tuple[int, ...] = (),
-               loss=lambda step: 2.0 * math.exp(-step / 10)) -> Trace:
+               loss=lambda step: 2.0 * math.exp(-step / 10), inputs=(0.0, 1.0)) -> Trace:
     """Layers ``types`` in forward order, healthy statistics at every sample; ``fill(row, t)`` edits a row."""
     layers = []
     for i, t in enumerate(types):
@@ -52,7 +52,7 @@ def make_trace(types: list[str], n_samples: int, fill=None, frozen: tuple[int, .
             row[i, Stat.W_UPDATE_NORM] = 0.0
         if fill is not None:
             fill(row, step)
-        g = np.array([0.01, 0.0, 1.0, 4.0, 0.0], dtype=np.float32)[:len(GLOBAL_COLUMNS)]
+        g = np.array([0.01, inputs[0], inputs[1], 4.0, 0.0], dtype=np.float32)[:len(GLOBAL_COLUMNS)]
         trace.add_sample(step, row, g)
         trace.add_loss(step, loss(step))
     return trace
@@ -179,6 +179,30 @@ def test_small_gains_compound_until_a_normalisation_layer():
     assert all(h.gain.value == "normal" for h in a.health.values())
 
 
+def test_the_compounded_scale_keeps_a_sound_reference():
+    """The model's output may sit at the targets' mean (its bias a prior); a normalisation layer whose
+    output is exactly zero (a zero-initialised gain) resets nothing; token ids have no scale, so the
+    scale compounds from the first weight layer's input."""
+    def prior(row, t):
+        row[:3, Stat.ACT_STD] = [1.2, 1.44, 1.73]
+        row[3, Stat.ACT_MEAN], row[3, Stat.ACT_STD] = 150.0, 2.0
+    a = run(make_trace(["Linear"] * 4, 12, prior))
+    assert all(h.gain.value == "normal" for h in a.health.values())
+
+    def zero_norm(row, t):
+        row[0, Stat.ACT_STD] = 2.0
+        row[1, Stat.ACT_STD] = 0.0      # LayerNorm with weight 0
+        row[2, Stat.ACT_STD] = 5.0
+        row[3, Stat.ACT_STD] = 20.0     # 4x its input, 20x the scale before the zero norm
+    a = run(make_trace(["Linear", "LayerNorm", "Linear", "Linear"], 12, zero_norm))
+    assert a.health["net.3"].gain.value == "normal"
+
+    def chain(row, t):
+        row[:, Stat.ACT_STD] = [1.5 ** k for k in range(13)]  # the embedding's output, then 12 Linears
+    tokens = run(make_trace(["Embedding"] + ["Linear"] * 12, 12, chain, inputs=(float("nan"), float("nan"))))
+    assert [tokens.health[f"net.{k}"].gain.value for k in range(1, 13)] == ["amplifies"] * 12
+
+
 def test_a_noisy_flat_loss_is_a_plateau_and_a_noisy_falling_one_is_not():
     """Progress is the latest window's median against the first one's: the deepest dip of a noisy flat
     curve is not progress, a steady fall under the same noise is."""
@@ -188,6 +212,9 @@ def test_a_noisy_flat_loss_is_a_plateau_and_a_noisy_falling_one_is_not():
     plateau = [e for e in flat.events if e.signal == Signal.LOSS and e.after.value == "plateau"]
     assert plateau and plateau[0].step <= 60
     assert not [e for e in falling.events if e.signal == Signal.LOSS and e.after.value == "plateau"]
+    # a loss that falls from 2.1 to 0.1 in ten steps and then stays there has converged: no plateau
+    converged = run(make_trace(["Linear", "ReLU", "Linear"], 150, loss=lambda s: 0.1 + 2 * math.exp(-s / 2)))
+    assert not [e for e in converged.events if e.signal == Signal.LOSS]
 
 
 def test_a_loss_that_starts_near_zero_is_measured_on_its_own_scale():
@@ -215,6 +242,7 @@ def test_a_loss_falling_without_bound_below_zero_points_at_the_targets():
     unbounded = top(lambda s: 0.3 - 2.0 * s + noise[s])
     assert unbounded == [(Cause.DATA, "input", 0.6)]
     assert top(lambda s: 0.15 - 1.2 * (1 - math.exp(-s / 15)) + noise[s]) == []
+    assert top(lambda s: -(1 - math.exp(-s / 10)) + 0.05 * noise[s]) == []  # a negative cosine, bounded at -1
     assert top(lambda s: 0.3 - 400 * (1 - math.exp(-s / 8)) + noise[s]) == [(Cause.DATA, "input", 0.4)]
 
 

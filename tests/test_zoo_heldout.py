@@ -37,3 +37,10 @@ def test_heldout_healthy_run_stays_quiet(name):
     dbg = train(HEALTHY[name]())
     loud = [h for h in dbg.explain() if h.confidence >= 0.5]
     assert not loud, f"{name}:\n{_verdict(loud)}"
+
+
+def test_a_bias_far_off_is_named_as_the_bias():
+    from zoo_heldout import relu_bias_plus50
+    top = train(relu_bias_plus50()).explain()[0]
+    assert (str(top.cause), top.layer) == ("bad_initialization", "2")
+    assert "bias" in top.chain[0] and "bias" in top.suggestion, top
