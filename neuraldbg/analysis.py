@@ -92,8 +92,37 @@ def _loss_fall(trace: Trace, th: Thresholds) -> LossFall | None:
                     below_from=int(steps[below[0]]), still_falling=bool(second > 0 and fourth >= 0.7 * second))
 
 
+# fewer finite losses than this say nothing of progress
+MIN_LOSSES = 10
+
+
+# the trend test reads at most this many losses, evenly spaced (its cost is quadratic)
+TREND_POINTS = 256
+
+
+def _falling(v: np.ndarray) -> float:
+    """Mann-Kendall z of a downward trend: how many standard deviations more later losses are below
+    earlier ones than above them, against a loss that only moves by noise (about 2: clearly falling)."""
+    v = v[np.linspace(0, len(v) - 1, min(len(v), TREND_POINTS)).astype(int)]
+    n = len(v)
+    s = float(np.sign(v[:, None] - v[None, :])[np.triu_indices(n, 1)].sum())  # earlier minus later
+    return s / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+
+
+def _loss_trend(trace: Trace, curve: health_mod.LossCurve | None) -> tuple[float, float]:
+    """How far the latest losses are below the first ones, in units of the loss's scale, and how clearly
+    they fall beyond batch noise (NaN, NaN when too few are recorded): the test of a run too short for a
+    plateau."""
+    v = trace.loss.data.astype(np.float64)
+    ok = np.isfinite(v)
+    if curve is None or int(ok.sum()) < MIN_LOSSES:
+        return math.nan, math.nan
+    return float(curve.progress[-1]), _falling(v[ok])
+
+
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
-    table = health_mod.compute(trace, thresholds)
+    curve = health_mod.loss_curve(trace.loss.data, thresholds) if trace.loss.n else None
+    table = health_mod.compute(trace, thresholds, curve)
     events = events_mod.detect(table, thresholds)
     rank = {l.name: int(l.order) for l in trace.layers if l.order is not None}
     first = int(table.steps[0]) if len(table.steps) else 0
@@ -102,6 +131,6 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
                   nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0,
                   attenuation=health_mod.attenuation_series(trace),
                   lr_series=(trace.globals.steps, trace.global_column("lr")), loss_reach=_loss_reach(trace),
-                  loss_fall=_loss_fall(trace, thresholds))
+                  loss_fall=_loss_fall(trace, thresholds), loss_trend=_loss_trend(trace, curve))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

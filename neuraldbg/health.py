@@ -418,11 +418,16 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
 
 def _rolling_median(v: np.ndarray, w: int) -> np.ndarray:
     """Median of the last ``w`` values at each point (fewer at the start): a single spike moves nothing."""
-    if len(v) == 0:
+    n = len(v)
+    if n == 0:
         return v.copy()
-    padded = np.concatenate([np.full(w - 1, np.nan), v])
-    windows = np.lib.stride_tricks.sliding_window_view(padded, w)
-    return np.nanmedian(windows, axis=1)  # every window ends with a real value: never all-NaN
+    out = np.empty(n, dtype=np.float64)
+    head = min(w - 1, n)
+    for i in range(head):  # the first windows are short
+        out[i] = np.median(v[:i + 1])
+    if n >= w:
+        out[w - 1:] = np.median(np.lib.stride_tricks.sliding_window_view(v, w), axis=1)
+    return out
 
 
 def _rolling_mean(v: np.ndarray, w: int) -> np.ndarray:
@@ -432,13 +437,23 @@ def _rolling_mean(v: np.ndarray, w: int) -> np.ndarray:
     return (c[i] - c[lo]) / (i - lo)
 
 
-def loss_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
-    """A state per recorded loss: non-finite, diverging, oscillating, plateau or improving."""
-    steps, values = trace.loss.steps, trace.loss.data
-    n = len(values)
-    if n == 0:
-        return []
+@dataclass(frozen=True)
+class LossCurve:
+    """A recorded loss read on its own scale: ``smooth`` is its rolling median, ``progress`` at each
+    point how far the latest losses are below the first ones, in units of ``scale``."""
+
+    filled: np.ndarray      # non-finite values carry the last finite one
+    ok: np.ndarray          # which values were finite
+    smooth: np.ndarray
+    start: float
+    best: np.ndarray
+    scale: np.ndarray
+    progress: np.ndarray
+
+
+def loss_curve(values: np.ndarray, th: Thresholds) -> LossCurve:
     v = values.astype(np.float64)
+    n = len(v)
     ok = np.isfinite(v)
     w = max(5, min(th.plateau_steps // 4, n // 10))
     # carry the last finite value over non-finite ones for smoothing
@@ -453,28 +468,41 @@ def loss_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     # NLL), the batch-to-batch change at the start or the way it has come down, whichever is larger
     noise = float(np.median(d[1:w + 1])) if n > 1 else 0.0
     scale = np.maximum(max(abs(start), noise), start - best) + 1e-12
-    rise = (smooth - best) / scale
     # progress: the start against the median of the latest losses, over a window wide enough that
     # batch noise does not pass for progress (a running minimum would take the deepest noisy dip of a
     # flat curve as an improvement)
     wp = max(w, min(th.plateau_steps // 2, n // 4))
     progress = (start - _rolling_median(filled, wp)) / scale
+    return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress)
+
+
+def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> list[StateSeries]:
+    """A state per recorded loss: non-finite, diverging, oscillating, plateau or improving."""
+    steps, values = trace.loss.steps, trace.loss.data
+    n = len(values)
+    if n == 0:
+        return []
+    c = curve if curve is not None else loss_curve(values, th)
+    smooth, scale = c.smooth, c.scale
+    d = np.abs(np.diff(c.filled, prepend=c.filled[0]))
+    rise = (smooth - c.best) / scale
     osc = _rolling_mean(d, th.plateau_steps) / scale
     lag = np.maximum(np.arange(n) - th.plateau_steps, 0)
     window_progress = (smooth[lag] - smooth) / scale
     enough = np.arange(n) + 1 >= th.plateau_steps
     state = np.zeros(n, dtype=np.int8)
-    state[enough & (progress < th.loss_progress)] = LossState.PLATEAU.code
+    state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
     state[enough & (osc > th.loss_oscillation) & (window_progress < th.loss_progress)] = LossState.OSCILLATING.code
     state[rise > th.loss_rise] = LossState.DIVERGING.code
-    state[~ok] = LossState.NONFINITE.code
-    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(best)}
+    state[~c.ok] = LossState.NONFINITE.code
+    start = c.start
+    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best)}
     return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: values_ for s in LossState})]
 
 
-def compute(trace: Trace, th: Thresholds) -> HealthTable:
+def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> HealthTable:
     f = features(trace)
     series, latest = layer_series(f, th)
     series += global_series(trace, f, th)
-    series += loss_series(trace, th)
+    series += loss_series(trace, th, curve)
     return HealthTable(steps=f.steps, layers=trace.layers, order=f.order, series=series, latest=latest)

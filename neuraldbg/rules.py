@@ -42,6 +42,8 @@ class Context:
     lr_series: tuple = (np.zeros(0, dtype=np.int64), np.zeros(0))  # sampled steps and the learning rate at each
     loss_reach: tuple = (math.nan, math.nan, math.nan)  # first loss, output RMS, sqrt(loss) / RMS
     loss_fall: object = None  # analysis.LossFall: how far below zero a positive loss went, or None
+    # the latest losses below the first ones on the loss's scale, and the z of their downward trend
+    loss_trend: tuple = (math.nan, math.nan)
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
@@ -539,8 +541,12 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
                 and step > ctx.first_step and not exploding)
     if phase == "forward" and not overflow:
         # an operation that leaves its domain (a division by 0, log of 0) in a module that holds no
-        # weights: large updates that had stopped long before the NaN did not cause it
+        # weights: large updates that had stopped long before the NaN did not cause it, and large
+        # updates alone, with nothing growing out of scale before it (no diverging loss, no blown
+        # activation or gradient), only moved a value to the edge of that domain
         large = [e for e in large if e.end is None or e.end >= step - ctx.th.persist]
+        if large and not diverging and not blown and not exploding:
+            large = []
     if phase == "weights" or large or (diverging and not exploding) or overflow:
         chain = []
         if large:
@@ -581,6 +587,9 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
                "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), "
                "torch.log(x.clamp_min(1e-12))), "
                "or use a stable form (torch.logsumexp, F.softmax / F.log_softmax instead of exp/sum)")
+        if info is not None and info.n_params > 0 and info.kind not in _OVERFLOW_KINDS:
+            fix += ("; if it divides by a parameter of its own (a temperature, a scale), keep that off 0: leave it "
+                    "out of weight decay, or learn its log (t = self.log_t.exp())")
     else:
         chain = [f"at step {step}, the backward pass of `{layer}`{kind} turns a finite gradient into NaN/Inf",
                  "the parameter gradients of every layer before it become NaN"]
@@ -708,6 +717,10 @@ def rule_lr_high(ctx: Context) -> list[CausalHypothesis]:
                  "and clip gradients at max_norm=1.0")]
 
 
+# A downward trend of the loss (Mann-Kendall z) this many standard deviations beyond batch noise is one.
+TREND_Z = 2.0
+
+
 def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:
     small = ctx.free(Signal.UPDATE, UpdateState.NEGLIGIBLE)
     if not small:
@@ -718,8 +731,17 @@ def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:
     chain = [f"the largest update is {_fmt(ev.values.get('update_max', math.nan))} x the weights per step "
              f"(lr {_fmt(lr)}) from step {ev.step}"]
     chain += [_loss_text(e) for e in plateau[:1]]
-    improving = ctx.has_loss and not plateau
-    conf = 0.85 if plateau else (0.3 if improving else 0.55)
+    # a run too short for a plateau whose loss has not come down, or only by its batch noise: weights
+    # that barely move are why (an lr at the start of an endless warm-up, a gradient clipped to ~0)
+    progress, z = ctx.loss_trend
+    stalled = not plateau and (progress < ctx.th.loss_progress or z < TREND_Z)
+    if stalled:
+        chain.append(f"the loss has not come down: its latest values are {_fmt(abs(progress))} x its scale "
+                     f"{'above' if progress < 0 else 'below'} the first ones ({_fmt(ctx.th.loss_progress)} counts "
+                     "as progress)" if progress < ctx.th.loss_progress else
+                     f"the loss moves only by its batch noise: no downward trend (z {z:.1f}, {TREND_Z:.0f} is one)")
+    improving = ctx.has_loss and not plateau and not stalled
+    conf = 0.85 if plateau else 0.7 if stalled else (0.3 if improving else 0.55)
     target = lr * 1e3 if lr == lr and lr > 0 else math.nan
     fix = (f"raise the learning rate from {_fmt(lr)} to ~{_fmt(target)} (updates of ~1e-3 x the weights per step are "
            "typical; 1e-3 is a usual start for Adam)" if target == target else

@@ -246,6 +246,24 @@ def test_a_loss_falling_without_bound_below_zero_points_at_the_targets():
     assert top(lambda s: 0.3 - 400 * (1 - math.exp(-s / 8)) + noise[s]) == [(Cause.DATA, "input", 0.4)]
 
 
+def test_weights_that_do_not_move_in_a_run_too_short_for_a_plateau():
+    """Updates of 1e-9 x the weights over 30 steps: a loss that moves only by batch noise, or rises, makes
+    it a learning rate too low; a loss that clearly falls under the same noise, or too few losses, a weak
+    lead only."""
+    noise = np.random.default_rng(3).normal(0.0, 0.08, 40)
+
+    def lr_low(loss, n=30):
+        def fill(row, t):
+            row[[0, 2], Stat.W_UPDATE_NORM] = 5e-9
+        hyps = run(make_trace(["Linear", "ReLU", "Linear"], n, fill, loss=loss)).hypotheses
+        return max((h.confidence for h in hyps if h.cause == Cause.LEARNING_RATE_TOO_LOW), default=0.0)
+
+    assert lr_low(lambda s: 0.7 * (1 + noise[s])) >= 0.5
+    assert lr_low(lambda s: (0.7 + 0.002 * s) * (1 + noise[s])) >= 0.5
+    assert lr_low(lambda s: (0.7 - 0.01 * s) * (1 + noise[s])) < 0.5
+    assert lr_low(lambda s: 0.7 * (1 + noise[s]), n=8) < 0.5
+
+
 def test_uniform_scale_change_is_not_a_gradient_fault():
     """Gradients 1000x smaller everywhere (a loss scaled down) are not vanishing: states are ratios."""
     def fill(row, t):
@@ -276,6 +294,25 @@ def test_nonfinite_from_replay_drives_the_verdict():
     assert any("NaN/Inf" in c for c in run(trace).hypotheses[0].chain)
     assert top_with(NonFiniteOrigin(6, "input", "input")) == (Cause.DATA, "input", 6)
     assert top_with(NonFiniteOrigin(6, "", "loss")) == (Cause.DATA, "input", 6)
+
+
+def test_large_updates_alone_do_not_take_the_blame_for_a_domain_error():
+    """Updates of 0.5 x the weights per step walk a custom module's learned divisor to 0: with nothing
+    growing out of scale before the NaN, the module's operation is the root; with a loss diverging
+    first, the learning rate is."""
+    def fill(row, t):
+        row[[0, 3], Stat.W_UPDATE_NORM] = 2.5
+        if t >= 8:
+            row[2:, Stat.ACT_NONFINITE] = 1.0
+
+    def top(loss):
+        trace = make_trace(["Linear", "ReLU", "Custom", "Linear"], 12, fill, loss=loss)
+        trace.nonfinite = NonFiniteOrigin(8, "net.2", "forward")
+        h = run(trace).hypotheses[0]
+        return h.cause, h.layer
+
+    assert top(lambda s: 1.0 - 0.02 * s if s < 8 else math.nan) == (Cause.NON_FINITE, "net.2")
+    assert top(lambda s: 1.0 * 3 ** s if s < 8 else math.nan) == (Cause.LEARNING_RATE_TOO_HIGH, "")
 
 
 def test_healthy_synthetic_trace_is_quiet_and_says_so():

@@ -401,6 +401,76 @@ def seg_bce_masks_0_255():
                steps=50)
 
 
+
+class ClippedSGD(torch.optim.SGD):
+    """SGD that clips the gradient norm before every step (the bug: max_norm=1e-8, meant as an eps)."""
+
+    def __init__(self, params, lr, max_norm):
+        super().__init__(params, lr=lr)
+        self.max_norm = max_norm
+
+    def step(self, closure=None):
+        torch.nn.utils.clip_grad_norm_([p for g in self.param_groups for p in g["params"]], self.max_norm)
+        return super().step(closure)
+
+
+def gru_grad_clip_1e_8():
+    """A GRU classifier whose gradients are clipped to norm 1e-8 before each SGD step: the weights do not
+    move at any learning rate. 40 steps, shorter than a plateau."""
+    torch.manual_seed(0)
+    model = RecurrentClassifier(nn.GRU(3, 24, batch_first=True), 24)
+    return Run(model, ClippedSGD(model.parameters(), lr=0.5, max_norm=1e-8), seq_task(), steps=40)
+
+
+def attention_warmup_1e6_steps():
+    """An attention encoder under Adam lr=1e-3 with a linear warm-up over a million steps (a unit slip):
+    the first steps run at lr ~1e-9. 40 steps, shorter than a plateau."""
+    torch.manual_seed(0)
+    model = AttnClassifier()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / 1e6)
+
+    def step_sched(step, o):
+        if step > 0:
+            sched.step()
+    return Run(model, opt, token_task(), steps=40, before_step=step_sched)
+
+
+class TemperaturePool(nn.Module):
+    """Attention pooling over tokens with a learned temperature kept non-negative by relu: nothing keeps it
+    off 0. Holds its temperature and query itself (its projection is a child)."""
+
+    def __init__(self, dim, t0):
+        super().__init__()
+        self.key = nn.Linear(dim, dim)
+        self.query = nn.Parameter(torch.randn(dim) / math.sqrt(dim))
+        self.temperature = nn.Parameter(torch.tensor(float(t0)))
+
+    def forward(self, h):
+        scores = self.key(h) @ self.query / F.relu(self.temperature)
+        return (torch.softmax(scores, dim=1).unsqueeze(-1) * h).sum(1)
+
+
+class TokenPoolClassifier(nn.Module):
+    def __init__(self, vocab=30, dim=16, t0=0.1, n_out=2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pool = TemperaturePool(dim, t0)
+        self.out = nn.Linear(dim, n_out)
+
+    def forward(self, tok):
+        return self.out(self.pool(self.tok(tok)))
+
+
+def pool_temperature_decays_to_zero():
+    """Adam's L2 weight decay (weight_decay=1) on every parameter, the temperature included, walks it from 0.1
+    through 0 (below it after the update of step 23): relu(t) = 0, the scores divide by 0 and the softmax
+    turns NaN at step 24. The pooling module is the root, whatever the learning rate."""
+    torch.manual_seed(0)
+    model = TokenPoolClassifier()
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1.0), token_task(), steps=30)
+
+
 FAULTY = {
     "gru_recurrent_x30": (gru_recurrent_x30, Expect([("bad_initialization", "rnn"),
                                                      ("saturated_activations", "rnn")], (0, 0),
@@ -429,6 +499,11 @@ FAULTY = {
     "relu_bias_plus50": (relu_bias_plus50, Expect([("bad_initialization", "2")], (0, 0))),
     "seg_bce_masks_0_255": (seg_bce_masks_0_255, Expect([("data", "input")], (0, 10))),
     "cnn_adam_lr_1e7_small_batch": (cnn_adam_lr_1e7_small_batch, Expect([("learning_rate_too_low", "")], (0, 5))),
+    "gru_grad_clip_1e_8": (gru_grad_clip_1e_8, Expect([("learning_rate_too_low", "")], (0, 5),
+                                                      "the clip is the root; the closest cause is the step size")),
+    "attention_warmup_1e6_steps": (attention_warmup_1e6_steps, Expect([("learning_rate_too_low", "")], (0, 5))),
+    "pool_temperature_decays_to_zero": (pool_temperature_decays_to_zero,
+                                        Expect([("non_finite", "pool")], (24, 24), "step 23's update takes t below 0")),
 }
 
 
@@ -608,7 +683,25 @@ def healthy_gaussian_nll():
                loss=lambda out, y: F.gaussian_nll_loss(out[0], y, out[1]), steps=100)
 
 
+
+class LogTemperaturePool(TemperaturePool):
+    """The same pooling with the temperature learned as its log: it stays positive whatever the updates."""
+
+    def forward(self, h):
+        scores = self.key(h) @ self.query / self.temperature.exp()
+        return (torch.softmax(scores, dim=1).unsqueeze(-1) * h).sum(1)
+
+
+def healthy_pool_log_temperature():
+    """The temperature pool done right (log-temperature) under AdamW: learns, nothing to report."""
+    torch.manual_seed(0)
+    model = TokenPoolClassifier()
+    model.pool = LogTemperaturePool(16, math.log(0.1))
+    return Run(model, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01), token_task(), steps=40)
+
+
 HEALTHY = {
+    "healthy_pool_log_temperature": healthy_pool_log_temperature,
     "healthy_gaussian_nll": healthy_gaussian_nll,
     "healthy_tiny_inputs_batchnorm_cnn": healthy_tiny_inputs_batchnorm_cnn,
     "healthy_deep_kaiming_relu": healthy_deep_kaiming_relu,
