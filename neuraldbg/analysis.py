@@ -106,17 +106,19 @@ def _falling(v: np.ndarray) -> float:
     v = v[np.linspace(0, len(v) - 1, min(len(v), TREND_POINTS)).astype(int)]
     n = len(v)
     s = float(np.sign(v[:, None] - v[None, :])[np.triu_indices(n, 1)].sum())  # earlier minus later
-    return s / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    _, ties = np.unique(v, return_counts=True)  # equal losses (a loss at exactly 0) narrow the spread
+    var = (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18
+    return s / math.sqrt(var) if var > 0 else 0.0
 
 
-def _loss_trend(trace: Trace, curve: health_mod.LossCurve | None) -> tuple[float, float]:
+def _loss_trend(trace: Trace, curve: health_mod.LossCurve | None, th: Thresholds) -> tuple[float, float]:
     """How far the latest losses are below the first ones, in units of the loss's scale, and how clearly
     they fall beyond batch noise (NaN, NaN when too few are recorded): the test of a run too short for a
     plateau."""
     v = trace.loss.data.astype(np.float64)
     ok = np.isfinite(v)
-    if curve is None or int(ok.sum()) < MIN_LOSSES:
-        return math.nan, math.nan
+    if curve is None or not MIN_LOSSES <= int(ok.sum()) < th.plateau_steps:
+        return math.nan, math.nan  # too few to say, or long enough for the plateau state to say it
     return float(curve.progress[-1]), _falling(v[ok])
 
 
@@ -131,6 +133,6 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
                   nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0,
                   attenuation=health_mod.attenuation_series(trace),
                   lr_series=(trace.globals.steps, trace.global_column("lr")), loss_reach=_loss_reach(trace),
-                  loss_fall=_loss_fall(trace, thresholds), loss_trend=_loss_trend(trace, curve))
+                  loss_fall=_loss_fall(trace, thresholds), loss_trend=_loss_trend(trace, curve, thresholds))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

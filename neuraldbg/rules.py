@@ -540,13 +540,14 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
     overflow = (phase == "forward" and info is not None and info.kind in _OVERFLOW_KINDS
                 and step > ctx.first_step and not exploding)
     if phase == "forward" and not overflow:
-        # an operation that leaves its domain (a division by 0, log of 0) in a module that holds no
-        # weights: large updates that had stopped long before the NaN did not cause it, and large
-        # updates alone, with nothing growing out of scale before it (no diverging loss, no blown
-        # activation or gradient), only moved a value to the edge of that domain
+        # an operation that leaves its domain (a division by 0, log of 0) in a module that is no weight
+        # layer: large updates that had stopped long before the NaN did not cause it, and large updates
+        # alone, with nothing growing out of scale before it (no diverging loss, no blown activation or
+        # gradient), only moved a value to the edge of that domain
         large = [e for e in large if e.end is None or e.end >= step - ctx.th.persist]
         if large and not diverging and not blown and not exploding:
-            large = []
+            # ... unless the updates replace the weights outright: then they are what left the domain
+            large = [e for e in large if (e.values.get("update_max", 0.0) or 0.0) >= 1.0]
     if phase == "weights" or large or (diverging and not exploding) or overflow:
         chain = []
         if large:
@@ -723,6 +724,8 @@ TREND_Z = 2.0
 
 def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:
     small = ctx.free(Signal.UPDATE, UpdateState.NEGLIGIBLE)
+    if ctx.nonfinite is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the lr
+        small = [e for e in small if e.step < ctx.nonfinite.step]
     if not small:
         return []
     ev = small[0]
@@ -739,7 +742,7 @@ def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:
         chain.append(f"the loss has not come down: its latest values are {_fmt(abs(progress))} x its scale "
                      f"{'above' if progress < 0 else 'below'} the first ones ({_fmt(ctx.th.loss_progress)} counts "
                      "as progress)" if progress < ctx.th.loss_progress else
-                     f"the loss moves only by its batch noise: no downward trend (z {z:.1f}, {TREND_Z:.0f} is one)")
+                     f"the loss moves only by its batch noise: no downward trend (z {z:.2f}, {TREND_Z:.0f} is one)")
     improving = ctx.has_loss and not plateau and not stalled
     conf = 0.85 if plateau else 0.7 if stalled else (0.3 if improving else 0.55)
     target = lr * 1e3 if lr == lr and lr > 0 else math.nan

@@ -264,6 +264,23 @@ def test_weights_that_do_not_move_in_a_run_too_short_for_a_plateau():
     assert lr_low(lambda s: 0.7 * (1 + noise[s]), n=8) < 0.5
 
 
+def test_weights_that_stop_moving_after_convergence_are_not_a_low_learning_rate():
+    """A long run whose loss fell in ten steps and then sits at a noisy floor while a schedule anneals the
+    updates to ~0 has converged: the short-run trend test does not apply to it."""
+    def lr_low(trace):
+        return max((h.confidence for h in run(trace).hypotheses if h.cause == Cause.LEARNING_RATE_TOO_LOW),
+                   default=0.0)
+
+    for n, seed in ((400, 1), (1000, 1), (400, 4)):
+        noise = np.random.default_rng(seed).normal(0.0, 0.1, n)
+
+        def annealed(row, t, n=n):
+            if t >= 3 * n // 4:
+                row[[0, 2], Stat.W_UPDATE_NORM] = 5e-9
+        assert lr_low(make_trace(["Linear", "ReLU", "Linear"], n, annealed,
+                                 loss=lambda s, noise=noise: (2.0 * math.exp(-s / 2) + 0.02) * (1 + noise[s]))) < 0.5
+
+
 def test_uniform_scale_change_is_not_a_gradient_fault():
     """Gradients 1000x smaller everywhere (a loss scaled down) are not vanishing: states are ratios."""
     def fill(row, t):
@@ -313,6 +330,20 @@ def test_large_updates_alone_do_not_take_the_blame_for_a_domain_error():
 
     assert top(lambda s: 1.0 - 0.02 * s if s < 8 else math.nan) == (Cause.NON_FINITE, "net.2")
     assert top(lambda s: 1.0 * 3 ** s if s < 8 else math.nan) == (Cause.LEARNING_RATE_TOO_HIGH, "")
+
+
+
+def test_updates_larger_than_the_weights_take_the_blame_for_a_nan_however_soon_it_comes():
+    """Updates of 5x the weights overflow a hand-written softmax at step 2, before any loss can diverge:
+    the learning rate is the root, not the softmax."""
+    def fill(row, t):
+        row[[0, 3], Stat.W_UPDATE_NORM] = 25.0
+        if t >= 2:
+            row[2:, Stat.ACT_NONFINITE] = 1.0
+    trace = make_trace(["Linear", "ReLU", "Custom", "Linear"], 12, fill, loss=lambda s: 1.0 if s < 2 else math.nan)
+    trace.nonfinite = NonFiniteOrigin(2, "net.2", "forward")
+    top = run(trace).hypotheses[0]
+    assert (top.cause, top.layer) == (Cause.LEARNING_RATE_TOO_HIGH, "")
 
 
 def test_healthy_synthetic_trace_is_quiet_and_says_so():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zoo import train
-from zoo_heldout import FAULTY, HEALTHY
+from zoo_heldout import FAULTY, HEALTHY, TemperedSoftmax, softmax_head_sgd_lr
 
 KNOWN_MISSES = {  # scenario -> why its verdict is wrong (an xfail until fixed)
     "gru_recurrent_x30": "the GRU's recurrent weights start 30x their default scale, but nothing at its output "
@@ -44,3 +44,11 @@ def test_a_bias_far_off_is_named_as_the_bias():
     top = train(relu_bias_plus50()).explain()[0]
     assert (str(top.cause), top.layer) == ("bad_initialization", "2")
     assert "bias" in top.chain[0] and "bias" in top.suggestion, top
+
+
+def test_weights_frozen_by_a_nan_are_no_low_learning_rate():
+    """Once the overflow has made everything NaN the weights stop moving: that is no evidence of a
+    learning rate too low, next to the one too high."""
+    hyps = train(softmax_head_sgd_lr(30.0, TemperedSoftmax)()).explain()
+    assert (str(hyps[0].cause), hyps[0].layer) == ("learning_rate_too_high", ""), _verdict(hyps)
+    assert not [h for h in hyps if str(h.cause) == "learning_rate_too_low" and h.confidence >= 0.5], _verdict(hyps)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo import Run
+from zoo import NaiveSoftmax, Run, nll_of_probs, teacher_classes
 
 
 @dataclass
@@ -471,6 +471,29 @@ def pool_temperature_decays_to_zero():
     return Run(model, torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1.0), token_task(), steps=30)
 
 
+
+class TemperedSoftmax(NaiveSoftmax):
+    """The hand-written softmax with a learned log-temperature of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.log_t = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        e = torch.exp(x / self.log_t.exp())
+        return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_head_sgd_lr(lr, head=NaiveSoftmax):
+    """An MLP ending in a hand-written softmax under SGD at an absurd learning rate: updates many times the
+    weights overflow its exp within a few steps, before any loss can be seen to diverge."""
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3), head())
+        return Run(model, torch.optim.SGD(model.parameters(), lr=lr), teacher_classes(8, 3), loss=nll_of_probs)
+    return build
+
+
 FAULTY = {
     "gru_recurrent_x30": (gru_recurrent_x30, Expect([("bad_initialization", "rnn"),
                                                      ("saturated_activations", "rnn")], (0, 0),
@@ -499,6 +522,7 @@ FAULTY = {
     "relu_bias_plus50": (relu_bias_plus50, Expect([("bad_initialization", "2")], (0, 0))),
     "seg_bce_masks_0_255": (seg_bce_masks_0_255, Expect([("data", "input")], (0, 10))),
     "cnn_adam_lr_1e7_small_batch": (cnn_adam_lr_1e7_small_batch, Expect([("learning_rate_too_low", "")], (0, 5))),
+    "naive_softmax_sgd_lr100": (softmax_head_sgd_lr(100.0), Expect([("learning_rate_too_high", "")], (0, 1))),
     "gru_grad_clip_1e_8": (gru_grad_clip_1e_8, Expect([("learning_rate_too_low", "")], (0, 5),
                                                       "the clip is the root; the closest cause is the step size")),
     "attention_warmup_1e6_steps": (attention_warmup_1e6_steps, Expect([("learning_rate_too_low", "")], (0, 5))),
