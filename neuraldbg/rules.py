@@ -718,6 +718,8 @@ def rule_lr_high(ctx: Context) -> list[CausalHypothesis]:
                  "and clip gradients at max_norm=1.0")]
 
 
+# A learning rate at least this large is not what makes updates negligible (a usual SGD rate is 1e-2 to 1e-1).
+USUAL_LR = 1e-2
 # A downward trend of the loss (Mann-Kendall z) this many standard deviations beyond batch noise is one.
 TREND_Z = 2.0
 
@@ -749,6 +751,10 @@ def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:
     fix = (f"raise the learning rate from {_fmt(lr)} to ~{_fmt(target)} (updates of ~1e-3 x the weights per step are "
            "typical; 1e-3 is a usual start for Adam)" if target == target else
            "raise the learning rate until updates are ~1e-3 x the weights per step")
+    if lr == lr and lr >= USUAL_LR:
+        fix = (f"the learning rate ({_fmt(lr)}) is not small, the gradient reaching the optimizer is: check for a "
+               "gradient clipped to ~0 (clip_grad_norm_'s max_norm) or a loss multiplied by a tiny "
+               f"factor; else {fix}")
     return [_hyp(ctx, Cause.LEARNING_RATE_TOO_LOW, "", ev.step, conf, chain, small + plateau, fix)]
 
 

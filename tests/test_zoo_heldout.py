@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from zoo import train
-from zoo_heldout import FAULTY, HEALTHY, TemperedSoftmax, softmax_head_sgd_lr
+from zoo_heldout import (FAULTY, HEALTHY, TemperedSoftmax, attention_warmup_1e6_steps, gru_grad_clip_1e_8,
+                         softmax_head_sgd_lr)
 
 KNOWN_MISSES = {  # scenario -> why its verdict is wrong (an xfail until fixed)
     "gru_recurrent_x30": "the GRU's recurrent weights start 30x their default scale, but nothing at its output "
@@ -52,3 +53,12 @@ def test_weights_frozen_by_a_nan_are_no_low_learning_rate():
     hyps = train(softmax_head_sgd_lr(30.0, TemperedSoftmax)()).explain()
     assert (str(hyps[0].cause), hyps[0].layer) == ("learning_rate_too_high", ""), _verdict(hyps)
     assert not [h for h in hyps if str(h.cause) == "learning_rate_too_low" and h.confidence >= 0.5], _verdict(hyps)
+
+
+def test_negligible_updates_at_a_usual_learning_rate_point_at_the_gradient():
+    """Gradients clipped to 1e-8 under SGD lr 0.5: raising the lr 1000x is not the fix, the clip is; under
+    a warm-up that holds the lr at 1e-8, raising it is."""
+    clipped = train(gru_grad_clip_1e_8()).explain()[0]
+    warmup = train(attention_warmup_1e6_steps()).explain()[0]
+    assert str(clipped.cause) == str(warmup.cause) == "learning_rate_too_low"
+    assert "clip" in clipped.suggestion and "clip" not in warmup.suggestion
