@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .health import HealthTable, StateSeries
-from .states import ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
+from .states import (ActState, FiniteState, GainState, GradState, InputState, LossState, LrState, Signal, TargetState,
+                     UpdateState)
 from .thresholds import Thresholds
 
 MAX_PER_SERIES = 16
 
 _STATE_OF = {Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState,
              Signal.FINITE: FiniteState, Signal.UPDATE: UpdateState, Signal.INPUT: InputState,
-             Signal.LOSS: LossState}
+             Signal.LOSS: LossState, Signal.TARGET: TargetState, Signal.LR: LrState}
 
 
 @dataclass
@@ -120,7 +121,7 @@ def _series_events(series: StateSeries, stable: np.ndarray, cols: np.ndarray) ->
 
 
 def _global(series: StateSeries) -> bool:
-    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS)
+    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS, Signal.TARGET, Signal.LR)
 
 
 def detect(table: HealthTable, th: Thresholds) -> list[SemanticEvent]:

@@ -25,7 +25,7 @@ import weakref
 import numpy as np
 
 from .layers import Kind, LayerInfo
-from .states import ActState, GainState, GradState, InputState, LossState, Signal, UpdateState
+from .states import ActState, GainState, GradState, InputState, LossState, LrState, Signal, TargetState, UpdateState
 from .stats import Stat
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
@@ -318,9 +318,11 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
     rel, later = f.rel, f.later
     grad = np.zeros(rel.shape, dtype=np.int8)
     with np.errstate(invalid="ignore"):
+        grad[rel < later * max(th.diminishing_ratio, th.vanishing_ratio)] = GradState.DIMINISHING.code
         grad[rel < later * th.vanishing_ratio] = GradState.VANISHING.code
         grad[(rel > later * th.exploding_ratio) | (rel > f.rel0 * th.exploding_ratio)] = GradState.EXPLODING.code
     grad_values = {GradState.VANISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
+                   GradState.DIMINISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
                    GradState.EXPLODING: {"attenuation": _ratio(rel, later), "grad_growth": _ratio(rel, f.rel0),
                                          "relative_grad": _at(rel)}}
     out.append(StateSeries(Signal.GRADIENT, steps, grad, [names[i] for i in f.gi], grad_values))
@@ -476,8 +478,23 @@ def loss_curve(values: np.ndarray, th: Thresholds) -> LossCurve:
     return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress)
 
 
+# the trend test reads at most this many losses, evenly spaced (its cost is quadratic)
+TREND_POINTS = 256
+
+
+def falling_z(v: np.ndarray) -> float:
+    """Mann-Kendall z of a downward trend: how many standard deviations more later losses are below
+    earlier ones than above them, against a loss that only moves by noise (about 2: clearly falling)."""
+    v = v[np.linspace(0, len(v) - 1, min(len(v), TREND_POINTS)).astype(int)]
+    n = len(v)
+    s = float(np.sign(v[:, None] - v[None, :])[np.triu_indices(n, 1)].sum())  # earlier minus later
+    _, ties = np.unique(v, return_counts=True)  # equal losses (a loss at exactly 0) narrow the spread
+    var = (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18
+    return s / math.sqrt(var) if var > 0 else 0.0
+
+
 def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> list[StateSeries]:
-    """A state per recorded loss: non-finite, diverging, oscillating, plateau or improving."""
+    """A state per recorded loss: non-finite, diverging, oscillating, plateau, stalled or improving."""
     steps, values = trace.loss.steps, trace.loss.data
     n = len(values)
     if n == 0:
@@ -493,16 +510,96 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state = np.zeros(n, dtype=np.int8)
     state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
     state[enough & (osc > th.loss_oscillation) & (window_progress < th.loss_progress)] = LossState.OSCILLATING.code
+    # a run too short for a plateau: a loss that has not come down, or moves only by its batch noise
+    finite = values[c.ok].astype(np.float64)
+    z = math.nan
+    if th.min_losses <= len(finite) < th.plateau_steps:
+        z = falling_z(finite)
+        if c.progress[-1] < th.loss_progress or z < th.trend_z:
+            state[state == 0] = LossState.STALLED.code
     state[rise > th.loss_rise] = LossState.DIVERGING.code
     state[~c.ok] = LossState.NONFINITE.code
     start = c.start
-    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best)}
-    return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: values_ for s in LossState})]
+    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress)}
+    stalled = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best),
+               "progress": lambda r: float(c.progress[-1]), "trend_z": lambda r: z}
+    return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: (stalled if s == LossState.STALLED else values_)
+                                                                  for s in LossState})]
+
+
+def _loss_reach(trace: Trace) -> tuple[float, float, float]:
+    """At the first step: the loss, the RMS of the model's output (the last layer to run), and how far the
+    loss is out of the output's reach, sqrt(loss) / RMS. Squared-error losses on targets of a scale the
+    outputs do not have start far above 1; a classification loss starts near it."""
+    order = trace.execution_order()
+    if not trace.loss.n or not trace.stats.n or not order or trace.loss.steps[0] != trace.stats.steps[0]:
+        return math.nan, math.nan, math.nan
+    row = trace.stats.data[0, order[-1].index]
+    rms = math.hypot(float(row[Stat.ACT_MEAN]), float(row[Stat.ACT_STD]))
+    loss = float(trace.loss.data[0])
+    if not (math.isfinite(loss) and math.isfinite(rms) and rms > 0):
+        return loss, rms, math.nan
+    return loss, rms, math.sqrt(abs(loss)) / rms
+
+
+def target_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
+    """What the loss says of the targets: a first loss whose square root is beyond the input-scale
+    threshold and that many times the outputs' RMS squared (a squared error against targets on a scale
+    the outputs do not have); a loss that falls below zero, past its own early scale, and on without
+    slowing (a cross-entropy against targets outside its range is unbounded below; a likelihood that may
+    go negative, a Gaussian NLL, slows down as it converges)."""
+    steps, v = trace.loss.steps, trace.loss.data.astype(np.float64)
+    n = len(v)
+    if n == 0:
+        return []
+    state = np.zeros(n, dtype=np.int8)
+    loss0, rms, reach = _loss_reach(trace)
+    if reach == reach and reach > th.input_scale ** 2 and math.sqrt(abs(loss0)) > th.input_scale:
+        state[0] = TargetState.OUT_OF_REACH.code
+    fall = {"start": math.nan, "lowest": math.nan, "depth": math.nan, "still_falling": 0.0}
+    ok = np.isfinite(v)
+    fv, fsteps = v[ok], steps[ok]
+    if len(fv) >= 12:
+        w = max(5, min(th.plateau_steps // 4, len(fv) // 10))
+        smooth = _rolling_median(fv, w)
+        below = np.nonzero(smooth < 0)[0]
+        if len(below):
+            # a loss per element is of order one nat or unit at most at the start: the floor keeps a loss
+            # that starts at ~0 (a negative cosine, a Gaussian NLL) from being deep below zero at -1
+            scale = max(abs(float(fv[0])), float(np.median(np.abs(np.diff(fv[:w + 1])))), 1.0)
+            q = len(fv) // 4
+            second, fourth = smooth[q] - smooth[2 * q], smooth[len(fv) - 1 - q] - smooth[-1]
+            depth = float(-smooth.min() / scale)
+            fall = {"start": float(fv[0]), "lowest": float(smooth.min()), "depth": depth,
+                    "still_falling": float(second > 0 and fourth >= 0.7 * second)}
+            if depth >= th.loss_below_zero and fall["still_falling"]:
+                first_below = int(fsteps[below[0]])
+                state[(steps >= first_below) & ok] = TargetState.UNBOUNDED.code
+    reach_values = {"loss": lambda r: loss0, "output_rms": lambda r: rms, "reach": lambda r: reach}
+    fall_values = {k: (lambda r, x=x: x) for k, x in fall.items()}
+    return [StateSeries(Signal.TARGET, steps, state[:, None], [""],
+                        {TargetState.OUT_OF_REACH: reach_values, TargetState.UNBOUNDED: fall_values}, persist=1)]
+
+
+def lr_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
+    """RAISED where the learning rate rises ``lr_jump`` times or more between sampled steps from a rate
+    that held steady before it (a warm-up ramp is no jump)."""
+    lr = trace.global_column("lr").astype(np.float64) if trace.globals.n else np.zeros(0)
+    state = np.zeros(len(lr), dtype=np.int8)
+    if len(lr) >= 3:
+        before, prior = lr[1:-1], lr[:-2]
+        with np.errstate(invalid="ignore"):
+            jump = (before > 0) & (lr[2:] >= th.lr_jump * before) & (np.abs(prior - before) <= th.lr_steady * before)
+        state[2:][jump] = LrState.RAISED.code
+    values = {"lr_before": lambda r: float(lr[r - 1]) if r > 0 else math.nan, "lr": _at(lr)}
+    return [StateSeries(Signal.LR, f.steps, state[:, None], [""], {LrState.RAISED: values}, persist=1)]
 
 
 def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> HealthTable:
     f = features(trace)
     series, latest = layer_series(f, th)
     series += global_series(trace, f, th)
+    series += lr_series(trace, f, th)
     series += loss_series(trace, th, curve)
+    series += target_series(trace, th)
     return HealthTable(steps=f.steps, layers=trace.layers, order=f.order, series=series, latest=latest)

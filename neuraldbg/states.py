@@ -40,6 +40,7 @@ class GradState(_State):
     HEALTHY = "healthy"
     VANISHING = "vanishing"
     EXPLODING = "exploding"
+    DIMINISHING = "diminishing"   # attenuated toward the input, within ten times of vanishing
 
 
 class GainState(_State):
@@ -75,6 +76,22 @@ class LossState(_State):
     DIVERGING = "diverging"
     OSCILLATING = "oscillating"
     NONFINITE = "nonfinite"
+    STALLED = "stalled"       # a run too short for a plateau whose loss has not come down beyond its noise
+
+
+class TargetState(_State):
+    """What the loss says of the targets (they are not seen themselves)."""
+
+    NORMAL = "normal"
+    OUT_OF_REACH = "out_of_reach"   # a first loss far beyond what the outputs' scale can reach
+    UNBOUNDED = "unbounded"         # a loss that cannot be negative falls deep below zero, still falling
+
+
+class LrState(_State):
+    """The learning rate of the first parameter group, as the optimizer reports it."""
+
+    STEADY = "steady"
+    RAISED = "raised"               # risen several times over from a rate that held steady
 
 
 class Signal(str, Enum):
@@ -87,6 +104,8 @@ class Signal(str, Enum):
     UPDATE = "update"
     INPUT = "input"
     LOSS = "loss"
+    TARGET = "target"
+    LR = "lr"
 
     def __str__(self) -> str:
         return self.value

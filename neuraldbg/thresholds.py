@@ -9,8 +9,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
-def _f(default, label: str, scale: str, lo, hi, doc: str):
-    return field(default=default, metadata={"label": label, "scale": scale, "min": lo, "max": hi, "doc": doc})
+def _f(default, label: str, scale: str, lo, hi, doc: str, slider: bool = True):
+    return field(default=default, metadata={"label": label, "scale": scale, "min": lo, "max": hi, "doc": doc,
+                                            "slider": slider})
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class Thresholds:
                                 "relative weight gradient of a layer vs the layers after it, below which it vanished")
     exploding_ratio: float = _f(1e3, "gradient amplification", "log", 3.0, 1e8,
                                 "relative weight gradient vs the layers after it, or vs its own start, that explodes")
+    diminishing_ratio: float = _f(1e-3, "gradient diminishing", "log", 1e-7, 0.5,
+                                  "relative weight gradient vs the layers after it below which it is diminishing "
+                                  "(a band above vanishing; with a loss that does not improve, it is why)")
     # -- updates -----------------------------------------------------------------------------------
     update_too_large: float = _f(0.1, "update/weight high", "log", 1e-3, 10.0,
                                  "update-to-weight ratio of a layer per step above which its update is too large")
@@ -45,9 +49,51 @@ class Thresholds:
                               "least improvement of the smoothed loss, as a fraction of the start loss, not a plateau")
     plateau_steps: int = _f(50, "plateau steps", "linear", 5, 1000,
                             "recorded losses needed before the loss can be called flat")
+    min_losses: int = _f(10, "fewest losses", "linear", 3, 1000,
+                         "recorded losses needed before a run too short for a plateau can be called stalled",
+                         slider=False)
+    trend_z: float = _f(2.0, "trend z", "linear", 0.5, 5.0,
+                        "Mann-Kendall z of a falling loss, in standard deviations of pure noise, that counts as a "
+                        "downward trend in a short run", slider=False)
+    loss_below_zero: float = _f(1.0, "loss below zero", "log", 0.1, 1e4,
+                                "depth below zero, in units of the loss's early scale, past which a loss still falling "
+                                "as fast points at targets outside its range", slider=False)
     # -- data --------------------------------------------------------------------------------------
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
                             "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
+    # -- learning rate -----------------------------------------------------------------------------
+    lr_jump: float = _f(2.0, "lr jump", "log", 1.2, 100.0,
+                        "factor by which the learning rate rises between sampled steps, from a steady rate, "
+                        "that counts as a jump", slider=False)
+    lr_steady: float = _f(0.1, "lr steadiness", "linear", 0.0, 1.0,
+                          "relative change between the two samples before a rise under which the rate held steady "
+                          "(a warm-up ramp is no jump)", slider=False)
+    lr_jump_window: int = _f(16, "lr jump window", "linear", 1, 1000,
+                             "steps after a jump of the learning rate within which a failure is blamed on it",
+                             slider=False)
+    usual_lr: float = _f(1e-2, "usual lr", "log", 1e-6, 10.0,
+                         "a learning rate at least this large is not what makes updates negligible: the gradient is",
+                         slider=False)
+    # -- the evidence model: one logistic function turns a hypothesis's evidence into its confidence
+    evidence_bias: float = _f(-3.0, "evidence: bias", "linear", -10.0, 10.0,
+                              "log-odds of a hypothesis with no evidence past its thresholds", slider=False)
+    evidence_severity: float = _f(2.0, "evidence: severity", "linear", 0.0, 10.0,
+                                  "weight of how far past its threshold the defining measurement is (0..1)",
+                                  slider=False)
+    evidence_persistence: float = _f(1.0, "evidence: persistence", "linear", 0.0, 10.0,
+                                     "weight of how long the defining state holds, as a share of the run (0..1)",
+                                     slider=False)
+    evidence_impact: float = _f(2.5, "evidence: impact", "linear", 0.0, 10.0,
+                                "weight of explaining the loss's failure (1; 0.5 when no loss is recorded)",
+                                slider=False)
+    evidence_floor: float = _f(0.25, "evidence: floor", "linear", 0.0, 1.0,
+                               "share of a loss failure a hypothesis explains at zero severity (it explains it all "
+                               "from 1 - floor on)", slider=False)
+    evidence_consequence: float = _f(1.5, "evidence: consequence", "linear", 0.0, 10.0,
+                                     "weight of explaining other abnormal events (blocked gradients, NaN)",
+                                     slider=False)
+    evidence_certain: float = _f(4.0, "evidence: certainty", "linear", 0.0, 10.0,
+                                 "weight of a fact that is a failure by itself (NaN/Inf produced)", slider=False)
     # -- events ------------------------------------------------------------------------------------
     persist: int = _f(2, "persistence", "linear", 1, 20,
                       "consecutive samples a state must hold before it becomes an event (hysteresis)")

@@ -1,0 +1,45 @@
+"""Inference: abductive reasoning from semantic events and links to ranked causal hypotheses.
+
+Each cause family (one module each: ``data``, ``initialization``, ``activations``, ``nonfinite``, ``gradients``,
+``learning_rate``, ``loss``) turns the events matching its signature into candidates with their evidence;
+``evidence.confidence`` scores every candidate the same way; ``causality`` lets each candidate be absorbed by
+the one that explains it, root first; ``wording`` writes the chains and fixes.
+"""
+from __future__ import annotations
+
+from ..causes import Cause
+from ..hypothesis import CONFIDENT, CausalHypothesis
+from ..states import LossState, Signal, UpdateState
+from . import activations, causality, data, gradients, initialization, learning_rate, loss, nonfinite, wording
+from .context import Context
+from .evidence import Candidate
+
+FAMILIES = (data, initialization, activations, nonfinite, gradients, loss)
+
+__all__ = ["Context", "infer", "candidates"]
+
+
+def candidates(ctx: Context) -> list[Candidate]:
+    found: list[Candidate] = []
+    for family in FAMILIES:
+        found += family.candidates(ctx)
+    return found + learning_rate.candidates(ctx, found)
+
+
+def infer(ctx: Context) -> list[CausalHypothesis]:
+    """Ranked hypotheses, best first: the roots, each with what it explains in its chain."""
+    roots = causality.resolve(candidates(ctx), ctx)
+    too_high = any(r.cause == Cause.LEARNING_RATE_TOO_HIGH and r.confidence >= CONFIDENT for r in roots)
+    lower = too_high or bool(ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
+                             or ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING))
+    out = []
+    for r in roots:
+        if r.cause == Cause.LEARNING_RATE_TOO_LOW and too_high:
+            continue  # a fix may not point the other way of a confident one
+        evidence = {id(e): e for c in r.tree() for e in c.events + c.symptoms}
+        evidence.update({id(e): e for e in r.loss})
+        out.append(CausalHypothesis(cause=r.cause, layer=r.layer, step=int(r.step), confidence=r.confidence,
+                                    chain=wording.chain(r, ctx),
+                                    evidence=sorted(evidence.values(), key=lambda e: e.step),
+                                    suggestion=wording.fix(r, ctx, lower_lr=lower)))
+    return out

@@ -1,0 +1,67 @@
+"""The learning rate: updates too large for the weights (a loss that diverges or oscillates, weights made
+NaN by an update, a weight layer that overflows during training, a flat loss while updates stay large), or
+updates negligible next to the weights while the loss does not move. A jump of the learning rate shortly
+before the failure is named with it."""
+from __future__ import annotations
+
+import math
+
+from ..causes import Cause
+from ..events import SemanticEvent
+from ..states import LossState, LrState, Signal, UpdateState
+from . import losses
+from .context import Context
+from .evidence import Candidate, below_ratio, past_ratio, persistence
+
+
+def _active_during(update: SemanticEvent, loss: SemanticEvent) -> bool:
+    """The updates are still too large at some point while the loss event holds."""
+    upd_end = math.inf if update.end is None else update.end
+    loss_end = math.inf if loss.end is None else loss.end
+    return update.step <= loss_end and upd_end > loss.step
+
+
+def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
+    out = []
+    large = ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
+    unstable = ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING)
+    # NaN in the weights after an update, or an overflow of a weight layer during training: the updates grew them
+    nan = [c for c in found if c.cause == Cause.NON_FINITE and c.kind in ("weights", "overflow")]
+    if large or unstable or nan:
+        step = min([e.step for e in large + unstable] + [c.step for c in nan])
+        top = max((e.values.get("update_max", 0.0) or 0.0 for e in large), default=0.0)
+        flat = [e for e in ctx.all(Signal.LOSS, LossState.PLATEAU, LossState.STALLED)
+                if any(_active_during(u, e) for u in large)]
+        jump = None
+        for e in ctx.all(Signal.LR, LrState.RAISED):
+            if step - ctx.th.lr_jump_window <= e.step <= step:
+                jump = e
+        if jump is not None:
+            step = jump.step
+        # how far past their thresholds: the largest update, the rise of a diverging loss over its best (an
+        # oscillating loss is just past its own); NaN weights or an overflow prove the updates outgrew the weights
+        sev = past_ratio(top, ctx.th.update_too_large) if large else 0.0
+        for e in unstable:
+            v = e.values
+            scale = max(abs(v.get("start", 0.0)), 1e-12)
+            rise = (v.get("loss", 0.0) - v.get("best", 0.0)) / scale
+            sev = max(sev, past_ratio(rise, ctx.th.loss_rise) if e.after == LossState.DIVERGING else 0.5)
+        if nan:
+            sev = max(sev, 1.0)
+        first = large[0] if large else (unstable[0] if unstable else None)
+        out.append(Candidate(Cause.LEARNING_RATE_TOO_HIGH, "", step, "too_large", large + unstable, severity=sev,
+                             persistence=persistence(first, ctx) if first is not None else 1.0,
+                             loss_kinds=losses.UNSTABLE,
+                             facts={"update_max": top, "large": large, "flat": flat, "jump": jump,
+                                    "nan": nan}))
+    small = ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE)
+    nf_step = ctx.nonfinite_step()
+    if nf_step is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the learning rate
+        small = [e for e in small if e.step < nf_step]
+    if small:
+        ev = small[0]
+        top = ev.values.get("update_max", math.nan)
+        out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ev.step, "negligible", [ev],
+                             severity=below_ratio(top, ctx.th.update_negligible), persistence=persistence(ev, ctx),
+                             needs_harm=True, loss_kinds=losses.FLAT, facts={"update_max": top}))
+    return out
