@@ -573,8 +573,11 @@ def target_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
             fall = {"start": float(fv[0]), "lowest": float(smooth.min()), "depth": depth,
                     "still_falling": float(second > 0 and fourth >= 0.7 * second)}
             if depth >= th.loss_below_zero and fall["still_falling"]:
-                first_below = int(fsteps[below[0]])
-                state[(steps >= first_below) & ok] = TargetState.UNBOUNDED.code
+                # from where the steady fall began: targets out of range pull the loss down from the start
+                i = int(below[0])
+                while i > 0 and smooth[i - 1] >= smooth[i]:
+                    i -= 1
+                state[(steps >= int(fsteps[i])) & ok] = TargetState.UNBOUNDED.code
     reach_values = {"loss": lambda r: loss0, "output_rms": lambda r: rms, "reach": lambda r: reach}
     fall_values = {k: (lambda r, x=x: x) for k, x in fall.items()}
     return [StateSeries(Signal.TARGET, steps, state[:, None], [""],

@@ -257,8 +257,10 @@ def test_moving_a_slider_reanalyses_and_redraws_grid_and_panel():
 
     dash.controls.sliders["dead_fraction"].value = 0.9  # as a user dragging it
     assert dbg.thresholds.dead_fraction == pytest.approx(0.9)
-    assert _verdict(dbg) == []  # re-analysed from the recorded trace, no retraining
-    assert 'class="ndbg-healthy"' in dash.panel.value and 'data-cause="dead_units"' not in dash.panel.value
+    # re-analysed from the recorded trace, no retraining: 69% of the units is no dead layer at 0.9; what is
+    # left is the bias of -50 behind them (the labels are random, so the loss cannot come down)
+    assert ("dead_units", "1") not in _verdict(dbg)
+    assert 'data-cause="dead_units"' not in dash.panel.value and dash.panel.value != before_panel
     assert 'data-layer="1" data-act="normal"' in rows_of(dash.grid)
     assert dash.root.text == dbg.report()
 

@@ -6,7 +6,7 @@ from ..causes import Cause
 from ..states import FiniteState, GradState, InputState, ActState, Signal, TargetState
 from . import losses
 from .context import Context
-from .evidence import Candidate, past_ratio, persistence
+from .evidence import RATIO_CAP, Candidate, past_ratio, persistence
 
 # how many layers from the input an input out of scale harms first
 _FIRST_LAYERS = 3
@@ -41,6 +41,8 @@ def candidates(ctx: Context) -> list[Candidate]:
                              persistence=persistence(ev, ctx), loss_kinds=losses.ANY, facts=dict(ev.values)))
     for ev in ctx.all(Signal.TARGET, TargetState.UNBOUNDED)[:1]:
         out.append(Candidate(Cause.DATA, "input", ev.step, "targets_unbounded", [ev],
-                             severity=past_ratio(ev.values.get("depth", 0.0), ctx.th.loss_below_zero),
+                             # depth in units of the loss's early scale: linear, past the threshold
+                             severity=min(max(ev.values.get("depth", 0.0) / ctx.th.loss_below_zero - 1.0, 0.0),
+                                          RATIO_CAP),
                              persistence=persistence(ev, ctx), loss_kinds=losses.UNBOUNDED, facts=dict(ev.values)))
     return out

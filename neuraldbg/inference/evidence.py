@@ -133,7 +133,7 @@ def confidence(c: Candidate, ctx: Context) -> float:
     impact = max((loss_failure(e, th) for e in c.loss), default=0.0 if ctx.has_loss else 0.5)
     # explaining other abnormal events; twice as much when one of them is a failure by itself (a NaN)
     consequence = (2.0 if any(a.certain for a in c.explained()) else 1.0) if (c.symptoms or c.absorbed) else 0.0
-    harmed = impact > 0 or consequence > 0 or c.certain
+    harmed = bool(c.loss) or consequence > 0 or c.certain  # an unrecorded loss shows no harm
     gate = 1.0 if (harmed or not c.needs_harm) else 0.5
     # a cause barely past its threshold explains only part of a loss failure; well past it, all of it
     explains = min(1.0, th.evidence_floor + c.severity)
