@@ -78,8 +78,10 @@ def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
         return grows and _after(a, b)
     if not _early(a, b, ctx):
         return False
-    if b.cause == C.LEARNING_RATE_TOO_HIGH:  # outputs out of scale give gradients, and updates, out of scale
-        return grows
+    if b.cause == C.LEARNING_RATE_TOO_HIGH:
+        # outputs out of scale give gradients, and updates, out of scale; weights far too small make any
+        # update large next to them
+        return True
     if a.kind == "saturating":
         return b.cause == C.SATURATED_ACTIVATIONS and b.layer in a.facts["saturated"]
     if b.cause in (C.SATURATED_ACTIVATIONS, C.DEAD_UNITS):
@@ -125,8 +127,12 @@ def _exploding(a: Candidate, b: Candidate, ctx: Context) -> bool:
 
 
 def _blocks(a: Candidate, b: Candidate, ctx: Context) -> bool:
-    """A dead or saturated layer stops the gradient to the layers before it; from the first step, it accounts
-    for the scale of the one layer that feeds it."""
+    """A dead or saturated layer stops the gradient to the layers before it (and so their updates); from the
+    first step, it accounts for the scale of the one layer that feeds it."""
+    if b.cause == C.LEARNING_RATE_TOO_LOW:
+        return _no_gradient(a, b)
+    if b.cause in (C.DEAD_UNITS, C.SATURATED_ACTIVATIONS):  # what a constant signal does downstream
+        return any(e in a.facts.get("downstream", []) for e in b.events)
     if b.cause == C.BAD_INITIALIZATION:
         return (b.kind in ("amplifies", "shrinks") and bool(b.layer) and b.layer == a.facts.get("previous")
                 and ctx.from_start(a.step) and _early(b, a, ctx))
@@ -134,6 +140,15 @@ def _blocks(a: Candidate, b: Candidate, ctx: Context) -> bool:
         return False
     blocked = a.facts.get("blocked", [])
     return any(e in blocked for e in b.events) or (ctx.upstream(b.layer, a.layer) and b.step >= a.step)
+
+
+def _no_gradient(a: Candidate, b: Candidate) -> bool:
+    """Updates that become negligible once the gradient stopped flowing: not the step size, the gradient."""
+    return b.step >= a.step and bool(a.symptoms or a.cause == C.VANISHING_GRADIENTS)
+
+
+def _vanishing(a: Candidate, b: Candidate, ctx: Context) -> bool:
+    return b.cause == C.LEARNING_RATE_TOO_LOW and a.kind == "vanishing" and _no_gradient(a, b)
 
 
 def _nonfinite(a: Candidate, b: Candidate, ctx: Context) -> bool:
@@ -148,6 +163,7 @@ EXPLAINS: dict[Cause, Predicate] = {
     C.DEAD_UNITS: _blocks,
     C.SATURATED_ACTIVATIONS: _blocks,
     C.NON_FINITE: _nonfinite,
+    C.VANISHING_GRADIENTS: _vanishing,
 }
 
 
