@@ -16,13 +16,14 @@ from neuraldbg import Thresholds
 
 
 def slider_fields() -> list[dataclasses.Field]:
-    """The ``Thresholds`` fields that get a slider (numeric, with a min/max in their metadata)."""
+    """The ``Thresholds`` fields that get a slider (numeric, with a min/max in their metadata, and meant for one)."""
     out = []
     defaults = Thresholds()
     for f in dataclasses.fields(Thresholds):
         md = f.metadata
         value = getattr(defaults, f.name)
-        if "min" in md and "max" in md and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if ("min" in md and "max" in md and md.get("slider", True) and isinstance(value, (int, float))
+                and not isinstance(value, bool)):
             out.append(f)
     return out
 

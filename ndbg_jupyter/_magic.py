@@ -25,10 +25,11 @@ _CORE_FLAGS = {"model", "optimizer", "loss", "every", "no_live", "out"}
 
 
 def _threshold_flags(func):
-    """One ``--name VALUE`` flag per ``Thresholds`` field, generated from its metadata."""
+    """One ``--name VALUE`` flag per ``Thresholds`` field a user would tune (those with a slider), generated
+    from its metadata; the others are reached with ``%config NeuralDbgMagics.thresholds``."""
     defaults = Thresholds()
     for f in reversed(dataclasses.fields(Thresholds)):
-        if f.name in _CORE_FLAGS:
+        if f.name in _CORE_FLAGS or not f.metadata.get("slider", True):
             continue
         value = getattr(defaults, f.name)
         kind = int if isinstance(value, int) and not isinstance(value, bool) else float

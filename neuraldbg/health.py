@@ -520,7 +520,8 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state[rise > th.loss_rise] = LossState.DIVERGING.code
     state[~c.ok] = LossState.NONFINITE.code
     start = c.start
-    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress)}
+    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress),
+               "oscillation": _at(osc)}
     stalled = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best),
                "progress": lambda r: float(c.progress[-1]), "trend_z": lambda r: z}
     return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: (stalled if s == LossState.STALLED else values_)

@@ -74,6 +74,8 @@ class Thresholds:
     usual_lr: float = _f(1e-2, "usual lr", "log", 1e-6, 10.0,
                          "a learning rate at least this large is not what makes updates negligible: the gradient is",
                          slider=False)
+    input_reach: int = _f(3, "input reach", "linear", 1, 20,
+                          "layers from the input that an input out of scale harms directly", slider=False)
     # -- the evidence model: one logistic function turns a hypothesis's evidence into its confidence
     evidence_bias: float = _f(-3.0, "evidence: bias", "linear", -10.0, 10.0,
                               "log-odds of a hypothesis with no evidence past its thresholds", slider=False)
@@ -92,6 +94,18 @@ class Thresholds:
     evidence_consequence: float = _f(1.5, "evidence: consequence", "linear", 0.0, 10.0,
                                      "weight of explaining other abnormal events (blocked gradients, NaN)",
                                      slider=False)
+    evidence_unknown_loss: float = _f(0.5, "evidence: unknown loss", "linear", 0.0, 1.0,
+                                      "impact counted when no loss is recorded", slider=False)
+    evidence_unharmed: float = _f(0.5, "evidence: unharmed", "linear", 0.0, 1.0,
+                                  "share of severity and persistence counted for a cause that is no failure by "
+                                  "itself (a weight scale) while it explains no loss failure or other event",
+                                  slider=False)
+    evidence_noisy_stall: float = _f(0.5, "evidence: noisy stall", "linear", 0.0, 1.0,
+                                     "how much of a failure a short run's loss is that came down, but not beyond its "
+                                     "batch noise", slider=False)
+    evidence_nan_consequence: float = _f(2.0, "evidence: NaN consequence", "linear", 1.0, 5.0,
+                                         "consequence counted for explaining a NaN/Inf (1 for other events)",
+                                         slider=False)
     evidence_certain: float = _f(4.0, "evidence: certainty", "linear", 0.0, 10.0,
                                  "weight of a fact that is a failure by itself (NaN/Inf produced)", slider=False)
     # -- events ------------------------------------------------------------------------------------

@@ -8,10 +8,6 @@ from . import losses
 from .context import Context
 from .evidence import RATIO_CAP, Candidate, past_ratio, persistence
 
-# how many layers from the input an input out of scale harms first
-_FIRST_LAYERS = 3
-
-
 def candidates(ctx: Context) -> list[Candidate]:
     out = []
     nf = ctx.nonfinite
@@ -28,7 +24,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         ev = unscaled[0]
         v = ev.values
         scale = max(abs(v.get("input_mean", 0.0)), v.get("input_std", 0.0))
-        first = set(ctx.first_layers(_FIRST_LAYERS))
+        first = set(ctx.first_layers(ctx.th.input_reach))
         symptoms = [e for e in ctx.events if e.bad and e.layer in first and e.step >= ev.step
                     and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE)
                     and e.after not in (GradState.DIMINISHING,)]

@@ -6,14 +6,14 @@ and the measured evidence behind it, each on a 0..1 scale:
 - severity: how far past its threshold the defining measurement is (``past_ratio``: up to 2 for a ratio two
   decades past it; ``past_fraction``: up to 1);
 - persistence: how long the defining state holds, as a share of the run from its onset on;
-- consequence: whether it explains other abnormal events (a gradient it blocks; 2 for a NaN it produces);
-- impact: whether it explains the loss's failure (flat, rising, oscillating, NaN), 0.5 when no loss is recorded,
+- consequence: whether it explains other abnormal events (a gradient it blocks; more for a NaN it produces);
+- impact: whether it explains the loss's failure (flat, rising, oscillating, NaN), partly when no loss is recorded,
   in proportion to its severity up to a point (a cause barely past its threshold explains part of a failure);
 - certainty: a fact that is a failure by itself (NaN/Inf produced).
 
 A signature may declare that its measurement alone is no failure (``needs_harm``: a weight scale off its
-default, a gradient that only diminishes): then severity and persistence count half until the candidate
-explains a loss failure or another abnormal event.
+default, a gradient that only diminishes): then severity and persistence count only in part until the
+candidate explains a loss failure or another abnormal event.
 
 ``confidence`` turns them into one number the same way for every cause: a logistic model whose weights are
 fields of ``Thresholds``. The number of symptom layers does not count, so confidence does not grow with depth.
@@ -121,20 +121,21 @@ def persistence(ev: SemanticEvent, ctx: Context) -> float:
 
 
 def loss_failure(ev: SemanticEvent, th) -> float:
-    """How much of a failure a loss event is: 1, or 0.5 for a short run whose loss came down by more than the
+    """How much of a failure a loss event is: 1, or less for a short run whose loss came down by more than the
     progress threshold but without a trend beyond its batch noise."""
     if ev.after == LossState.STALLED and ev.values.get("progress", 0.0) >= th.loss_progress:
-        return 0.5
+        return th.evidence_noisy_stall
     return 1.0
 
 
 def confidence(c: Candidate, ctx: Context) -> float:
     th = ctx.th
-    impact = max((loss_failure(e, th) for e in c.loss), default=0.0 if ctx.has_loss else 0.5)
+    impact = max((loss_failure(e, th) for e in c.loss), default=0.0 if ctx.has_loss else th.evidence_unknown_loss)
     # explaining other abnormal events; twice as much when one of them is a failure by itself (a NaN)
-    consequence = (2.0 if any(a.certain for a in c.explained()) else 1.0) if (c.symptoms or c.absorbed) else 0.0
+    consequence = ((th.evidence_nan_consequence if any(a.certain for a in c.explained()) else 1.0)
+                   if (c.symptoms or c.absorbed) else 0.0)
     harmed = bool(c.loss) or consequence > 0 or c.certain  # an unrecorded loss shows no harm
-    gate = 1.0 if (harmed or not c.needs_harm) else 0.5
+    gate = 1.0 if (harmed or not c.needs_harm) else th.evidence_unharmed
     # a cause barely past its threshold explains only part of a loss failure; well past it, all of it
     explains = min(1.0, th.evidence_floor + c.severity)
     z = (th.evidence_bias + gate * (th.evidence_severity * c.severity + th.evidence_persistence * c.persistence)

@@ -38,14 +38,15 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
                 jump = e
         if jump is not None:
             step = jump.step
-        # how far past their thresholds: the largest update, the rise of a diverging loss over its best (an
-        # oscillating loss is just past its own); NaN weights or an overflow prove the updates outgrew the weights
+        # how far past their thresholds: the largest update, the rise of a diverging loss over its best, the
+        # swing of an oscillating one; NaN weights or an overflow prove the updates outgrew the weights
         sev = past_ratio(top, ctx.th.update_too_large) if large else 0.0
         for e in unstable:
             v = e.values
             scale = max(abs(v.get("start", 0.0)), 1e-12)
             rise = (v.get("loss", 0.0) - v.get("best", 0.0)) / scale
-            sev = max(sev, past_ratio(rise, ctx.th.loss_rise) if e.after == LossState.DIVERGING else 0.5)
+            sev = max(sev, past_ratio(rise, ctx.th.loss_rise) if e.after == LossState.DIVERGING else
+                      past_ratio(v.get("oscillation", 0.0), ctx.th.loss_oscillation))
         if nan:
             sev = max(sev, 1.0)
         first = large[0] if large else (unstable[0] if unstable else None)
