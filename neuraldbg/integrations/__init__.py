@@ -6,6 +6,7 @@ package imports neither framework; each module imports its own framework only wh
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from contextlib import contextmanager
 from typing import Iterator
@@ -40,8 +41,12 @@ def bind(trainer, session) -> Iterator[object]:
     kind = trainer_kind(trainer)
     if kind is None:
         raise TypeError(f"not a Lightning or Hugging Face trainer: {type(trainer).__name__}")
-    __import__(_TRAINERS[kind][1])
-    spoke = sys.modules[_TRAINERS[kind][1]]
+    spoke = importlib.import_module(_TRAINERS[kind][1])
+    mine = spoke.find_callback(trainer)
+    if mine is not None:  # the user's own callback: it reports to ``session`` in a ``session_scope``
+        with session_scope(session):
+            yield mine
+        return
     callback = spoke.callback_for(trainer, session=session, report=False)
     spoke.add_callback(trainer, callback)
     try:

@@ -80,6 +80,7 @@ class Watch:
         self.rank_zero = True
         self.stopped_by: str | None = None
         self._stop_at_end = False
+        self._adopted = False
         self._running = False
         self._losses: list = []
 
@@ -93,6 +94,7 @@ class Watch:
         if session is None:
             scoped = active_session()
             session = scoped if scoped is not None and _watches(scoped, model) else None
+        self._adopted = session is not None and session is not self._given  # its owner shows the verdict
         optimizer = optimizer_of(optimizer)
         if session is None:
             options = dict(self.options)
@@ -128,7 +130,7 @@ class Watch:
         try:
             if self.save is not None:
                 session.save(self.save)
-            if self.report:
+            if self.report and not self._adopted:
                 print(f"NeuralDbg: training {outcome} after {session.step} steps\n{session.report()}")
         except Exception as e:  # noqa: BLE001 - the training's own outcome must not be hidden by ours
             print(f"neuraldbg: could not write the verdict: {type(e).__name__}: {e}")

@@ -131,6 +131,11 @@ def callback_for(trainer, **kwargs):
     return _callback_class(importlib.import_module(package).Callback)(**kwargs)
 
 
+def find_callback(trainer):
+    """A NeuralDbg callback the trainer already holds, if any."""
+    return next((cb for cb in trainer.callbacks if isinstance(cb, _LightningWatch)), None)
+
+
 def add_callback(trainer, callback) -> None:
     trainer.callbacks.append(callback)
 

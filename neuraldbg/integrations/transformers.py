@@ -153,6 +153,11 @@ def callback_for(trainer, **kwargs) -> NeuralDbgCallback:
     return callback
 
 
+def find_callback(trainer):
+    """A NeuralDbg callback the trainer already holds, if any."""
+    return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, NeuralDbgCallback)), None)
+
+
 def add_callback(trainer, callback) -> None:
     trainer.add_callback(callback)
 
