@@ -80,6 +80,18 @@ def test_a_callback_made_in_the_cell_reports_to_the_cell_session(ip):
     assert no_hooks(ip.user_ns["lit"])
 
 
+def test_a_trainer_that_already_holds_a_callback_gets_no_second_one(ip):
+    ip.run_cell(LIGHTNING + "from neuraldbg.integrations.lightning import NeuralDbgCallback\n"
+                            "cb = NeuralDbgCallback()\ntrainer = lightning_trainer(case, [cb])\n")
+    result, io = run(ip, "%%neuraldbg\ntrainer.fit(lit, data)")
+    assert result.error_in_exec is None
+    dbg, trainer = ip.user_ns["_ndbg"], ip.user_ns["trainer"]
+    assert ip.user_ns["cb"].session is dbg and dbg.step == 20
+    assert [type(c).__name__ for c in trainer.callbacks].count("NeuralDbgCallback") == 1
+    assert dbg.trace.loss.n == 20  # one loss per step: the steps were not fed twice
+    assert io.stdout.count("NeuralDbg verdict") == 1 and "NeuralDbg: training" not in io.stdout
+
+
 def test_a_fit_that_raises_leaves_no_hook_and_no_callback(ip):
     ip.run_cell(LIGHTNING + "lit.fail_at = 7\n")
     result, io = run(ip, "%%neuraldbg\ntrainer.fit(lit, data)")
