@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_PIN)" -e ".[jupyter,test]"
+	$(PIP) install -q "$(TORCH_PIN)" -e ".[jupyter,test,lightning,transformers]"
 	touch $@
 
 venv: $(VENV)/.installed

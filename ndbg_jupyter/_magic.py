@@ -1,6 +1,7 @@
 """``%%neuraldbg`` (watch a training cell) and ``%neuraldbg`` (work on the last session)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import keyword
 import numbers
@@ -17,11 +18,12 @@ from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, TraitError, Unico
 from traitlets.config.configurable import Configurable
 
 from neuraldbg import NeuralDbg, Thresholds
+from neuraldbg.integrations import bind, session_scope, trainer_kind
 
-from ._namespace import model_candidates, optimizer_for
+from ._namespace import model_candidates, optimizer_for, trainer_candidates
 from ._verdict import Verdict, thresholds_text
 
-_CORE_FLAGS = {"model", "optimizer", "loss", "every", "no_live", "out"}
+_CORE_FLAGS = {"model", "optimizer", "trainer", "loss", "every", "no_live", "out"}
 
 
 def _threshold_flags(func):
@@ -70,6 +72,7 @@ class _Plan:
     loss: str
     out: str
     widgets: bool
+    trainer: object = None  # a Lightning or Hugging Face trainer the cell calls
 
 
 class _LossFeed:
@@ -142,6 +145,8 @@ class NeuralDbgMagics(Magics, Configurable):
     @argument("--optimizer", metavar="OPT", default=None,
               help="expression for the optimizer (steps are counted by it); default: the one optimizer "
                    "owning the model's parameters, if any")
+    @argument("--trainer", metavar="NAME", default=None,
+              help="a Lightning or Hugging Face trainer the cell trains with (default: the one the cell names)")
     @argument("--loss", metavar="NAME", default=None, help="variable recorded as the loss after each step")
     @argument("--every", metavar="N", type=int, default=None, help="full statistics every N steps")
     @argument("--no-live", action="store_true", help="no live dashboard: print the verdict as text at the end")
@@ -153,20 +158,41 @@ class NeuralDbgMagics(Magics, Configurable):
 
         The cell runs in your namespace as it would without the magic. The session goes into
         ``_ndbg`` (or VAR) however the cell ends. After it: ``%neuraldbg explain | report |
-        save PATH | load PATH | thresholds``.
+        save PATH | load PATH | thresholds``. A cell that calls ``trainer.fit(...)`` (PyTorch
+        Lightning) or ``trainer.train()`` (Hugging Face) is watched through the trainer's callbacks:
+        the trainer the cell names (or ``--trainer NAME``), or a ``NeuralDbgCallback()`` given to a
+        trainer made in the cell.
         """
-        plan = self._plan(_parse(self.neuraldbg_cell, line))
+        plan = self._plan(_parse(self.neuraldbg_cell, line), cell)
         self._run(plan, cell)
 
-    def _plan(self, args) -> _Plan:
+    def _trainer(self, args, cell: str):
+        """The framework trainer the cell trains with, if any."""
+        if args.trainer:
+            trainer = self._eval(args.trainer, "--trainer")
+            if trainer_kind(trainer) is None:
+                raise UsageError(f"--trainer {args.trainer!r} is a {type(trainer).__name__}, "
+                                 "not a PyTorch Lightning or Hugging Face Trainer")
+            return trainer
+        found = trainer_candidates(self.shell.user_ns, cell)
+        if len(found) > 1:
+            names = ", ".join(n for n, _ in found)
+            raise UsageError(f"the cell names several trainers ({names}): pick one, e.g. --trainer {found[0][0]}")
+        return found[0][1] if found else None
+
+    def _plan(self, args, cell: str = "") -> _Plan:
         ns = self.shell.user_ns
+        trainer = self._trainer(args, cell)
+        kind = trainer_kind(trainer) if trainer is not None else None
         if args.model:
             model = self._eval(args.model, "MODEL")
             if not isinstance(model, nn.Module):
                 raise UsageError(f"MODEL {args.model!r} is a {type(model).__name__}, not a torch.nn.Module")
             model_name = args.model
+        elif kind == "transformers":
+            model, model_name = trainer.model, f"{args.trainer or 'trainer'}.model"
         else:
-            found = model_candidates(ns)
+            found = model_candidates(ns, lightning=kind == "lightning")
             if not found:
                 raise UsageError("no torch.nn.Module in the namespace: create the model first, "
                                  "or name it: %%neuraldbg MODEL")
@@ -198,7 +224,7 @@ class NeuralDbgMagics(Magics, Configurable):
         except (TypeError, ValueError) as e:
             raise UsageError(f"bad thresholds: {e}") from None
         widgets = self.live and not args.no_live and self._widgets_available()
-        return _Plan(model, model_name, optimizer, thresholds, every, loss, out, widgets)
+        return _Plan(model, model_name, optimizer, thresholds, every, loss, out, widgets, trainer)
 
     def _eval(self, expr: str, what: str):
         try:
@@ -245,7 +271,11 @@ class NeuralDbgMagics(Magics, Configurable):
                     self._keep(dash, handle)
                 except Exception as e:  # noqa: BLE001 - an older view's failure must not stop this cell
                     print(f"neuraldbg: could not retire an older dashboard: {type(e).__name__}: {e}")
-            result = self.shell.run_cell(cell)  # shows the user's traceback, displays the last value
+            with contextlib.ExitStack() as stack:  # trainers report to this session while the cell runs
+                stack.enter_context(session_scope(dbg))
+                if plan.trainer is not None:
+                    stack.enter_context(bind(plan.trainer, dbg))
+                result = self.shell.run_cell(cell)  # shows the user's traceback, displays the last value
         finally:
             dbg.stop()  # every way out: hooks removed
             feed.close()

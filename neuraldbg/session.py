@@ -93,6 +93,43 @@ class NeuralDbg:
             raise RuntimeError("a loaded session records nothing")
         self._recorder.record_loss(loss)
 
+    # -- driven by a training framework --------------------------------------------------------------
+    def _live_recorder(self) -> Recorder:
+        if self._recorder is None:
+            raise RuntimeError("a loaded session watches no training")
+        return self._recorder
+
+    def set_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Count steps by ``optimizer`` from now on, in place of the one given before, if any: for an
+        optimizer created only once training begins (by a trainer). Call it before the first step."""
+        self._live_recorder().set_optimizer(optimizer)
+        self.optimizer = optimizer
+
+    def begin_pass(self, inputs=(), run: Callable[[nn.Module], object] | None = None) -> None:
+        """A training pass starts that does not go through the model's own forward (a training step that
+        calls the model's submodules, as a LightningModule's ``training_step`` may). ``inputs``: the batch
+        (checked for NaN/Inf, described as the input); ``run(copy)``: the same pass on a copy of the model,
+        returning its loss, to replay it when NaN/Inf must be located. Until ``end_forward``, calls of
+        the model's own forward are part of this pass.
+
+        >>> dbg.begin_pass(batch, run=lambda m: loss_of(m, batch))
+        >>> loss = loss_of(model, batch)
+        >>> dbg.end_forward(loss); loss.backward(); opt.step()
+        """
+        self._live_recorder().begin_pass((inputs,), {}, run)
+
+    def end_forward(self, outputs) -> None:
+        """The forward part of the pass begun by ``begin_pass`` is over; ``outputs`` (the loss, or the
+        tensors the backward starts from) are watched through the backward pass."""
+        self._live_recorder().end_forward(outputs)
+
+    def read_gradients(self) -> None:
+        """Measure the parameter gradients now, for the step in progress, in place of what the backward
+        pass measured: for a loop that unscales gradients after backward (mixed precision). Call it after
+        the step's last backward and before gradients are clipped or zeroed. By default the gradients are
+        read at the end of each backward pass (the last one of a step counts)."""
+        self._live_recorder().read_gradients()
+
     @property
     def step(self) -> int:
         """Completed steps: optimizer steps when an optimizer was given, else backward passes."""
