@@ -1,6 +1,8 @@
 """Gradients: one that grows without bound (named where it is amplified), one that collapses on its way back
 toward the input (named where the collapse starts, closest to the output), and one that persistently
-diminishes to within ten times of vanishing (a cause when the loss does not improve)."""
+diminishes to within ten times of vanishing. None is a failure by itself: attention keys and deep
+normalised stacks train well with gradients far below the layers after them, and a gradient that grows for
+a while can settle; each is one when the loss fails with it or it produces what fails."""
 from __future__ import annotations
 
 import math
@@ -75,7 +77,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         where = _amplifier(ctx, origin.layer)
         out.append(Candidate(Cause.EXPLODING_GRADIENTS, where, origin.step, "exploding", [origin],
                              severity=past_ratio(amp, ctx.th.exploding_ratio),
-                             persistence=persistence(origin, ctx),
+                             persistence=persistence(origin, ctx), needs_harm=True,
                              symptoms=[e for e in exploding if e is not origin], loss_kinds=losses.ANY,
                              facts={"amplification": amp, "origin": origin.layer, "others": [e for e in exploding
                                                                                             if e is not origin]}))
@@ -100,7 +102,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.VANISHING_GRADIENTS, origin.layer, origin.step, kind, span,
                              # from the diminishing threshold: one decade below it is (by default) vanishing
                              severity=below_ratio(att, max(ctx.th.diminishing_ratio, ctx.th.vanishing_ratio)),
-                             persistence=_span_persistence(span, ctx), needs_harm=kind == "diminishing",
+                             persistence=_span_persistence(span, ctx), needs_harm=True,
                              loss_kinds=losses.FLAT,
                              facts={"attenuation": span[-1].values.get("attenuation", math.nan),
                                     "others": [run[0] for run in pool if run[0].layer != origin.layer]}))
