@@ -132,8 +132,10 @@ def confidence(c: Candidate, ctx: Context) -> float:
     th = ctx.th
     impact = max((loss_failure(e, th) for e in c.loss), default=0.0 if ctx.has_loss else th.evidence_unknown_loss)
     # explaining other abnormal events; twice as much when one of them is a failure by itself (a NaN)
-    consequence = ((th.evidence_nan_consequence if any(a.certain for a in c.explained()) else 1.0)
-                   if (c.symptoms or c.absorbed) else 0.0)
+    # (a flat loss it explains counts as impact, not again as a consequence)
+    explained = [a for a in c.explained() if a.cause != Cause.LOSS_PLATEAU]
+    consequence = ((th.evidence_nan_consequence if any(a.certain for a in explained) else 1.0)
+                   if (c.symptoms or explained) else 0.0)
     harmed = bool(c.loss) or consequence > 0 or c.certain  # an unrecorded loss shows no harm
     gate = 1.0 if (harmed or not c.needs_harm) else th.evidence_unharmed
     # a cause barely past its threshold explains only part of a loss failure; well past it, all of it
