@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import keyword
 import numbers
+import re
 import time
 from dataclasses import dataclass
 
@@ -21,7 +23,7 @@ from neuraldbg import NeuralDbg, Thresholds
 from neuraldbg.integrations import bind, session_scope, trainer_kind
 
 from ._namespace import model_candidates, optimizer_for, trainer_candidates
-from ._verdict import Verdict, thresholds_text
+from ._outcome import verdict_text
 
 _CORE_FLAGS = {"model", "optimizer", "trainer", "loss", "every", "no_live", "out"}
 
@@ -52,6 +54,28 @@ def _parse(magic, line: str):
         return parse_argstring(magic, line)
     except ValueError as e:  # shlex: an unclosed quote or a trailing backslash
         raise UsageError(f"cannot parse the arguments {line!r}: {e}") from None
+    except UsageError as e:
+        raise UsageError(_suggest(str(e), magic.parser)) from None
+
+
+def _suggest(message: str, parser) -> str:
+    """argparse's message with the closest valid flag or command for each unrecognised one."""
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    if unknown:
+        for word in unknown.group(1).split():
+            flag = word.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6) if flag.startswith("-") else []
+            if close:
+                hints.append(f"{flag}: did you mean {close[0]}?")
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        valid = re.findall(r"'?([\w-]+)'?", choice.group(2))
+        close = difflib.get_close_matches(choice.group(1), valid, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"did you mean {close[0]}?")
+    return message + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _identifier(value: str, what: str) -> str:
@@ -130,6 +154,14 @@ class NeuralDbgMagics(Magics, Configurable):
     def _check_every(self, proposal):
         if proposal["value"] is not None and proposal["value"] < 1:
             raise TraitError(f"{proposal['trait'].name} must be a positive integer, got {proposal['value']}")
+        return proposal["value"]
+
+    @validate("thresholds")
+    def _check_thresholds(self, proposal):
+        try:
+            Thresholds(**proposal["value"])
+        except (TypeError, ValueError) as e:
+            raise TraitError(f"NeuralDbgMagics.thresholds: {e}") from None
         return proposal["value"]
 
     @validate("out")
@@ -216,13 +248,16 @@ class NeuralDbgMagics(Magics, Configurable):
         if loss:
             _identifier(loss, "--loss")
         out = _identifier(args.out if args.out is not None else self.out, "--out")
-        overrides = dict(self.thresholds)
-        overrides.update({f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)
-                          if getattr(args, f.name, None) is not None})
+        flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)
+                 if getattr(args, f.name, None) is not None}
         try:
-            thresholds = Thresholds(**overrides)
-        except (TypeError, ValueError) as e:
-            raise UsageError(f"bad thresholds: {e}") from None
+            thresholds = Thresholds(**self.thresholds)
+        except (TypeError, ValueError) as e:  # set before the check existed, or by hand
+            raise UsageError(f"bad thresholds in %config NeuralDbgMagics.thresholds: {e}") from None
+        try:
+            thresholds = thresholds.replace(**flags)
+        except ValueError as e:
+            raise UsageError(f"bad threshold flag: {e}") from None
         widgets = self.live and not args.no_live and self._widgets_available()
         return _Plan(model, model_name, optimizer, thresholds, every, loss, out, widgets, trainer)
 
@@ -295,12 +330,18 @@ class NeuralDbgMagics(Magics, Configurable):
         try:
             if dash is not None:
                 dash.finish(outcome)
-                if handle is not None:
-                    handle.update(dash.root)  # re-publish: its text form is now the verdict
+                self._show_static(dash)  # after the cell's own output, as a text verdict would be
                 return
-            print(Verdict(dbg, outcome).text())
+            print(verdict_text(dbg, outcome))
         except Exception as e:  # noqa: BLE001 - the user's own outcome was shown; say why ours is missing
             print(f"neuraldbg: could not analyse the run: {type(e).__name__}: {e}")
+
+    @staticmethod
+    def _show_static(dash, panel_only: bool = False) -> None:
+        """Display the dashboard's static companion (what exports and viewers without widgets show)."""
+        handle = display(dash.static_bundle(panel_only), raw=True, display_id=True)
+        if handle is not None:
+            dash.static_handles.append((handle, panel_only))
 
     # -- %neuraldbg -------------------------------------------------------------------------------
     @magic_arguments(name="neuraldbg")
@@ -323,7 +364,8 @@ class NeuralDbgMagics(Magics, Configurable):
             return self._load(path)
         dbg = self._current()
         if args.command == "explain":
-            display(Verdict(dbg, "explain"))
+            verdict = dbg.explain()  # Markdown, not HTML: a text export keeps it as text
+            display({"text/markdown": verdict.markdown(), "text/plain": verdict.text()}, raw=True)
         elif args.command == "report":
             print(dbg.report())
         elif args.command == "save":
@@ -356,12 +398,14 @@ class NeuralDbgMagics(Magics, Configurable):
             dash.show(dbg, "loaded")
             self.dashboard = dash
             self._keep(dash, display(dash.root, display_id=True))
+            self._show_static(dash)
         else:
-            print(Verdict(dbg, "loaded").text())
+            print(verdict_text(dbg, "loaded"))
 
     def _thresholds(self, dbg: NeuralDbg) -> None:
         if not self._widgets_available():
-            print(thresholds_text(dbg.thresholds))
+            print("Thresholds (change one with _ndbg.reanalyze(name=value), %%neuraldbg --name VALUE, or "
+                  "%config NeuralDbgMagics.thresholds = {'name': value}):\n" + dbg.thresholds.describe())
             return
         dash = self.dashboard
         if dash is None or dash.dbg is not dbg:
@@ -374,6 +418,7 @@ class NeuralDbgMagics(Magics, Configurable):
             for kept, handles in self._live:
                 if kept is dash:  # a second view of a kept dashboard: retired with it
                     handles.append(handle)
+        self._show_static(dash, panel_only=True)
 
     def _keep(self, dash, handle) -> None:
         """Track a new dashboard; beyond ``live_dashboards``, the oldest becomes a static copy."""
@@ -385,10 +430,9 @@ class NeuralDbgMagics(Magics, Configurable):
             if k is None:
                 break
             old, handles = self._live.pop(k)
-            text = old.root.text
-            snapshot = old.retire()
-            for h in handles:
-                h.update({"text/html": snapshot, "text/plain": text}, raw=True)
+            old.retire()
+            for h in handles:  # its static companions, below each view, now show in its place
+                h.update({"text/html": "", "text/plain": ""}, raw=True)
 
     def close(self) -> None:
         if self.session is not None and self.session.watching:

@@ -82,7 +82,7 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
             return NonFiniteOrigin(step, "input", "input", "the input batch contains NaN/Inf")
     try:
         replica = _copy_without_hooks(module)
-    except Exception as exc:  # a module that cannot be copied: say so rather than guess
+    except Exception as exc:  # noqa: BLE001 - a module that cannot be copied: say so rather than guess
         return NonFiniteOrigin(step, "", "unknown", f"could not replay the pass ({type(exc).__name__})")
     for p in replica.parameters():
         p.grad = None  # the copy starts from clean gradients, so only this pass's values are seen

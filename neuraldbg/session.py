@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 from torch import nn
@@ -12,6 +12,8 @@ from .recorder import Recorder
 from .schedule import Clock, Schedule, Throttle
 from .thresholds import Thresholds
 from .trace import Trace
+from .verdict import Verdict
+from .view import TraceView
 
 
 class NeuralDbg:
@@ -36,7 +38,7 @@ class NeuralDbg:
         if thresholds is not None and not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds must be a neuraldbg.Thresholds, got {type(thresholds).__name__}")
         self.thresholds = thresholds or Thresholds()
-        self.model = model
+        self.model: nn.Module | None = model
         self.optimizer = optimizer
         self._analysis = None
         self._analysis_key = None
@@ -68,7 +70,7 @@ class NeuralDbg:
         self.start()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         self.stop()
         return False  # never swallow the user's exception
 
@@ -137,7 +139,13 @@ class NeuralDbg:
 
     @property
     def trace(self) -> Trace:
+        """The recorded trace itself (internal layout; front ends read ``view``)."""
         return self._trace
+
+    @property
+    def view(self) -> TraceView:
+        """A read-only view of what was recorded: layers in forward order, sampled statistics, loss."""
+        return TraceView(self._trace)
 
     def _notify(self) -> None:
         if self._on_step is not None:
@@ -157,9 +165,10 @@ class NeuralDbg:
             self._analysis_key = key
         return self._analysis
 
-    def explain(self):
-        """Ranked causal hypotheses, best first; [] when nothing is wrong."""
-        return list(self.analysis().hypotheses)
+    def explain(self) -> Verdict:
+        """Ranked causal hypotheses, best first; ``[]`` when nothing is wrong. A ``Verdict``: a list
+        that prints as one line (``healthy after 300 steps``) and shows as the panel in a notebook."""
+        return Verdict(self.analysis().hypotheses, steps=self.step)
 
     @property
     def events(self):
@@ -170,8 +179,10 @@ class NeuralDbg:
         """The latest health of every watched layer, by name."""
         return dict(self.analysis().health)
 
-    def reanalyze(self, thresholds: Thresholds | None = None, **changes):
-        """Re-run the analysis on the stored trace with new thresholds (no retraining)."""
+    def reanalyze(self, thresholds: Thresholds | None = None, **changes: float) -> Verdict:
+        """Re-run the analysis on the stored trace with new thresholds (no retraining):
+        ``dbg.reanalyze(dead_fraction=0.9)`` or ``dbg.reanalyze(Thresholds(...))``. An unknown name or a
+        value out of its range raises ``ValueError`` and leaves the session's thresholds as they were."""
         if thresholds is None:
             thresholds = self.thresholds
         if not isinstance(thresholds, Thresholds):

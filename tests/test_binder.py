@@ -44,7 +44,7 @@ def test_binder_requirements_install_into_a_fresh_venv_and_import(tmp_path):
     subprocess.run([py, "-m", "pip", "install", "-q", "-r", str(reqs)], check=True, env=env)
     subprocess.run(["bash", str(BINDER / "postBuild")], check=True, env=env, cwd=REPO)  # as repo2docker does
     check = (
-        "import torch, neuraldbg, ndbg_jupyter, ipywidgets, matplotlib, jupyterlab, notebook\n"
+        "import torch, neuraldbg, ndbg_jupyter, ipywidgets, jupyterlab, notebook\n"
         "import neuraldbg.integrations.lightning, neuraldbg.integrations.transformers\n"
         "assert torch.__version__.endswith('+cpu'), torch.__version__\n"
         "assert 'site-packages' in neuraldbg.__file__, neuraldbg.__file__\n"

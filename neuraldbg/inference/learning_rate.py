@@ -29,7 +29,8 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     nan = [c for c in found if c.cause == Cause.NON_FINITE and c.kind in ("weights", "overflow")]
     if large or unstable or nan:
         step = min([e.step for e in large + unstable] + [c.step for c in nan])
-        top = max((e.values.get("update_max", 0.0) or 0.0 for e in large), default=0.0)
+        # the run's largest update-to-weight ratio: a figure that does not move with the thresholds
+        top = max((e.values.get("update_peak", 0.0) or 0.0 for e in large), default=0.0)
         flat = [e for e in ctx.all(Signal.LOSS, LossState.PLATEAU, LossState.STALLED)
                 if any(_active_during(u, e) for u in large)]
         jump = None
@@ -61,8 +62,8 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
         small = [e for e in small if e.step < nf_step]
     if small:
         ev = small[0]
-        top = ev.values.get("update_max", math.nan)
+        typical = ev.values.get("update_typical", math.nan)
         out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ev.step, "negligible", [ev],
-                             severity=below_ratio(top, ctx.th.update_negligible), persistence=persistence(ev, ctx),
-                             needs_harm=True, loss_kinds=losses.FLAT, facts={"update_max": top}))
+                             severity=below_ratio(typical, ctx.th.update_negligible), persistence=persistence(ev, ctx),
+                             needs_harm=True, loss_kinds=losses.FLAT, facts={"update_typical": typical}))
     return out

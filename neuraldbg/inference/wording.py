@@ -10,16 +10,13 @@ import math
 
 from ..causes import Cause
 from ..events import SemanticEvent
+from ..formatting import number
 from ..states import LossState, Signal, TargetState
 from .context import Context
 from .evidence import Candidate
 
 
-def fmt(v: float) -> str:
-    if v != v:
-        return "n/a"
-    a = abs(v)
-    return f"{v:.3g}" if (a == 0 or 1e-3 <= a < 1e4) else f"{v:.2e}"
+fmt = number
 
 
 def layer_list(names: list[str], limit: int = 4) -> str:
@@ -51,7 +48,8 @@ def loss_text(ev: SemanticEvent) -> str:
 
 def _update_line(ev: SemanticEvent, ctx: Context, why: str = "") -> str:
     lr, _ = ctx.lr_text()
-    text = f"updates of up to {fmt(ev.values.get('update_max', math.nan))} x the weights per step (lr {lr}) from step {ev.step}"
+    text = (f"updates of up to {fmt(ev.values.get('update_peak', math.nan))} x the weights per step (lr {lr}) "
+            f"from step {ev.step}")
     return text + (f": {why}" if why else "")
 
 
@@ -141,8 +139,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             lines.append(_update_line(f["large"][0], ctx))
         return lines
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
-        return [f"the largest update is {fmt(f['update_max'])} x the weights per step (lr {fmt(ctx.lr)}) "
-                f"from step {c.step}"]
+        return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
+                f"the weights per step (lr {fmt(ctx.lr)})"]
     return []
 
 
