@@ -79,9 +79,14 @@ def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if not _early(a, b, ctx):
         return False
     if b.cause == C.LEARNING_RATE_TOO_HIGH:
-        # outputs out of scale give gradients, and updates, out of scale; weights far too small make any
-        # update large next to them
-        return True
+        # outputs out of scale give gradients, and updates, out of scale. Weights k times too small make
+        # updates k times larger next to them than usual (up to k times the threshold), but cannot make the
+        # loss diverge or the weights overflow
+        if grows:
+            return True
+        k = 1.0 / a.facts["gain"] if a.facts.get("gain", 0.0) > 0 else math.inf
+        return (b.facts.get("update_max", 0.0) <= ctx.th.update_too_large * k
+                and not (_unstable_before(b, math.inf) or b.facts.get("nan")))
     if a.kind == "saturating":
         return b.cause == C.SATURATED_ACTIVATIONS and b.layer in a.facts["saturated"]
     if b.cause in (C.SATURATED_ACTIVATIONS, C.DEAD_UNITS):
