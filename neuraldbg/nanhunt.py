@@ -134,7 +134,7 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
         with torch.enable_grad():
             try:
                 output = run(replica) if run is not None else replica(*args, **kwargs)
-            except Exception as exc:  # a pass that cannot run outside its loop: say so rather than stop it
+            except Exception as exc:  # noqa: BLE001 - a pass that cannot run outside its loop: say so, do not stop it
                 if found:
                     return found[0]
                 return NonFiniteOrigin(step, "", "unknown", f"could not replay the pass ({type(exc).__name__})")

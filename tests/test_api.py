@@ -170,7 +170,8 @@ def test_the_notebook_spoke_imports_only_public_names_of_the_hub():
     for path in pathlib.Path(neuraldbg.__file__).parent.parent.joinpath("ndbg_jupyter").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("neuraldbg"):
-                assert node.module in ("neuraldbg", "neuraldbg.formatting", "neuraldbg.integrations"), f"{path.name}: {node.module}"
+                allowed = ("neuraldbg", "neuraldbg.formatting", "neuraldbg.integrations")
+                assert node.module in allowed, f"{path.name}: {node.module}"
                 assert all(not a.name.startswith("_") for a in node.names), f"{path.name}: {node.module}"
                 if node.module == "neuraldbg":
                     assert all(a.name in neuraldbg.__all__ for a in node.names), path.name

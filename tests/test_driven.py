@@ -63,7 +63,7 @@ def test_a_step_whose_forward_runs_inside_the_optimizer_closure_is_measured_like
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with NeuralDbg(model, opt, every=1) as dbg:
             for x, y in batches(3):
-                def closure():
+                def closure(x=x, y=y):
                     opt.zero_grad()
                     loss = F.cross_entropy(model(x), y)
                     loss.backward()

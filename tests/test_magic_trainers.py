@@ -125,5 +125,6 @@ def test_trainer_arguments_are_checked_before_the_cell_runs(ip):
     assert "ran" not in ip.user_ns
     # a trainer the cell does not name is left alone: a plain loop next to it is watched as before
     ip.run_cell("import torch\nnet = torch.nn.Linear(3, 1)\nsgd = torch.optim.SGD(net.parameters(), lr=0.1)\n")
-    run(ip, "%%neuraldbg net\nfor _ in range(3):\n    sgd.zero_grad(); net(torch.randn(4, 3)).sum().backward(); sgd.step()")
+    run(ip, "%%neuraldbg net\nfor _ in range(3):\n"
+            "    sgd.zero_grad(); net(torch.randn(4, 3)).sum().backward(); sgd.step()")
     assert ip.user_ns["_ndbg"].model is ip.user_ns["net"] and ip.user_ns["_ndbg"].step == 3

@@ -119,7 +119,7 @@ class Watch:
         if not self._running:
             return
         self._running = False
-        session = self.session
+        session = self._watching()
         try:
             self._record_window()
         finally:
@@ -139,6 +139,12 @@ class Watch:
     def running(self) -> bool:
         return self._running
 
+    def _watching(self) -> NeuralDbg:
+        """The session of the run in progress (there is one from ``begin`` on)."""
+        if self.session is None:
+            raise RuntimeError("no training run has begun")
+        return self.session
+
     # -- per step ------------------------------------------------------------------------------------
     def add_loss(self, value) -> None:
         """A micro-batch's loss (not divided by the accumulation): the step records their mean."""
@@ -150,9 +156,9 @@ class Watch:
         if not losses:
             return
         if all(isinstance(v, torch.Tensor) for v in losses):
-            self.session.record_loss(torch.stack([v.to(losses[0].device) for v in losses]).mean())
+            self._watching().record_loss(torch.stack([v.to(losses[0].device) for v in losses]).mean())
         else:
-            self.session.record_loss(sum(float(v) for v in losses) / len(losses))
+            self._watching().record_loss(sum(float(v) for v in losses) / len(losses))
 
     def step_end(self, agree: Callable[[bool], bool] = bool) -> str | None:
         """After an optimizer step: record its loss; the cause to stop training for, if any.
@@ -163,7 +169,7 @@ class Watch:
         self._record_window()
         if not self.stop_on or self.stopped_by is not None:
             return None
-        session = self.session
+        session = self._watching()
         found: str | None = None
         # NaN/Inf reaches every rank's gradients at once (they are averaged): decided locally, every step
         if Cause.NON_FINITE in self.stop_on and session.trace.nonfinite is not None:

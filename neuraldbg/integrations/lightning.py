@@ -22,7 +22,7 @@ from functools import partial
 try:
     import pytorch_lightning as _pl
 except ImportError:  # the unified package only
-    import lightning.pytorch as _pl
+    import lightning.pytorch as _pl  # type: ignore[no-redef]
 
 from ._common import Watch
 
