@@ -37,7 +37,7 @@ def _large_before(a: Candidate, step: int, ctx: Context, strict: bool = False) -
             and (e.end is None or e.end >= step - window)]
 
 
-def _unstable_before(a: Candidate, step: int) -> list:
+def _unstable_before(a: Candidate, step: float) -> list:
     return [e for e in a.events if e.signal == Signal.LOSS and e.step <= step]
 
 
@@ -216,18 +216,19 @@ def resolve(cands: list[Candidate], ctx: Context) -> list[Candidate]:
 
     roots: dict[int, Candidate] = {}
     for j, c in enumerate(cands):
-        r = root(j)
-        roots.setdefault(r, cands[r])
-        if r != j:
-            cands[r].absorbed.append(c)
+        top = root(j)
+        roots.setdefault(top, cands[top])
+        if top != j:
+            cands[top].absorbed.append(c)
     out = list(roots.values())
     for r in out:
-        tree = r.tree()
         seen = {id(e) for e in r.loss}
-        r.loss = r.loss + [e for c in tree[1:] for e in c.loss if id(e) not in seen and not seen.add(id(e))]
+        for c in r.explained():
+            for e in c.loss:
+                if id(e) not in seen:
+                    seen.add(id(e))
+                    r.loss.append(e)
         r.confidence = confidence(r, ctx)
     out.sort(key=lambda c: (-c.confidence, c.family, c.step))
     return out
 
-
-__all__ = ["EXPLAINS", "resolve", "explained_loss", "math"]

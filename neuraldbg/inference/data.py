@@ -3,7 +3,7 @@ outside the loss's range."""
 from __future__ import annotations
 
 from ..causes import Cause
-from ..states import FiniteState, GradState, InputState, ActState, Signal, TargetState
+from ..states import GradState, InputState, Signal, TargetState
 from . import losses
 from .context import Context
 from .evidence import RATIO_CAP, Candidate, past_ratio, persistence

@@ -62,7 +62,7 @@ def candidates(ctx: Context) -> list[Candidate]:
            if ctx.from_start(e) and ctx.previous_weight_layer(e.layer)]
     if len({e.layer for e in sat}) >= 2:
         sat.sort(key=lambda e: ctx.rank.get(e.layer, 0))
-        weights = list(dict.fromkeys(ctx.previous_weight_layer(e.layer) for e in sat))
+        weights = list(dict.fromkeys(w for w in (ctx.previous_weight_layer(e.layer) for e in sat) if w))
         fracs = [e.values.get("saturated_fraction", 1.0) for e in sat]
         out.append(Candidate(Cause.BAD_INITIALIZATION, weights[0] if len(weights) == 1 else "", sat[0].step,
                              "saturating", sat,

@@ -35,9 +35,11 @@ def loss_text(ev: SemanticEvent) -> str:
         return (f"the loss falls below zero and on, down to {fmt(v.get('lowest', math.nan))}"
                 if ev.after == TargetState.UNBOUNDED else "the loss starts far above what the outputs can reach")
     if ev.after == LossState.PLATEAU:
-        return f"the loss stays flat ({fmt(v.get('start', math.nan))} at the start, best {fmt(v.get('best', math.nan))})"
+        return (f"the loss stays flat ({fmt(v.get('start', math.nan))} at the start, "
+                f"best {fmt(v.get('best', math.nan))})")
     if ev.after == LossState.DIVERGING:
-        return f"the loss diverges from step {ev.step} (best {fmt(v.get('best', math.nan))}, then {fmt(v.get('loss', math.nan))})"
+        return (f"the loss diverges from step {ev.step} (best {fmt(v.get('best', math.nan))}, "
+                f"then {fmt(v.get('loss', math.nan))})")
     if ev.after == LossState.OSCILLATING:
         return f"the loss oscillates from step {ev.step} without progress"
     if ev.after == LossState.STALLED:
@@ -89,7 +91,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return lines
     if c.cause == Cause.SATURATED_ACTIVATIONS:
         kind = ctx.layers[c.layer].type_name if c.layer in ctx.layers else "activation"
-        lines = [f"{f['fraction']:.0%} of the outputs of `{c.layer}` ({kind}) are pinned at its bounds from step {c.step}"]
+        lines = [f"{f['fraction']:.0%} of the outputs of `{c.layer}` ({kind}) are pinned at its bounds "
+                 f"from step {c.step}"]
         if ctx.from_start(c.step) and f.get("previous"):
             lines.append(f"present from step {c.step}: the pre-activations from `{f['previous']}` are too large")
         if f["blocked"]:
@@ -158,7 +161,8 @@ def _init_lines(c: Candidate, ctx: Context) -> list[str]:
         fr = f["fractions"]
         return [f"at step {c.step}, {layer_list(f['layers'])} start with weights too large for the {'/'.join(kinds)} "
                 "after them",
-                f"{min(fr):.0%}-{max(fr):.0%} of the outputs of {layer_list(f['saturated'])} are pinned at their bounds "
+                f"{min(fr):.0%}-{max(fr):.0%} of the outputs of {layer_list(f['saturated'])} are pinned at their "
+                "bounds "
                 f"from step {c.step}"]
     group = c.events
     if c.layer:
@@ -295,7 +299,8 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
             kinds = sorted({ctx.layers[n].type_name for n in bounded})
             return (f"replace the {'/'.join(kinds)} activations ({layer_list(bounded, 3)}) by ReLU or GELU, "
                     "or add BatchNorm/LayerNorm after each weight layer or residual connections")
-        return "add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with nn.init.kaiming_normal_"
+        return ("add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with "
+                "nn.init.kaiming_normal_")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
         text = (f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")
         jump = f.get("jump")
@@ -340,6 +345,7 @@ def _init_fix(c: Candidate, ctx: Context) -> str:
                 "it; clip gradients at max_norm=1.0 meanwhile")
     if k == "amplifies":
         return (f"{target} with weights ~{fmt(g)}x too large: re-initialise with nn.init.xavier_uniform_ "
-                f"(or kaiming_uniform_ for ReLU), or scale them down by {fmt(g)}; clip gradients at max_norm=1.0 meanwhile")
+                f"(or kaiming_uniform_ for ReLU), or scale them down by {fmt(g)}; clip gradients at max_norm=1.0 "
+                "meanwhile")
     return (f"{target} with weights too small (each scales the signal by ~{fmt(g)}): use a variance-preserving init, "
             "nn.init.xavier_normal_ for tanh/sigmoid or nn.init.kaiming_normal_ for ReLU")
