@@ -28,6 +28,9 @@ class Stat(IntEnum):
     W_NORM = 10         # L2 norm of the layer's own parameters        } exact up to PARAM_SAMPLE
     W_GRAD_NORM = 11    # L2 norm of their gradients (NaN when frozen)  } elements per tensor,
     W_UPDATE_NORM = 12  # L2 norm of the optimizer step's change        } estimated beyond
+    ACT_RANGE = 13      # largest |output| over the largest finite value of the output's dtype (float16: 65504)
+    ATTN_LOGIT_MAX = 14  # attention computations only: the largest attention logit (scaled q . k, masks applied)
+    ATTN_ENTROPY = 15   # attention computations only: mean entropy of a query's attention over log(its keys)
 
 
 N_STATS = len(Stat)
@@ -35,6 +38,14 @@ FORWARD_STATS = (Stat.ACT_MEAN, Stat.ACT_STD, Stat.ACT_ABSMAX, Stat.ACT_NONFINIT
                  Stat.ACT_SATURATED)
 GRAD_STATS = (Stat.GRAD_RMS, Stat.GRAD_ABSMAX, Stat.GRAD_NONFINITE, Stat.GRAD_DEAD)
 PARAM_STATS = (Stat.W_NORM, Stat.W_GRAD_NORM, Stat.W_UPDATE_NORM)
+ATTENTION_STATS = (Stat.ATTN_LOGIT_MAX, Stat.ATTN_ENTROPY)
+# the columns of the first trace files (version 1), a prefix of today's
+STATS_V1 = 13
+
+
+def dtype_max(dtype: torch.dtype) -> float:
+    """The largest finite value of a floating dtype (NaN for others)."""
+    return float(torch.finfo(dtype).max) if dtype.is_floating_point else float("nan")
 
 # A bounded unit counts as saturated when its output lies within this fraction of the
 # output range from a bound (tanh: |y| > 0.99; sigmoid: y < 0.005 or y > 0.995).

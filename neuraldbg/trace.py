@@ -23,13 +23,29 @@ class BoundedSeries:
         self.capacity = int(capacity)
         self._steps = np.zeros(self.capacity, dtype=np.int64)
         self._data = np.full((self.capacity, *row_shape), np.nan, dtype=dtype)
+        self._width = row_shape[0] if row_shape else None
         self.n = 0
+
+    def widen(self, width: int) -> None:
+        """Grow the first axis of the rows to ``width`` (new entries NaN): a layer table that gained
+        layers. The buffer grows geometrically, so a few new layers cost one copy."""
+        if width <= self._width:
+            return
+        if width > self._data.shape[1]:
+            grown = np.full((self.capacity, max(width, 2 * self._data.shape[1]), *self._data.shape[2:]), np.nan,
+                            dtype=self._data.dtype)
+            grown[:self.n, :self._width] = self._data[:self.n, :self._width]
+            self._data = grown
+        self._width = width
 
     def append(self, step: int, row) -> None:
         if self.n == self.capacity:
             self._thin()
         self._steps[self.n] = step
-        self._data[self.n] = row
+        if self._width is None or self._width == self._data.shape[1]:
+            self._data[self.n] = row
+        else:
+            self._data[self.n, :self._width] = row
         self.n += 1
 
     def _thin(self) -> None:
@@ -50,7 +66,9 @@ class BoundedSeries:
 
     @property
     def data(self) -> np.ndarray:
-        return self._data[:self.n]
+        if self._width is None or self._width == self._data.shape[1]:
+            return self._data[:self.n]
+        return self._data[:self.n, :self._width]
 
     @property
     def nbytes(self) -> int:
@@ -65,8 +83,9 @@ class BoundedSeries:
         return s
 
 
-# Columns of the per-step "global" series, recorded with each sampled step.
-GLOBAL_COLUMNS = ("lr", "input_mean", "input_std", "input_absmax", "input_nonfinite")
+# Columns of the per-step "global" series, recorded with each sampled step ("loss_scale": the
+# GradScaler's scale when one is given, the gradients recorded are divided by it; NaN otherwise).
+GLOBAL_COLUMNS = ("lr", "input_mean", "input_std", "input_absmax", "input_nonfinite", "loss_scale")
 
 
 @dataclass
@@ -96,7 +115,10 @@ class Trace:
     stats: BoundedSeries = None          # rows of shape (n_layers, N_STATS)
     globals: BoundedSeries = None        # rows of shape (len(GLOBAL_COLUMNS),), same steps as stats
     loss: BoundedSeries = None           # rows of shape (), one per recorded loss
+    skipped: BoundedSeries = None        # steps whose optimizer step was skipped (NaN/Inf gradients, e.g. by a
+                                         # GradScaler), with the loss scale then (NaN: unknown)
     nonfinite: NonFiniteOrigin | None = None
+    overflow: NonFiniteOrigin | None = None   # where the NaN/Inf of the first skipped step came from
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -106,6 +128,13 @@ class Trace:
             self.globals = BoundedSeries((len(GLOBAL_COLUMNS),), self.capacity)
         if self.loss is None:
             self.loss = BoundedSeries((), self.loss_capacity)
+        if self.skipped is None:
+            self.skipped = BoundedSeries((), self.loss_capacity)
+
+    def add_layers(self, layers: list[LayerInfo]) -> None:
+        """Append layers found while watching (functional operations); their past rows are NaN."""
+        self.layers.extend(layers)
+        self.stats.widen(len(self.layers))
 
     # -- writing -------------------------------------------------------------------------------
     def add_sample(self, step: int, row: np.ndarray, global_row: np.ndarray) -> None:
@@ -115,6 +144,9 @@ class Trace:
     def add_loss(self, step: int, value: float) -> None:
         self.loss.append(step, value)
 
+    def add_skipped(self, step: int, scale: float) -> None:
+        self.skipped.append(step, scale)
+
     # -- reading -------------------------------------------------------------------------------
     @property
     def layer_names(self) -> list[str]:
@@ -123,6 +155,16 @@ class Trace:
     def execution_order(self) -> list[LayerInfo]:
         """Layers seen in a forward pass, in the order they ran (unseen layers are left out)."""
         return sorted((l for l in self.layers if l.order is not None), key=lambda l: l.order)
+
+    def unobserved(self) -> dict[str, str]:
+        """Watched modules never observed, by name, with why: their forward never ran, or it only
+        returned its input (an identity, a dropout at p=0 or in eval mode)."""
+        return {l.name: ("returns its input unchanged" if l.extra.get("passthrough") else "its forward never ran")
+                for l in self.layers if l.order is None}
+
+    def observed_layers(self) -> list[LayerInfo]:
+        """What a view of the trace shows: the layers seen, in forward order, then the ones not observed."""
+        return self.execution_order() + [l for l in self.layers if l.order is None]
 
     def layer(self, name: str) -> LayerInfo:
         for l in self.layers:
@@ -135,4 +177,4 @@ class Trace:
 
     @property
     def nbytes(self) -> int:
-        return self.stats.nbytes + self.globals.nbytes + self.loss.nbytes
+        return self.stats.nbytes + self.globals.nbytes + self.loss.nbytes + self.skipped.nbytes
