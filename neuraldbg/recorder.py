@@ -5,10 +5,16 @@ Costs, by design:
   a finiteness check of the output, its gradient and the parameter gradients (one fused norm),
   and the optimizer step hooks;
 - sampled steps only (see ``Schedule``): a hook on every watched layer, each computing a few
-  statistics on the tensor's device; all of them reach the host in one transfer at step end.
-In eager mode the per-layer hooks exist only during the forward pass of a sampled step. For a
-``torch.compile``d model they stay registered, excluded from compilation (no recompiles), and
-return at once on unsampled steps.
+  statistics on the tensor's device, and (eager mode) a ``functional.FunctionalObserver`` that
+  measures the functional activations and attention computations no module hook sees; all of them
+  reach the host in one transfer at step end.
+In eager mode the per-layer hooks and the observer exist only during the forward pass of a sampled
+step. For a ``torch.compile``d model the hooks stay registered, excluded from compilation (no
+recompiles), and return at once on unsampled steps; functional operations inside the compiled
+graph are not observed there (the NaN hunt, which replays the pass eagerly, still sees them).
+
+A module that passes its input through unchanged (an identity, a dropout at p=0 or in eval mode)
+is not measured: it is "not observed", like a module whose forward never runs.
 """
 from __future__ import annotations
 
@@ -20,15 +26,19 @@ import torch
 from torch import nn
 
 from . import nanhunt
+from .attention import attention_stats, mha_logits, sdpa_logits
+from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
 from .schedule import Schedule, Throttle
-from .stats import (BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, all_finite, forward_stats,
-                    forward_stats_batch, grad_stats, grad_stats_batch, param_view, per_layer_norms)
+from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat, all_finite,
+                    dtype_max, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, param_view,
+                    per_layer_norms)
 from .trace import GLOBAL_COLUMNS, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
 _GRAD_COLS = [int(s) for s in GRAD_STATS]
 _PARAM_COLS = [int(s) for s in PARAM_STATS]
+_ATTN_COLS = [int(s) for s in ATTENTION_STATS]
 # "Units never positive" is measured where a zero output means a unit that stopped learning.
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
@@ -45,13 +55,16 @@ def _disable_under_compile(fn):
 class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
-    __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done")
+    __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
+                 "attn")
 
-    def __init__(self, n_layers: int):
-        self.fwd: list = [None] * n_layers    # per layer: its stats row, or True once stashed below
-        self.grad: list = [None] * n_layers
+    def __init__(self):
+        self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
+        self.grad: dict[int, object] = {}
         self.fwd_small: dict[tuple, list] = {}   # batching key -> [(layer index, tensor copy)]
         self.grad_small: dict[tuple, list] = {}
+        self.dtype: dict[int, torch.dtype] = {}  # per layer index: the dtype of its output
+        self.attn: dict[int, torch.Tensor] = {}  # per layer index: attention statistics (2,)
         self.params: torch.Tensor | None = None      # (3, n_layers): weight, grad, update norms
         self.input: torch.Tensor | None = None
         self.prev_params: list[torch.Tensor] | None = None
@@ -81,7 +94,14 @@ class Recorder:
         mods = watched_modules(self.inner)
         self.modules = [m for _, m in mods]
         self.layers: list[LayerInfo] = [describe(i, name, m) for i, (name, m) in enumerate(mods)]
+        self._index_of_name = {l.name: l.index for l in self.layers}
         index_of = {id(m): i for i, m in enumerate(self.modules)}
+        # functional operations: which module runs, which produced a tensor; their rows ("sites")
+        self._tracker = ModuleTracker({id(m): name for name, m in self.inner.named_modules()})
+        self._activation_leaves = activation_leaves(self.inner)
+        self._observer: FunctionalObserver | None = None
+        self._sites: dict[tuple, int] = {}      # (owner, relation, op, occurrence in the pass) -> layer index
+        self._pass_ops: dict[tuple, int] = {}   # (owner, op) -> occurrences so far in this pass
         owner_of: dict[int, int] = {}
         for name, m in self.inner.named_modules():
             for p in m.parameters(recurse=False):
@@ -139,7 +159,9 @@ class Recorder:
         self.schedule.resume()
         try:
             self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))
-            self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True))
+            # always called, also when the forward raises: the observer never outlives the pass
+            self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True,
+                                                                  always_call=True))
             if self.optimizer is not None:
                 self._handles.append(self.optimizer.register_step_pre_hook(self._on_optimizer_pre))
                 self._handles.append(self.optimizer.register_step_post_hook(self._on_optimizer_post))
@@ -153,6 +175,7 @@ class Recorder:
 
     def detach(self) -> None:
         """Remove every hook; safe to call more than once, from any exit path."""
+        self._stop_observer()
         for h in self._layer_handles + self._handles:
             h.remove()
         self._layer_handles.clear()
@@ -200,16 +223,41 @@ class Recorder:
             self._rng_state = torch.get_rng_state()
         if self._sample_now and (self._rec is None or not self._rec.forward_done):
             if self._rec is None:
-                self._rec = _StepRecord(len(self.layers))
+                self._rec = _StepRecord()
             x = nanhunt.float_tensors((args, kwargs))
             if x:
                 self._rec.input = forward_stats(x[0], None, None)[:4]
             if not self.compiled:
                 for m, h in zip(self.modules, self._fwd_hooks):
                     self._layer_handles.append(m.register_forward_hook(h))
+                self._start_observer()
         return None
 
+    def _start_observer(self) -> None:
+        self._pass_ops.clear()
+        self._tracker.__enter__()
+        try:
+            self._observer = FunctionalObserver(self._tracker, self._activation_leaves, self._on_op, _attention_logits)
+            self._observer.__enter__()
+        except BaseException:
+            self._observer = None
+            self._tracker.__exit__(None, None, None)
+            raise
+
+    def _stop_observer(self) -> None:
+        obs, self._observer = self._observer, None
+        if obs is None:
+            return
+        try:
+            from torch.overrides import _get_current_function_mode_stack
+            stack = _get_current_function_mode_stack()
+            if stack and stack[-1] is obs:  # never pop a mode the user entered inside the forward
+                obs.__exit__(None, None, None)
+        finally:
+            self._tracker.__exit__(None, None, None)
+
     def _on_forward_end(self, module, args, kwargs, output):
+        self._stop_observer()
         if self._replaying or not torch.is_grad_enabled():
             return None
         for h in self._layer_handles:
@@ -228,31 +276,87 @@ class Recorder:
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         def hook(module, args, output):
             rec = self._rec
-            if rec is None or rec.forward_done or rec.fwd[idx] is not None or self._replaying:
+            if rec is None or rec.forward_done or rec.fwd.get(idx) is not None or self._replaying:
                 return None
             outs = nanhunt.float_tensors(output)
             if not outs:
                 return None
-            t = outs[0]
-            if layer.order is None:
-                layer.order = self._next_order
-                self._next_order += 1
-            unit_dim = layer.unit_dim(t.dim())
-            dead = layer.kind in _DEAD_KINDS
-            if t.numel() <= BATCH_NUMEL:  # a copy: later in-place ops must not change what we measure
-                key = (tuple(t.shape), t.dtype, t.device, unit_dim, layer.bounds, dead)
-                rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
-                rec.fwd[idx] = True
-            else:
-                rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=dead)
-            if t.requires_grad:
-                t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+            if layer.order is None and self._passes_through(module, args, outs[0]):
+                layer.extra["passthrough"] = True  # returns its input: nothing of its own to observe
+                return None
+            self._record(rec, idx, layer, outs[0])
             return None
         return hook
 
+    def _passes_through(self, module, args, out: torch.Tensor) -> bool:
+        """The module returned its own input, unmodified (an in-place activation modifies it)."""
+        if not args or out is not args[0]:
+            return False
+        unchanged = self._tracker.unchanged(module, out)
+        return unchanged if unchanged is not None else not getattr(module, "inplace", False)
+
+    def _record(self, rec: _StepRecord, idx: int, layer: LayerInfo, t: torch.Tensor) -> None:
+        """Measure ``t`` as the output of layer ``idx`` this step (stashed for batching when small)."""
+        if layer.order is None:
+            layer.order = self._next_order
+            self._next_order += 1
+        unit_dim = layer.unit_dim(t.dim())
+        dead = layer.kind in _DEAD_KINDS
+        rec.dtype[idx] = t.dtype
+        if t.numel() <= BATCH_NUMEL:  # a copy: later in-place ops must not change what we measure
+            key = (tuple(t.shape), t.dtype, t.device, unit_dim, layer.bounds, dead)
+            rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
+            rec.fwd[idx] = True
+        else:
+            rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=dead)
+        if t.requires_grad:
+            t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+
+    # -- functional operations ------------------------------------------------------------------------
+    def _on_op(self, owner: str, rel: Relation, spec: OpSpec, out: torch.Tensor | None, logits) -> None:
+        """A functional activation or attention computation seen by the observer (a sampled pass)."""
+        rec = self._rec
+        if rec is None or rec.forward_done or self._replaying:
+            return
+        own = self._index_of_name.get(owner)
+        if spec.role == Role.ATTENTION and own is not None and self.layers[own].kind == Kind.ATTENTION:
+            idx = own  # nn.MultiheadAttention: its attention goes to its own row, its output hook measures it
+        else:
+            idx = self._site(owner, rel, spec)
+            if out is not None and rec.fwd.get(idx) is None:
+                self._record(rec, idx, self.layers[idx], out)
+        if logits is not None and idx not in rec.attn:
+            with torch.no_grad():
+                rec.attn[idx] = attention_stats(logits)
+            if self.layers[idx].order is None:
+                self.layers[idx].order = self._next_order
+                self._next_order += 1
+
+    def _site(self, owner: str, rel: Relation, spec: OpSpec) -> int:
+        """The row of the ``n``-th call of ``spec`` attributed to ``owner`` in this pass, made on first sight."""
+        n = self._pass_ops.get((owner, spec.label), 0)
+        self._pass_ops[(owner, spec.label)] = n + 1
+        key = (owner, rel.value, spec.label, n)
+        idx = self._sites.get(key)
+        if idx is not None:
+            return idx
+        base = f"{owner or '(model)'}:{spec.label.rsplit('.', 1)[-1]}"
+        name, k = base, 2
+        while name in self._index_of_name:
+            name, k = f"{base}#{k}", k + 1
+        src = self._index_of_name.get(owner)
+        info = LayerInfo(index=len(self.layers), name=name, type_name=spec.label, kind=spec.kind, bounds=spec.bounds,
+                         channels_first=src is not None and self.layers[src].channels_first,
+                         extra={"owner": owner, "relation": rel.value})
+        self.trace.add_layers([info])  # the recorder's layer list is the trace's
+        self._index_of_name[name] = info.index
+        self._sites[key] = info.index
+        self._no_params = np.append(self._no_params, info.index)
+        return info.index
+
     def _make_grad_hook(self, idx: int, unit_dim: int | None, rec: _StepRecord):
         def hook(g):
-            if g is not None and rec.grad[idx] is None:
+            if g is not None and rec.grad.get(idx) is None:
                 if g.numel() <= BATCH_NUMEL:
                     key = (tuple(g.shape), g.dtype, g.device, unit_dim)
                     rec.grad_small.setdefault(key, []).append((idx, g.detach().clone()))
@@ -359,6 +463,8 @@ class Recorder:
                                         lambda x, key: forward_stats_batch(x, key[3], key[4], key[5]))
         grad_idx, grad_parts = self._rows(rec.grad, rec.grad_small, lambda x, key: grad_stats_batch(x, key[3]))
         parts = fwd_parts + grad_parts
+        attn_idx = list(rec.attn)
+        parts += [rec.attn[i] for i in attn_idx]
         if rec.params is not None:
             parts.append(rec.params.reshape(-1))
         if rec.input is not None:
@@ -376,21 +482,28 @@ class Recorder:
             if grad_idx:
                 row[np.ix_(grad_idx, _GRAD_COLS)] = flat[k:k + ng].reshape(len(grad_idx), -1)
             k += ng
+            if attn_idx:
+                row[np.ix_(attn_idx, _ATTN_COLS)] = flat[k:k + 2 * len(attn_idx)].reshape(len(attn_idx), 2)
+            k += 2 * len(attn_idx)
             if rec.params is not None:
-                n = len(self.layers)
-                row[:, _PARAM_COLS] = flat[k:k + 3 * n].reshape(3, n).T
+                n = rec.params.shape[1]
+                row[:n, _PARAM_COLS] = flat[k:k + 3 * n].reshape(3, n).T
                 k += 3 * n
             if rec.input is not None:
                 g[1:5] = flat[k:k + 4]
         row[np.ix_(self._no_params, _PARAM_COLS)] = np.nan
+        if rec.dtype:
+            idx = list(rec.dtype)
+            row[idx, int(Stat.ACT_RANGE)] = row[idx, int(Stat.ACT_ABSMAX)] / np.array(
+                [dtype_max(rec.dtype[i]) for i in idx], dtype=np.float32)
         g[0] = self._lr()
         self.trace.add_sample(self.step, row, g)
         self.flush_losses()
 
     @staticmethod
-    def _rows(single: list, small: dict, batch_fn) -> tuple[list[int], list[torch.Tensor]]:
+    def _rows(single: dict, small: dict, batch_fn) -> tuple[list[int], list[torch.Tensor]]:
         """Layer indices and their stats rows: reduced-at-once ones, then stacked same-shape groups."""
-        idx = [i for i, v in enumerate(single) if isinstance(v, torch.Tensor)]
+        idx = [i for i, v in single.items() if isinstance(v, torch.Tensor)]
         parts = [single[i].reshape(1, -1) for i in idx]
         for key, items in small.items():
             idx.extend(i for i, _ in items)
@@ -417,3 +530,16 @@ class Recorder:
             return float(lr)
         except (TypeError, ValueError):
             return float("nan")
+
+
+def _attention_logits(func, args, kwargs) -> torch.Tensor | None:
+    """The logits of an attention computation, recomputed for its statistics (None if that fails: a
+    statistic never breaks the user's pass)."""
+    import torch.nn.functional as F
+    try:
+        with torch.no_grad():
+            if func is F.multi_head_attention_forward:
+                return mha_logits(*args, **kwargs)
+            return sdpa_logits(*args, **kwargs)
+    except Exception:  # an argument layout this version does not know: no statistic
+        return None

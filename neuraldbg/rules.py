@@ -47,6 +47,11 @@ class Context:
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
+    @property
+    def sites(self) -> list[LayerInfo]:
+        """The functional operations among the layers, longest names first (so none is a prefix of another)."""
+        return sorted((l for l in self.layers.values() if l.is_site), key=lambda l: -len(l.name))
+
     def free(self, signal: Signal, *states) -> list[SemanticEvent]:
         return [e for e in self.events if id(e) not in self.claimed and e.signal == signal
                 and (not states or e.after in states)]
@@ -139,8 +144,21 @@ def _hyp(ctx: Context, cause: Cause, layer: str, step: int, confidence: float, c
             step = at
     evidence = sorted({id(e): e for e in evidence}.values(), key=lambda e: e.step)
     confidence = round(min(max(confidence, 0.0), 0.99), 3)
+    chain, suggestion = [_name_sites(ctx, c) for c in chain], _name_sites(ctx, suggestion)
+    info = ctx.layers.get(layer)
+    if info is not None and info.is_site:  # a functional operation: named by its module, the op in the chain
+        layer = info.owner
     return CausalHypothesis(cause=cause, layer=layer, step=int(step), confidence=confidence,
                             chain=chain, evidence=evidence, suggestion=suggestion)
+
+
+def _name_sites(ctx: Context, text: str) -> str:
+    """A functional operation's row named as the user wrote it: "`conv2:relu`" -> "F.relu after `conv2`"."""
+    if "`" not in text:
+        return text
+    for info in ctx.sites:
+        text = text.replace(f"`{info.name}`", info.where())
+    return text
 
 
 def _loss_symptoms(ctx: Context, after: int = -1) -> list[SemanticEvent]:
