@@ -283,18 +283,28 @@ def activation_leaves(model: nn.Module) -> set[int]:
 
 
 class NonFiniteWatch(TorchFunctionMode):
-    """For the NaN hunt's replay: the first operation whose finite inputs give a NaN/Inf output, attributed."""
+    """For the NaN hunt's replay: the operations whose finite inputs give a NaN/Inf output, attributed, in
+    order (the first ``limit``). An Inf that a module absorbs (x / exp(t) with exp(t) = Inf is 0) is no
+    origin by itself: the replay takes the first one inside the first module whose output is not finite."""
 
-    def __init__(self, tracker: ModuleTracker, leaves: dict[str, Kind]):
+    def __init__(self, tracker: ModuleTracker, leaves: dict[str, Kind], limit: int = 16):
         super().__init__()
         self.tracker = tracker
         self.leaves = leaves        # standard leaf modules: an op inside them is their computation
-        self.found: tuple[str, Relation, str] | None = None
+        self.limit = limit
+        self.found: list[tuple[str, Relation, str, str]] = []   # owner, relation, op label, dtype
+
+    def first_in(self, module: str) -> tuple[str, Relation, str, str] | None:
+        """The first finding attributed to ``module`` or to a module inside it (``""``: the model)."""
+        for f in self.found:
+            if not module or f[0] == module or f[0].startswith(module + "."):
+                return f
+        return None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.found is not None or func in _FILLS:
+        if len(self.found) >= self.limit or func in _FILLS:
             return out
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
                 if isinstance(o, torch.Tensor) and o.is_floating_point()]
@@ -309,5 +319,5 @@ class NonFiniteWatch(TorchFunctionMode):
         spec = OPS.get(func)
         owner, rel = self.tracker.attribute(spec.role if spec else Role.NUMERIC, first_tensor(args, kwargs))
         label = "" if self.leaves.get(owner) is not None and rel == Relation.IN else label_of(func)
-        self.found = (owner, rel, label)
+        self.found.append((owner, rel, label, str(outs[0].dtype).replace("torch.", "")))
         return out

@@ -90,19 +90,32 @@ GLOBAL_COLUMNS = ("lr", "input_mean", "input_std", "input_absmax", "input_nonfin
 
 @dataclass
 class NonFiniteOrigin:
-    """Where NaN/Inf first appeared: ``phase`` is one of input, forward, backward, loss, weights."""
+    """Where NaN/Inf first appeared: ``phase`` is one of input, forward, backward, loss, weights.
+
+    ``op``: the operation that made it, when it is not the module's whole computation ("torch.log"),
+    with its ``relation`` to ``layer`` ("in" its forward, or "after" it, on its output); ``dtype``:
+    the dtype it was computed in ("float16" under autocast: an overflow of its range)."""
 
     step: int
     layer: str
     phase: str
     detail: str = ""
+    op: str = ""
+    relation: str = ""
+    dtype: str = ""
+
+    def where(self) -> str:
+        where = f"`{self.layer}`" if self.layer else "the model"
+        return f"{self.op} {self.relation or 'in'} {where}" if self.op else where
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "layer": self.layer, "phase": self.phase, "detail": self.detail}
+        return {"step": self.step, "layer": self.layer, "phase": self.phase, "detail": self.detail, "op": self.op,
+                "relation": self.relation, "dtype": self.dtype}
 
     @classmethod
     def from_dict(cls, d: dict) -> "NonFiniteOrigin":
-        return cls(step=int(d["step"]), layer=str(d["layer"]), phase=str(d["phase"]), detail=str(d.get("detail", "")))
+        return cls(step=int(d["step"]), layer=str(d["layer"]), phase=str(d["phase"]), detail=str(d.get("detail", "")),
+                   op=str(d.get("op", "")), relation=str(d.get("relation", "")), dtype=str(d.get("dtype", "")))
 
 
 @dataclass
