@@ -18,6 +18,7 @@ is not measured: it is "not observed", like a module whose forward never runs.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Callable
 
@@ -29,16 +30,19 @@ from . import nanhunt
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
-from .schedule import Schedule, Throttle
-from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat, all_finite,
-                    dtype_max, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, param_view,
+from .schedule import Schedule, SpikeWatch, Throttle
+from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
+                    dtype_max, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, max_abs, param_view,
                     per_layer_norms)
-from .trace import GLOBAL_COLUMNS, Trace
+from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
 _GRAD_COLS = [int(s) for s in GRAD_STATS]
 _PARAM_COLS = [int(s) for s in PARAM_STATS]
 _ATTN_COLS = [int(s) for s in ATTENTION_STATS]
+# gradient statistics that carry a GradScaler's scale (divided by it when it is known)
+_SCALED_COLS = [int(Stat.GRAD_RMS), int(Stat.GRAD_ABSMAX), int(Stat.W_GRAD_NORM)]
+_SCALE_COL = GLOBAL_COLUMNS.index("loss_scale")
 # "Units never positive" is measured where a zero output means a unit that stopped learning.
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
@@ -77,7 +81,7 @@ class Recorder:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  every: int | None = None, capacity: int = 2048, schedule: Schedule | None = None,
                  on_step: Callable[[], None] | None = None, throttle: Throttle | None = None,
-                 after_step: Callable[[], None] | None = None):
+                 after_step: Callable[[], None] | None = None, scaler=None, spike_factor: float = 10.0):
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg watches a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -85,7 +89,10 @@ class Recorder:
         self.model = model
         self.inner: nn.Module = getattr(model, "_orig_mod", model)  # torch.compile wrapper -> original
         self.compiled = self.inner is not model
+        if scaler is not None and not (hasattr(scaler, "scale") and hasattr(scaler, "update")):
+            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
         self.optimizer = optimizer
+        self.scaler = scaler
         self.schedule = schedule or Schedule(every)
         self.on_step = on_step
         self.after_step = after_step
@@ -143,6 +150,15 @@ class Recorder:
         self._out_leaves: list = []
         self._last_inputs = None
         self._rng_state = None
+        self._autocast: list = []
+        # NaN/Inf in the latest pass's gradients: a fault once the optimizer steps on them, a skipped
+        # step (a GradScaler's business) when the next pass starts without an optimizer step
+        self._bad_pass = False
+        self._awaiting = False     # a backward pass ended since the last optimizer step
+        self._round = None         # the GradScaler's per-step state then: replaced by its update()
+        # spikes between sampled steps: the largest gradient checked every step, and the loss
+        self._grad_spikes = SpikeWatch(spike_factor, self.schedule.warmup, ratio=True)
+        self._loss_spikes = SpikeWatch(spike_factor, self.schedule.warmup, ratio=False)
         self._backward_queued = False
         self._replaying = False
         self.attached = False
@@ -176,6 +192,12 @@ class Recorder:
     def detach(self) -> None:
         """Remove every hook; safe to call more than once, from any exit path."""
         self._stop_observer()
+        # the run stops after a pass with no optimizer step: skipped by a loss scaler, or NaN/Inf left as it is
+        if (self._awaiting and self.optimizer is not None and self._scaler_moved_on()
+                or self._bad_pass and (self.scaler is not None or self.trace.skipped.n)):
+            self._end_skipped_step()
+        elif self._bad_pass:
+            self._commit_nonfinite()
         for h in self._layer_handles + self._handles:
             h.remove()
         self._layer_handles.clear()
@@ -198,6 +220,8 @@ class Recorder:
                 value = float(value)
         else:
             value = float(loss)
+        if isinstance(value, float) and self._loss_spikes(value) and self.schedule.burst(self.step):
+            self._sample_now = True  # a loss spike: the next steps are sampled, to see which layer moved
         self._pending_losses.append((self._pass_step, value))
         if len(self._pending_losses) >= 256:
             self.flush_losses()
@@ -215,12 +239,15 @@ class Recorder:
     def _on_forward_start(self, module, args, kwargs):
         if self._replaying or not torch.is_grad_enabled():
             return None  # evaluation passes under no_grad are neither steps nor statistics
+        if self._awaiting and self.optimizer is not None and (self._bad_pass or self._scaler_moved_on()):
+            self._end_skipped_step()  # the last pass's NaN/Inf gradients were not stepped on
         if self._pass_step != self.step:  # the first forward pass of a step (not a second, accumulated one)
             self._watch_lr()
         self._pass_step = self.step
         self._last_inputs = (args, kwargs)
         if self.trace.nonfinite is None:
             self._rng_state = torch.get_rng_state()
+            self._autocast = nanhunt.autocast_state()
         if self._sample_now and (self._rec is None or not self._rec.forward_done):
             if self._rec is None:
                 self._rec = _StepRecord()
@@ -393,8 +420,18 @@ class Recorder:
         if not self.attached:
             return
         self.passes += 1
-        if self.trace.nonfinite is None:
-            self._check_finite([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
+        self._awaiting = True
+        if self.scaler is not None:
+            self._round = getattr(self.scaler, "_per_optimizer_states", None)
+        level = self._grad_level([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
+        if level is not None and not math.isfinite(level):
+            self._nonfinite_pass()
+        elif level is not None and self._grad_spikes(level) and self.schedule.burst(self.step):
+            # a gradient spike between sampled steps: this step's updates are measured, and the next steps
+            self._sample_now = True
+            if self._rec is None:
+                self._rec = _StepRecord()
+                self._rec.forward_done = True
         rec = self._rec
         if rec is not None and rec.params is None and self._params:
             w = self._param_norms(self._params, self._owner_list)
@@ -405,20 +442,79 @@ class Recorder:
         if self.optimizer is None:
             self._finish_step()
 
-    def _check_finite(self, grads: list[torch.Tensor]) -> None:
-        """The every-step check: one boolean read back to the host (the only per-step sync)."""
+    def _grad_level(self, grads: list[torch.Tensor]) -> float | None:
+        """The every-step check: the largest |gradient| over the output's and each layer's smallest
+        parameter's, one number read back to the host (the only per-step sync); NaN/Inf when any is not
+        finite. None when nothing was checked."""
         checked = grads + [g for g in self._out_grads if g is not None]
-        if checked and not bool(all_finite(checked)):
-            args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
-            self._replaying = True
-            try:
-                self.trace.nonfinite = nanhunt.locate(self.inner, args, kwargs, self._rng_state,
-                                                      list(self._out_grads), self._pass_step)
-            finally:
-                self._replaying = False
+        return float(max_abs(checked)) if checked else None
+
+    def _nonfinite_pass(self) -> None:
+        """NaN/Inf in this pass's gradients. Whether it is a fault shows later: the optimizer steps on them,
+        or the next pass starts without a step (skipped, as a GradScaler does). Either way the pass is
+        replayed then, before any update, with the weights it ran with."""
+        self._bad_pass = True
+        if self.optimizer is None:
+            self._commit_nonfinite()
+
+    def _locate(self) -> NonFiniteOrigin:
+        args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
+        self._replaying = True
+        try:
+            return nanhunt.locate(self.inner, args, kwargs, self._rng_state, list(self._out_grads), self._pass_step,
+                                  self._autocast)
+        finally:
+            self._replaying = False
+
+    def _commit_nonfinite(self) -> None:
+        """The NaN/Inf gradients are applied (the optimizer steps on them, or there is no optimizer): a fault."""
+        if self.trace.nonfinite is None:
+            self.trace.nonfinite = self._locate()
             self._last_inputs = None
+        self._bad_pass = False
+
+    def _output_nonfinite(self) -> bool:
+        outs = [t.detach() for t in self._out_leaves]
+        return bool(outs) and not math.isfinite(float(max_abs(outs)))
+
+    def _scaler_moved_on(self) -> bool:
+        """The GradScaler's ``update()`` ran since the last backward pass (it replaces its per-step state)."""
+        return self.scaler is not None and getattr(self.scaler, "_per_optimizer_states", None) is not self._round
+
+    def _end_skipped_step(self) -> None:
+        """The optimizer did not step on the last pass's NaN/Inf gradients: a skipped step, not counted.
+        What its sampled forward pass showed is kept; its gradients (overflowed) are not."""
+        scale = float("nan")
+        if self.scaler is not None:  # the scale the step overflowed at, before the scaler's backoff
+            try:
+                scale = float(self.scaler.get_scale()) / float(self.scaler.get_backoff_factor())
+            except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+                pass
+        # where the NaN/Inf comes from: located for the first skipped step, and again when a later one has a
+        # forward pass that overflows while the one located did not (calibrating scalers overflow backward)
+        first = self.trace.overflow
+        if first is None or (first.phase != "forward" and self._output_nonfinite()):
+            self.trace.overflow = self._locate()
+        self.trace.add_skipped(self.step, scale)
+        self._bad_pass, self._awaiting = False, False
+        self._stop_observer()
+        rec, self._rec = self._rec, None
+        for h in self._layer_handles:
+            h.remove()
+        self._layer_handles.clear()
+        if rec is not None:
+            rec.grad.clear()
+            rec.grad_small.clear()
+            rec.params, rec.prev_params = None, None
+            self._flush(rec, scale=None)
+        self.schedule.step_done(self.step, sampled=rec is not None)
+        self._sample_now = self.schedule.should_sample(self.step)
+        self._out_grads = []
+        self._out_leaves = []
 
     def _on_optimizer_pre(self, optimizer, args, kwargs):
+        if self._bad_pass:
+            self._commit_nonfinite()
         rec = self._rec
         if rec is not None and self._params:
             views = [param_view(p)[0] for p in self._params]
@@ -441,6 +537,7 @@ class Recorder:
 
     # -- step end ----------------------------------------------------------------------------------
     def _finish_step(self) -> None:
+        self._awaiting = False
         rec, self._rec = self._rec, None
         for h in self._layer_handles:
             h.remove()
@@ -457,8 +554,11 @@ class Recorder:
         if self.on_step is not None and self.throttle.ready():
             self.on_step()
 
-    def _flush(self, rec: _StepRecord) -> None:
-        """Move one sampled step's statistics to the host in a single transfer."""
+    def _flush(self, rec: _StepRecord, scale: torch.Tensor | None | bool = True) -> None:
+        """Move one sampled step's statistics to the host in a single transfer (with the GradScaler's
+        scale, when one is given and ``scale`` is not None: the gradients are divided by it)."""
+        if scale is True:
+            scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         fwd_idx, fwd_parts = self._rows(rec.fwd, rec.fwd_small,
                                         lambda x, key: forward_stats_batch(x, key[3], key[4], key[5]))
         grad_idx, grad_parts = self._rows(rec.grad, rec.grad_small, lambda x, key: grad_stats_batch(x, key[3]))
@@ -469,6 +569,8 @@ class Recorder:
             parts.append(rec.params.reshape(-1))
         if rec.input is not None:
             parts.append(rec.input)
+        if isinstance(scale, torch.Tensor):
+            parts.append(scale.detach().reshape(-1)[:1].float())
         row = np.full((len(self.layers), N_STATS), np.nan, dtype=np.float32)
         g = np.full(len(GLOBAL_COLUMNS), np.nan, dtype=np.float32)
         if parts:
@@ -491,6 +593,11 @@ class Recorder:
                 k += 3 * n
             if rec.input is not None:
                 g[1:5] = flat[k:k + 4]
+                k += 4
+            if isinstance(scale, torch.Tensor):
+                g[_SCALE_COL] = flat[k]
+                if flat[k] > 0:  # the gradients of a scaled loss, back to the loss's own scale
+                    row[:, _SCALED_COLS] /= flat[k]
         row[np.ix_(self._no_params, _PARAM_COLS)] = np.nan
         if rec.dtype:
             idx = list(rec.dtype)

@@ -154,14 +154,12 @@ def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
     return torch.stack([o.float().to(out[0].device) for o in out])
 
 
-def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One boolean tensor: no NaN/Inf in any of ``tensors`` (max-norms, so large values cannot overflow)."""
-    if not tensors:
-        return torch.ones((), dtype=torch.bool)
+def max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The largest |value| over ``tensors`` (NaN or Inf when any holds one), as one 0-d tensor."""
     try:  # small tensors: one concatenation and one reduction is the cheapest way
-        return torch.isfinite(torch.cat([t.detach().reshape(-1) for t in tensors]).abs().amax())
+        return torch.cat([t.detach().reshape(-1).float() for t in tensors]).abs().amax()
     except RuntimeError:  # tensors on several devices
-        return torch.isfinite(norms(tensors, float("inf")).sum())
+        return norms(tensors, float("inf")).amax()
 
 
 # Parameter statistics read at most this many elements per tensor (an evenly strided subset,
