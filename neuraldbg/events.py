@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .health import HealthTable, StateSeries
-from .states import ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
+from .states import (ActState, AttnState, FiniteState, GainState, GradState, InputState, LossState, RangeState, Signal,
+                     UpdateState)
 from .thresholds import Thresholds
 
 MAX_PER_SERIES = 16
 
 _STATE_OF = {Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState,
              Signal.FINITE: FiniteState, Signal.UPDATE: UpdateState, Signal.INPUT: InputState,
-             Signal.LOSS: LossState}
+             Signal.LOSS: LossState, Signal.ATTENTION: AttnState, Signal.RANGE: RangeState}
 
 
 @dataclass
