@@ -164,9 +164,9 @@ class Dashboard:
                                       measured=measured)
 
     def _layers(self):
-        trace = self.dbg.trace
-        seen = trace.execution_order()
-        return seen + [l for l in trace.layers if l.order is None]
+        """The rows of the grid and of the chart, the same for both: layers in forward order, then the
+        ones not observed."""
+        return self.dbg.trace.observed_layers()
 
     def _progress_html(self) -> str:
         dbg = self.dbg

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import ipywidgets as widgets
 
-from ._states import NONFINITE, look, value_of, worst
+from ._states import NONFINITE, NOT_OBSERVED, look, value_of, worst
 
 _ROW_STYLE = ("display:grid;grid-template-columns:minmax(10em,1fr) 9em 7em 7em 4.5em;gap:4px;"
               "align-items:center;font:12px/1.6 var(--jp-code-font-family,monospace);padding:0 2px")
@@ -71,10 +71,11 @@ def _chip(state_value: str, title: str = "") -> str:
     return f'<span style="{_CHIP.format(colour=lk.colour)}" title="{html.escape(title)}">{lk.label}</span>'
 
 
-def row_html(name: str, type_name: str, health) -> str:
-    """The HTML of one layer's row (``health`` may be None before the layer has been measured)."""
-    act = value_of(getattr(health, "act", None))
-    grad = value_of(getattr(health, "grad", None))
+def row_html(name: str, type_name: str, health, observed: bool = True) -> str:
+    """The HTML of one layer's row (``health`` may be None before the layer has been measured; a layer
+    not ``observed`` -- its forward never ran, or it only returned its input -- shows so, not healthy)."""
+    act = value_of(getattr(health, "act", None)) if observed else NOT_OBSERVED
+    grad = value_of(getattr(health, "grad", None)) if observed else NOT_OBSERVED
     nonfinite = bool(getattr(health, "nonfinite", False))
     flag = (f'<span style="{_CHIP.format(colour=NONFINITE.colour)};min-width:0">{NONFINITE.label}</span>'
             if nonfinite else "")
@@ -121,6 +122,7 @@ class HealthGrid:
         self.groups: list[Group] = []
         self._types: dict[str, str] = {}
         self._health: dict = {}
+        self._unobserved: set[str] = set()
         self._flat: widgets.HTML | None = None
         self._headers: dict[str, widgets.HTML] = {}
         self._bodies: dict[str, widgets.HTML] = {}
@@ -175,20 +177,25 @@ class HealthGrid:
             self._build(layers)
             self._key = key
         self._health = health
+        # once something is measured, a layer with no place in the forward order was not observed
+        self._unobserved = {l.name for l in layers if getattr(l, "order", 0) is None} if health else set()
         if self._flat is not None:
-            self._flat.value = "".join(row_html(n, self._types[n], health.get(n)) for n in key)
+            self._flat.value = "".join(self._row(n) for n in key)
             return
         for g in self.groups:
             self._fill_group(g)
 
+    def _row(self, name: str) -> str:
+        return row_html(name, self._types[name], self._health.get(name), name not in self._unobserved)
+
     def _fill_group(self, g: Group) -> None:
         if not g.foldable:
-            self._bodies[g.key].value = row_html(g.key, self._types[g.key], self._health.get(g.key))
+            self._bodies[g.key].value = self._row(g.key)
             return
         is_open = self.toggles[g.key].value
         self._headers[g.key].value = group_html(g, self._health, is_open)
         # a closed group's members are rendered only when it opens
-        self._bodies[g.key].value = ("".join(row_html(m, self._types[m], self._health.get(m)) for m in g.members)
+        self._bodies[g.key].value = ("".join(self._row(m) for m in g.members)
                                      if is_open else "")
 
     def widgets_to_sync(self) -> list:

@@ -30,6 +30,9 @@ LOOKS: dict[str, Look] = {
 }
 
 NONFINITE = Look("#000000", "NaN/Inf", 4)
+# a layer whose forward never ran, or that only returned its input: nothing measured, nothing healthy
+NOT_OBSERVED = "not_observed"
+LOOKS[NOT_OBSERVED] = Look("#bdbdbd", "not observed", 0)
 
 
 def value_of(state) -> str:
