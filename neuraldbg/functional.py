@@ -141,12 +141,14 @@ class ModuleTracker:
         self.stack: list[str] = []
         self._outputs: dict[int, tuple[weakref.ref, str]] = {}
         self.versions: dict[int, int] = {}   # per module: the version counter of its first input when it started
+        self.calls: dict[str, int] = {}      # per module: how many times it has started in this pass
         self._handles: list = []
 
     def __enter__(self) -> "ModuleTracker":
         self.stack.clear()
         self._outputs.clear()
         self.versions.clear()
+        self.calls.clear()
         self._handles = [_module.register_module_forward_pre_hook(self._pre),
                          _module.register_module_forward_hook(self._post, always_call=True)]
         return self
@@ -163,6 +165,7 @@ class ModuleTracker:
         name = self.names.get(id(module))
         if name is not None:
             self.stack.append(name)
+            self.calls[name] = self.calls.get(name, 0) + 1
             if args and isinstance(args[0], torch.Tensor) and not args[0].is_inference():
                 self.versions[id(module)] = args[0]._version
 

@@ -108,7 +108,7 @@ class Recorder:
         self._activation_leaves = activation_leaves(self.inner)
         self._observer: FunctionalObserver | None = None
         self._sites: dict[tuple, int] = {}      # (owner, relation, op, occurrence in the pass) -> layer index
-        self._pass_ops: dict[tuple, int] = {}   # (owner, op) -> occurrences so far in this pass
+        self._pass_ops: dict[tuple, int] = {}   # (owner, op, call of owner) -> occurrences so far
         owner_of: dict[int, int] = {}
         for name, m in self.inner.named_modules():
             for p in m.parameters(recurse=False):
@@ -360,9 +360,11 @@ class Recorder:
                 self._next_order += 1
 
     def _site(self, owner: str, rel: Relation, spec: OpSpec) -> int:
-        """The row of the ``n``-th call of ``spec`` attributed to ``owner`` in this pass, made on first sight."""
-        n = self._pass_ops.get((owner, spec.label), 0)
-        self._pass_ops[(owner, spec.label)] = n + 1
+        """The row of the ``n``-th call of ``spec`` attributed to ``owner`` within one call of it (a cell
+        called once per time step repeats the same operations: the same rows), made on first sight."""
+        count = (owner, spec.label, self._tracker.calls.get(owner, 0))
+        n = self._pass_ops.get(count, 0)
+        self._pass_ops[count] = n + 1
         key = (owner, rel.value, spec.label, n)
         idx = self._sites.get(key)
         if idx is not None:
