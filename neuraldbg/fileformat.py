@@ -3,15 +3,17 @@
 Layout (all integers little-endian)::
 
     8 bytes   magic  b"NDBGTRC\\x00"
-    4 bytes   format version (uint32), currently 1
+    4 bytes   format version (uint32), currently 2
     8 bytes   header length H (uint64)
-    H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "capacity" and "arrays",
+    H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "overflow", "capacity",
+              "stat_columns" and "global_columns" (the names of the statistics' columns) and "arrays",
               where each array is {"name", "dtype", "shape", "offset", "nbytes"}
     ...       the arrays' raw bytes, C order, at ``offset`` from the end of the header
 
-Reading checks every declared size against the file's real size before allocating anything,
-accepts only the numeric dtypes it writes, and raises ``ValueError`` with one line for any
-truncated, foreign or inconsistent file.
+Version 1 files (no skipped steps, 13 statistics and 5 global columns, named by position) still
+load: columns are matched by name, and the ones they lack are NaN. Reading checks every declared
+size against the file's real size before allocating anything, accepts only the numeric dtypes it
+writes, and raises ``ValueError`` with one line for any truncated, foreign or inconsistent file.
 """
 from __future__ import annotations
 
@@ -23,15 +25,18 @@ import numpy as np
 
 from .layers import LayerInfo
 from .trace import GLOBAL_COLUMNS, BoundedSeries, NonFiniteOrigin, Trace
-from .stats import N_STATS
+from .stats import N_STATS, STATS_V1, Stat
 
 MAGIC = b"NDBGTRC\x00"
-VERSION = 1
+VERSION = 2
+_READS = (1, 2)
+_STAT_NAMES = [s.name for s in Stat]
 _PREFIX = struct.Struct("<8sIQ")
 _DTYPES = {"<f4": np.float32, "<f8": np.float64, "<i8": np.int64}
 _MAX_HEADER = 64 * 1024 * 1024
 
-_ARRAYS = ("stats_steps", "stats", "globals", "loss_steps", "loss")
+_ARRAYS = ("stats_steps", "stats", "globals", "loss_steps", "loss", "skipped_steps", "skipped")
+_ARRAYS_V1 = _ARRAYS[:5]
 
 
 def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
@@ -41,6 +46,8 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "globals": trace.globals.data.astype("<f4"),
         "loss_steps": trace.loss.steps.astype("<i8"),
         "loss": trace.loss.data.astype("<f8"),
+        "skipped_steps": trace.skipped.steps.astype("<i8"),
+        "skipped": trace.skipped.data.astype("<f8"),
     }
     specs, offset = [], 0
     for name in _ARRAYS:
@@ -53,8 +60,9 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "meta": {**trace.meta, **(extra_meta or {})},
         "layers": [l.to_dict() for l in trace.layers],
         "nonfinite": trace.nonfinite.to_dict() if trace.nonfinite else None,
+        "overflow": trace.overflow.to_dict() if trace.overflow else None,
         "capacity": trace.capacity, "loss_capacity": trace.loss_capacity,
-        "n_stats": N_STATS, "global_columns": list(GLOBAL_COLUMNS),
+        "n_stats": N_STATS, "stat_columns": _STAT_NAMES, "global_columns": list(GLOBAL_COLUMNS),
         "arrays": specs,
     }
     blob = json.dumps(header, allow_nan=True, default=str).encode("utf-8")
@@ -85,8 +93,9 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
         magic, version, hlen = _PREFIX.unpack(prefix)
         if magic != MAGIC:
             _fail(path, "wrong magic bytes (not a .ndbg file)")
-        if version != VERSION:
-            _fail(path, f"format version {version} is not supported (this NeuralDbg reads version {VERSION})")
+        if version not in _READS:
+            _fail(path, f"format version {version} is not supported (this NeuralDbg reads versions "
+                        f"{', '.join(map(str, _READS))})")
         if hlen > min(_MAX_HEADER, size - _PREFIX.size):
             _fail(path, "declared header size exceeds the file")
         try:
@@ -97,22 +106,33 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
             _fail(path, "corrupt header")
         body = size - _PREFIX.size - hlen
         try:
-            arrays = _read_arrays(f, header, _PREFIX.size + hlen, body)
+            names = _ARRAYS if version >= 2 else _ARRAYS_V1
+            arrays = _read_arrays(f, header, _PREFIX.size + hlen, body, names)
             layers = [LayerInfo.from_dict(d) for d in header["layers"]]
             n_stats = int(header["n_stats"])
-            if n_stats != N_STATS or list(header["global_columns"]) != list(GLOBAL_COLUMNS):
+            stat_names = (list(header["stat_columns"]) if version >= 2 else
+                          _STAT_NAMES[:STATS_V1] if n_stats == STATS_V1 else None)
+            global_names = list(header["global_columns"])
+            if (stat_names is None or len(stat_names) != n_stats or not set(stat_names) <= set(_STAT_NAMES)
+                    or not set(global_names) <= set(GLOBAL_COLUMNS)):
                 _fail(path, "statistics columns differ from this version's")
             n = len(arrays["stats_steps"])
-            if (arrays["stats"].shape != (n, len(layers), N_STATS)
-                    or arrays["globals"].shape != (n, len(GLOBAL_COLUMNS))
-                    or arrays["loss"].shape != arrays["loss_steps"].shape):
+            if (arrays["stats"].shape != (n, len(layers), n_stats)
+                    or arrays["globals"].shape != (n, len(global_names))
+                    or arrays["loss"].shape != arrays["loss_steps"].shape
+                    or arrays.get("skipped", np.zeros(0)).shape != arrays.get("skipped_steps", np.zeros(0)).shape):
                 _fail(path, "array shapes are inconsistent")
+            stats = _by_name(arrays["stats"], stat_names, _STAT_NAMES)
+            glob = _by_name(arrays["globals"], global_names, list(GLOBAL_COLUMNS))
             cap, lcap = int(header["capacity"]), int(header["loss_capacity"])
+            skipped_steps = arrays.get("skipped_steps", np.zeros(0, dtype=np.int64))
             trace = Trace(layers, capacity=max(cap, 4), loss_capacity=max(lcap, 4),
-                          stats=BoundedSeries.from_arrays(arrays["stats_steps"], arrays["stats"], cap),
-                          globals=BoundedSeries.from_arrays(arrays["stats_steps"], arrays["globals"], cap),
+                          stats=BoundedSeries.from_arrays(arrays["stats_steps"], stats, cap),
+                          globals=BoundedSeries.from_arrays(arrays["stats_steps"], glob, cap),
                           loss=BoundedSeries.from_arrays(arrays["loss_steps"], arrays["loss"], lcap),
+                          skipped=BoundedSeries.from_arrays(skipped_steps, arrays.get("skipped", np.zeros(0)), lcap),
                           nonfinite=NonFiniteOrigin.from_dict(header["nonfinite"]) if header.get("nonfinite") else None,
+                          overflow=NonFiniteOrigin.from_dict(header["overflow"]) if header.get("overflow") else None,
                           meta=dict(header.get("meta") or {}))
         except ValueError as exc:
             if "not a readable NeuralDbg trace" in str(exc):
@@ -123,10 +143,20 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
     return trace, trace.meta
 
 
-def _read_arrays(f, header: dict, base: int, body: int) -> dict[str, np.ndarray]:
+def _by_name(data: np.ndarray, names: list[str], layout: list[str]) -> np.ndarray:
+    """``data``'s last axis, whose columns are ``names``, placed in ``layout`` (missing columns NaN)."""
+    if names == layout:
+        return data
+    out = np.full((*data.shape[:-1], len(layout)), np.nan, dtype=data.dtype)
+    for k, name in enumerate(names):
+        out[..., layout.index(name)] = data[..., k]
+    return out
+
+
+def _read_arrays(f, header: dict, base: int, body: int, names=_ARRAYS) -> dict[str, np.ndarray]:
     specs = {s["name"]: s for s in header["arrays"]}
     out = {}
-    for name in _ARRAYS:
+    for name in names:
         s = specs[name]
         dtype = _DTYPES.get(s["dtype"])
         if dtype is None:
