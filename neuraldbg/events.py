@@ -13,14 +13,15 @@ import numpy as np
 
 from .health import HealthTable, StateSeries
 from .states import (ActState, AttnState, FiniteState, GainState, GradState, InputState, LossState, RangeState, Signal,
-                     UpdateState)
+                     SpikeState, UpdateState)
 from .thresholds import Thresholds
 
 MAX_PER_SERIES = 16
 
 _STATE_OF = {Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState,
              Signal.FINITE: FiniteState, Signal.UPDATE: UpdateState, Signal.INPUT: InputState,
-             Signal.LOSS: LossState, Signal.ATTENTION: AttnState, Signal.RANGE: RangeState}
+             Signal.LOSS: LossState, Signal.ATTENTION: AttnState, Signal.RANGE: RangeState,
+             Signal.SPIKE: SpikeState}
 
 
 @dataclass

@@ -25,7 +25,8 @@ import weakref
 import numpy as np
 
 from .layers import Kind, LayerInfo
-from .states import ActState, AttnState, GainState, GradState, InputState, LossState, RangeState, Signal, UpdateState
+from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, RangeState, Signal, SpikeState,
+                     UpdateState)
 from .stats import Stat
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
@@ -162,7 +163,8 @@ class Features:
     segment: list[int]         # per gain layer: how many normalisation layers ran before it
     rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
     nonfinite: np.ndarray      # (T, L) bool
-    wu: np.ndarray             # updated layers: update and weight norms, their ratio (NaN: not usable)
+    ui: np.ndarray             # updated layers: their columns, update and weight norms, ratio (NaN: not usable)
+    wu: np.ndarray
     wnu: np.ndarray
     update_ratio: np.ndarray
     update_count: np.ndarray   # (T,) layers with a usable ratio
@@ -266,7 +268,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     nonfinite = act_nf | (cols.full(Stat.GRAD_NONFINITE) > 0)
     if len(gi):
         nonfinite[:, gi] |= np.isinf(wg) | np.isinf(wn)
-    ui = np.nonzero([l.n_trainable > 0 for l in layers])[0]
+    ui = np.nonzero([l.n_trainable > 0 for l in layers])[0]  # (kept in Features: the update spikes' columns)
     wu, wnu = cols(ui, Stat.W_UPDATE_NORM), cols(ui, Stat.W_NORM)
     # a layer whose weights started at zero (a deliberate zero init) is being built up: its ratio to a
     # weight that was 0 a few steps ago says nothing about the learning rate
@@ -284,7 +286,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
                     origin=origin, offset=offset, segment=segment, rscale=rscale,
-                    nonfinite=nonfinite, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1), growth=growth,
+                    nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1), growth=growth,
                     has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
                     ai=ai, entropy=cols(ai, Stat.ATTN_ENTROPY), logit=logit, logit0=_first_finite(logit),
                     range_=cols.full(Stat.ACT_RANGE), absmax=cols.full(Stat.ACT_ABSMAX))
@@ -376,6 +378,7 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
     out.append(StateSeries(Signal.FINITE, steps, f.nonfinite.view(np.int8), names, {}, persist=1))
     out += attention_series(f, th)
     out.append(range_series(f, th))
+    out += update_spike_series(f, th)
 
     # -- the latest state of every layer (param-less layers show the next weight layer's gradient)
     latest: dict[str, LayerHealth] = {}
@@ -417,6 +420,20 @@ def attention_series(f: Features, th: Thresholds) -> list[StateSeries]:
               "logit_growth": _ratio(f.logit, f.logit0)}
     return [StateSeries(Signal.ATTENTION, f.steps, codes, [f.names[i] for i in f.ai],
                         {AttnState.COLLAPSED: values, AttnState.GROWING: values})]
+
+
+def update_spike_series(f: Features, th: Thresholds) -> list[StateSeries]:
+    """Per updated layer: its update-to-weight ratio ``spike_factor`` times or more the one at the sample
+    before (no hysteresis: a spike is one step)."""
+    r = f.update_ratio
+    if r.shape[0] < 2 or not r.shape[1]:
+        return []
+    before = np.concatenate([np.full((1, r.shape[1]), np.nan, dtype=r.dtype), r[:-1]], axis=0)
+    with np.errstate(invalid="ignore"):
+        codes = np.where((before > 0) & (r > before * th.spike_factor), np.int8(SpikeState.SPIKE.code), np.int8(0))
+    values = {"update_ratio": _at(r), "before": _at(before), "spike": _ratio(r, before)}
+    return [StateSeries(Signal.SPIKE, f.steps, codes, [f.names[i] for i in f.ui], {SpikeState.SPIKE: values},
+                        persist=1)]
 
 
 def range_series(f: Features, th: Thresholds) -> StateSeries:
@@ -544,7 +561,16 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state[~c.ok] = LossState.NONFINITE.code
     start = c.start
     values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best)}
-    return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: values_ for s in LossState})]
+    # spikes: a loss far above its recent level (its rolling median), by spike_factor times its typical
+    # step-to-step change there; one step is enough
+    w = max(5, min(th.plateau_steps // 4, n // 10))
+    level, noise = np.roll(smooth, 1), np.roll(_rolling_median(d, w), 1)
+    with np.errstate(invalid="ignore"):
+        spike = (np.arange(n) > w) & (c.filled - level > th.spike_factor * noise) & (noise > 0) & c.ok
+    spike_values = {"loss": _at(values[:, None]), "before": _at(level[:, None])}
+    return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: values_ for s in LossState}),
+            StateSeries(Signal.SPIKE, steps, spike.astype(np.int8)[:, None], [""], {SpikeState.SPIKE: spike_values},
+                        persist=1)]
 
 
 def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> HealthTable:

@@ -836,12 +836,14 @@ def rule_plateau(ctx: Context) -> list[CausalHypothesis]:
 
 from .rules_attention import rule_attention_collapse  # noqa: E402  (their rules use the helpers above)
 from .rules_precision import rule_mixed_precision  # noqa: E402
+from .rules_spikes import rule_spikes  # noqa: E402
 
 Rule = Callable[[Context], list[CausalHypothesis]]
 RULES: list[tuple[str, Rule]] = [
     ("data", rule_data),
     ("attention collapse", rule_attention_collapse),
     ("mixed precision", rule_mixed_precision),
+    ("update spikes", rule_spikes),
     ("dead units", rule_dead),
     ("saturated activations", rule_saturated),
     ("initialization", rule_initialization),

@@ -92,6 +92,14 @@ class RangeState(_State):
     NEAR_LIMIT = "near_limit"  # within a factor of the largest finite value: the next growth overflows
 
 
+class SpikeState(_State):
+    """A value far above where it was: a layer's update-to-weight ratio against the previous sample, or
+    the loss against its recent level."""
+
+    NORMAL = "normal"
+    SPIKE = "spike"
+
+
 class Signal(str, Enum):
     """What an event is about."""
 
@@ -104,6 +112,7 @@ class Signal(str, Enum):
     LOSS = "loss"
     ATTENTION = "attention"
     RANGE = "range"
+    SPIKE = "spike"
 
     def __str__(self) -> str:
         return self.value
