@@ -288,7 +288,7 @@ def activation_leaves(model: nn.Module) -> set[int]:
 class NonFiniteWatch(TorchFunctionMode):
     """For the NaN hunt's replay: the operations whose finite inputs give a NaN/Inf output, attributed, in
     order (the first ``limit``). An Inf that a module absorbs (x / exp(t) with exp(t) = Inf is 0) is no
-    origin by itself: the replay takes the first one inside the first module whose output is not finite."""
+    origin by itself: the replay takes the first one left when a module's output is not finite."""
 
     def __init__(self, tracker: ModuleTracker, leaves: dict[str, Kind], limit: int = 16):
         super().__init__()
@@ -297,12 +297,13 @@ class NonFiniteWatch(TorchFunctionMode):
         self.limit = limit
         self.found: list[tuple[str, Relation, str, str]] = []   # owner, relation, op label, dtype
 
-    def first_in(self, module: str) -> tuple[str, Relation, str, str] | None:
-        """The first finding attributed to ``module`` or to a module inside it (``""``: the model)."""
-        for f in self.found:
-            if not module or f[0] == module or f[0].startswith(module + "."):
-                return f
-        return None
+    def absorbed(self, module: str) -> None:
+        """``module``'s output is finite: what its own operations made was absorbed (x / Inf is 0)."""
+        self.found = [f for f in self.found if module and f[0] != module and not f[0].startswith(module + ".")]
+
+    @property
+    def first(self) -> tuple[str, Relation, str, str] | None:
+        return self.found[0] if self.found else None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -562,11 +562,14 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     start = c.start
     values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best)}
     # spikes: a loss far above its recent level (its rolling median), by spike_factor times its typical
-    # step-to-step change there; one step is enough
+    # step-to-step change there and by at least what counts as progress on its own scale (a converged loss
+    # at 1e-5 that jumps to 1e-3 has not spiked); one step is enough
     w = max(5, min(th.plateau_steps // 4, n // 10))
     level, noise = np.roll(smooth, 1), np.roll(_rolling_median(d, w), 1)
     with np.errstate(invalid="ignore"):
-        spike = (np.arange(n) > w) & (c.filled - level > th.spike_factor * noise) & (noise > 0) & c.ok
+        rise = c.filled - level
+        spike = ((np.arange(n) > w) & (rise > th.spike_factor * noise) & (rise > th.loss_progress * scale)
+                 & (noise > 0) & c.ok)
     spike_values = {"loss": _at(values[:, None]), "before": _at(level[:, None])}
     return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: values_ for s in LossState}),
             StateSeries(Signal.SPIKE, steps, spike.astype(np.int8)[:, None], [""], {SpikeState.SPIKE: spike_values},

@@ -131,8 +131,11 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
                 return
             ran.append((name, mod))
             outs = float_tensors(output)
-            inside = watch.first_in(name) if any(_nonfinite(t) for t in outs) else None
-            if inside is not None:  # an operation inside it made the first NaN/Inf its output carries
+            bad = any(_nonfinite(t) for t in outs)
+            if not bad:
+                watch.absorbed(name)
+            inside = watch.first if bad else None
+            if inside is not None:  # an operation (in it, or before it) made the first NaN/Inf its output carries
                 owner, rel, label, dtype = inside
                 owner_mod = dict(replica.named_modules()).get(owner)
                 weights = owner_mod is not None and _own_params_nonfinite(owner_mod)
@@ -183,7 +186,7 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
                 output = replica(*args, **kwargs)
             if found:
                 return found[0]
-            outside = watch.first_in("") if any(_nonfinite(t) for t in float_tensors(output)) else None
+            outside = watch.first if any(_nonfinite(t) for t in float_tensors(output)) else None
             if outside is not None:  # in the model's own forward, after its last module
                 owner, rel, label, dtype = outside
                 return NonFiniteOrigin(step, owner, "forward", f"{label} is the first operation to turn finite values "

@@ -326,9 +326,15 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
         if large and ctx.from_start(large[0]) and _amplified_at_start(ctx):
             continue  # the updates are large because the initial weights are: rule_initialization's case
         loss = _loss_symptoms(ctx, ev.step)
-        # units that die during training but neither block the gradient (a residual path goes around them, as
-        # in a Transformer's feed-forward block) nor stop the loss from learning are lost capacity: a weak signal
-        cap = 0.45 if ctx.has_loss and not ctx.from_start(ev) and not (blocked or loss or downstream) else 1.0
+        # units that die during training while the gradient goes around them to the layers before (a residual
+        # path, as in a Transformer's feed-forward block: only their own feeding layer loses its gradient) and the
+        # loss keeps learning are lost capacity: a weak signal
+        feeder = ctx.previous_weight_layer(ev.layer)
+        pos = ctx.rank.get(ev.layer, -1)
+        earlier = [n for n, r in ctx.rank.items() if r < pos and n != feeder and ctx.layers[n].n_trainable > 0]
+        around = bool(earlier) and not [b for b in blocked if b.layer != feeder]
+        failing = [e for e in loss if e.end is None or e.after != LossState.PLATEAU]
+        cap = 0.45 if ctx.has_loss and not ctx.from_start(ev) and around and not (failing or downstream) else 1.0
         if not ctx.from_start(ev) and large:
             u = large[0].values.get("update_max", math.nan)
             chain = [f"updates of up to {_fmt(u)} x the weights per step (lr {lr}) from step {large[0].step}"] + chain

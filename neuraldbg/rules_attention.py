@@ -33,17 +33,21 @@ def _warm_up(ctx: Context, upto: int) -> tuple[float, float]:
 
 def rule_attention_collapse(ctx: Context) -> list[CausalHypothesis]:
     collapsed = ctx.free(Signal.ATTENTION, AttnState.COLLAPSED)
+    growing = ctx.free(Signal.ATTENTION, AttnState.GROWING)
+    # logits that grew without the entropy collapsing (yet) are the same fault when the loss fails with them
+    only_growth = not collapsed
+    collapsed = sorted(collapsed or growing, key=lambda e: (e.step, ctx.rank.get(e.layer, 0)))
     if not collapsed:
         return []
-    collapsed.sort(key=lambda e: (e.step, ctx.rank.get(e.layer, 0)))
     first = collapsed[0]
     names = list(dict.fromkeys(e.layer for e in collapsed))
-    growing = [e for e in ctx.free(Signal.ATTENTION, AttnState.GROWING) if e.layer in names]
+    growing = [e for e in growing if e.layer in names and e not in collapsed]
     onset = min([e.step for e in growing if e.layer == first.layer and e.step <= first.step] + [first.step])
     large = [e for e in ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step <= first.step]
     loss = [e for e in _loss_symptoms(ctx, onset) if e.step >= onset or e.end is None]
     progress = ctx.loss_progress
-    flat = ctx.has_loss and not loss and progress == progress and progress < ctx.th.collapse_progress
+    flat = (ctx.has_loss and not loss and not only_growth and progress == progress
+            and progress < ctx.th.collapse_progress)
     fails = bool(loss) or flat
 
     lr_first, lr_top = _warm_up(ctx, onset)
@@ -61,9 +65,13 @@ def rule_attention_collapse(ctx: Context) -> list[CausalHypothesis]:
     if growth == growth and growth > 1:
         chain.append(f"the largest attention logit of `{first.layer}` grows from {_fmt(v.get('first_logit', math.nan))} "
                      f"to {_fmt(v.get('max_logit', math.nan))} ({_fmt(growth)}x) by step {first.step}")
-    chain.append(f"the attention of `{first.layer}` collapses from step {first.step}: its entropy falls to "
-                 f"{v.get('entropy', math.nan):.0%} of log(keys), each query attends to one or two keys"
-                 + (f"; so does {_layer_list(names[1:])}" if len(names) > 1 else ""))
+    if only_growth:
+        chain[-1] += (f", without bound{' (so do those of ' + _layer_list(names[1:]) + ')' if len(names) > 1 else ''}; "
+                      f"its entropy is down to {v.get('entropy', math.nan):.0%} of log(keys)")
+    else:
+        chain.append(f"the attention of `{first.layer}` collapses from step {first.step}: its entropy falls to "
+                     f"{v.get('entropy', math.nan):.0%} of log(keys), each query attends to one or two keys"
+                     + (f"; so does {_layer_list(names[1:])}" if len(names) > 1 else ""))
     if loss:
         chain += [_loss_text(e) for e in loss[:1]]
     elif flat:
@@ -74,7 +82,7 @@ def rule_attention_collapse(ctx: Context) -> list[CausalHypothesis]:
                      collapsed + growing + large + loss,
                      f"lower the learning rate from {lr} to ~{lr10} (with a warm-up) and clip gradients at max_norm=1.0")]
     if fails:  # the collapse came with a failing loss: the failure
-        conf = 0.85 + 0.05 * bool(large or no_warmup)
+        conf = 0.85 + 0.05 * bool(large or no_warmup) - 0.1 * only_growth
     else:  # sharp attention while the loss learns (or no loss recorded): a weak signal
         conf = 0.45 if not ctx.has_loss else 0.3
     hand_written = any(ctx.layers[n].type_name == "F.softmax" for n in names if n in ctx.layers)
