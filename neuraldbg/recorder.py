@@ -156,9 +156,9 @@ class Recorder:
         self._bad_pass = False
         self._awaiting = False     # a backward pass ended since the last optimizer step
         self._round = None         # the GradScaler's per-step state then: replaced by its update()
-        # spikes between sampled steps: the largest gradient checked every step, and the loss
-        self._grad_spikes = SpikeWatch(spike_factor, self.schedule.warmup, ratio=True)
-        self._loss_spikes = SpikeWatch(spike_factor, self.schedule.warmup, ratio=False)
+        # spikes between sampled steps: the largest gradient, read every step anyway (a loss spike is too
+        # often batch noise to start a burst: it is found in the recorded loss instead)
+        self._grad_spikes = SpikeWatch(spike_factor, self.schedule.warmup)
         self._backward_queued = False
         self._replaying = False
         self.attached = False
@@ -220,8 +220,6 @@ class Recorder:
                 value = float(value)
         else:
             value = float(loss)
-        if isinstance(value, float) and self._loss_spikes(value) and self.schedule.burst(self.step):
-            self._sample_now = True  # a loss spike: the next steps are sampled, to see which layer moved
         self._pending_losses.append((self._pass_step, value))
         if len(self._pending_losses) >= 256:
             self.flush_losses()

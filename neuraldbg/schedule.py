@@ -104,27 +104,17 @@ class Throttle:
 
 class SpikeWatch:
     """A value far above its recent level: a spike between two sampled steps, caught from a number
-    already at hand every step (no extra work on the device).
+    already at hand every step (no extra work on the device): ``factor`` times the median of the last
+    ``window`` values."""
 
-    ``ratio=True`` (a magnitude, e.g. the largest gradient): a spike is ``factor`` times the median of
-    the last ``window`` values. ``ratio=False`` (a loss, which may sit near or below zero): a spike
-    rises above that median by ``factor`` times their median absolute deviation."""
-
-    def __init__(self, factor: float, window: int = 16, ratio: bool = True):
+    def __init__(self, factor: float, window: int = 16):
         self.factor = float(factor)
-        self.ratio = ratio
         self._hist: deque[float] = deque(maxlen=max(int(window), 4))
 
     def __call__(self, value: float) -> bool:
+        if value != value:
+            return False
         hist = self._hist
-        spike = False
-        if len(hist) == hist.maxlen and value == value:
-            med = statistics.median(hist)
-            if self.ratio:
-                spike = med > 0 and value > self.factor * med
-            else:
-                mad = statistics.median(abs(v - med) for v in hist)
-                spike = mad > 0 and value - med > self.factor * mad
-        if value == value:
-            hist.append(value)
+        spike = len(hist) == hist.maxlen and value > self.factor * statistics.median(hist) > 0
+        hist.append(value)
         return spike

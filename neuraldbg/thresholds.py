@@ -64,9 +64,10 @@ class Thresholds:
                             "which the skipping is a failure, not the scale's calibration")
     # -- spikes ------------------------------------------------------------------------------------
     spike_factor: float = _f(10.0, "spike", "log", 2.0, 1e4,
-                             "a loss or gradient this many times its running level between two samples is a "
-                             "spike: the next steps are sampled; an update this many times a layer's usual "
-                             "size is that layer's spike")
+                             "a spike: the largest gradient this many times its median over the last steps "
+                             "(the next steps are then sampled; fixed when watching starts), a layer's update "
+                             "this many times the one at the sample before, or the loss rising this many times "
+                             "its usual step-to-step change")
     # -- data --------------------------------------------------------------------------------------
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
                             "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
