@@ -32,8 +32,8 @@ from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Rol
 from .layers import Kind, LayerInfo, describe, watched_modules
 from .schedule import Schedule, SpikeWatch, Throttle
 from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
-                    dtype_max, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, max_abs, param_view,
-                    per_layer_norms)
+                    dtype_max, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, levels, max_abs,
+                    param_view, per_layer_norms)
 from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
@@ -424,9 +424,9 @@ class Recorder:
         if self.scaler is not None:
             self._round = getattr(self.scaler, "_per_optimizer_states", None)
         level = self._grad_level([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
-        if level is not None and not math.isfinite(level):
+        if level is not None and not math.isfinite(level[0]):
             self._nonfinite_pass()
-        elif level is not None and self._grad_spikes(level) and self.schedule.burst(self.step):
+        elif level is not None and self._grad_spikes(level[1]) and self.schedule.burst(self.step):
             # a gradient spike between sampled steps: this step's updates are measured, and the next steps
             self._sample_now = True
             if self._rec is None:
@@ -442,12 +442,12 @@ class Recorder:
         if self.optimizer is None:
             self._finish_step()
 
-    def _grad_level(self, grads: list[torch.Tensor]) -> float | None:
-        """The every-step check: the largest |gradient| over the output's and each layer's smallest
-        parameter's, one number read back to the host (the only per-step sync); NaN/Inf when any is not
-        finite. None when nothing was checked."""
+    def _grad_level(self, grads: list[torch.Tensor]) -> list[float] | None:
+        """The every-step check, over the output's gradient and each layer's smallest parameter's: the
+        largest |gradient| (NaN/Inf when any is not finite) and their norm (for spikes), read back to the
+        host together (the only per-step sync). None when nothing was checked."""
         checked = grads + [g for g in self._out_grads if g is not None]
-        return float(max_abs(checked)) if checked else None
+        return levels(checked).tolist() if checked else None
 
     def _nonfinite_pass(self) -> None:
         """NaN/Inf in this pass's gradients. Whether it is a fault shows later: the optimizer steps on them,

@@ -162,6 +162,16 @@ def max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
         return norms(tensors, float("inf")).amax()
 
 
+def levels(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[largest |value|, L2 norm] over ``tensors`` as one (2,) tensor: the first says whether all are finite
+    (a max cannot overflow), the second how large they are together (smoother than a max)."""
+    try:
+        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+        return torch.stack([flat.abs().amax(), torch.linalg.vector_norm(flat)])
+    except RuntimeError:  # tensors on several devices
+        return torch.stack([norms(tensors, float("inf")).amax(), norms(tensors).norm()])
+
+
 # Parameter statistics read at most this many elements per tensor (an evenly strided subset,
 # scaled up): exact for small tensors, and a full pass over a large model's weights is avoided.
 PARAM_SAMPLE = 65536
