@@ -274,9 +274,12 @@ class Recorder:
         if obs is None:
             return
         try:
-            from torch.overrides import _get_current_function_mode_stack
-            stack = _get_current_function_mode_stack()
-            if stack and stack[-1] is obs:  # never pop a mode the user entered inside the forward
+            try:
+                from torch.overrides import _get_current_function_mode_stack
+                top = _get_current_function_mode_stack()[-1:]
+            except (ImportError, AttributeError):  # a torch without it: ours is the one on top
+                top = [obs]
+            if top and top[0] is obs:  # never pop a mode the user entered inside the forward
                 obs.__exit__(None, None, None)
         finally:
             self._tracker.__exit__(None, None, None)
