@@ -133,6 +133,8 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
                   nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0,
                   attenuation=health_mod.attenuation_series(trace),
                   lr_series=(trace.globals.steps, trace.global_column("lr")), loss_reach=_loss_reach(trace),
-                  loss_fall=_loss_fall(trace, thresholds), loss_trend=_loss_trend(trace, curve, thresholds))
+                  loss_fall=_loss_fall(trace, thresholds), loss_trend=_loss_trend(trace, curve, thresholds),
+                  loss_progress=float(curve.progress[-1]) if curve is not None else math.nan,
+                  skipped=(trace.skipped.steps, trace.skipped.data), overflow=trace.overflow)
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -13,14 +13,16 @@ import numpy as np
 
 from .formatting import number
 from .health import HealthTable, StateSeries
-from .states import _State, ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
+from .states import (_State, ActState, AttnState, FiniteState, GainState, GradState, InputState, LossState,
+                     RangeState, Signal, SpikeState, UpdateState)
 from .thresholds import Thresholds
 
 MAX_PER_SERIES = 16
 
 _STATE_OF: dict[Signal, type[_State]] = {
     Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState, Signal.FINITE: FiniteState,
-    Signal.UPDATE: UpdateState, Signal.INPUT: InputState, Signal.LOSS: LossState}
+    Signal.UPDATE: UpdateState, Signal.INPUT: InputState, Signal.LOSS: LossState, Signal.ATTENTION: AttnState,
+    Signal.RANGE: RangeState, Signal.SPIKE: SpikeState}
 
 
 @dataclass

@@ -45,8 +45,19 @@ class Context:
     loss_fall: object = None  # analysis.LossFall: how far below zero a positive loss went, or None
     # the latest losses below the first ones on the loss's scale, and the z of their downward trend
     loss_trend: tuple = (math.nan, math.nan)
+    loss_progress: float = math.nan  # how far the latest losses are below the first ones, on the loss's scale
+    # optimizer steps skipped for NaN/Inf gradients (a loss scaler's), with the scale then, and where the
+    # NaN/Inf of the latest run of them came from
+    skipped: tuple = (np.zeros(0, dtype=np.int64), np.zeros(0))
+    overflow: NonFiniteOrigin | None = None
+    origin_claimed: bool = False  # the NaN/Inf origin is explained by an earlier rule
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
+
+    @property
+    def sites(self) -> list[LayerInfo]:
+        """The functional operations among the layers, longest names first (so none is a prefix of another)."""
+        return sorted((l for l in self.layers.values() if l.is_site), key=lambda l: -len(l.name))
 
     def free(self, signal: Signal, *states) -> list[SemanticEvent]:
         return [e for e in self.events if id(e) not in self.claimed and e.signal == signal
@@ -140,8 +151,21 @@ def _hyp(ctx: Context, cause: Cause, layer: str, step: int, confidence: float, c
             step = at
     evidence = sorted({id(e): e for e in evidence}.values(), key=lambda e: e.step)
     confidence = round(min(max(confidence, 0.0), 0.99), 3)
+    chain, suggestion = [_name_sites(ctx, c) for c in chain], _name_sites(ctx, suggestion)
+    info = ctx.layers.get(layer)
+    if info is not None and info.is_site:  # a functional operation: named by its module, the op in the chain
+        layer = info.owner
     return CausalHypothesis(cause=cause, layer=layer, step=int(step), confidence=confidence,
                             chain=chain, evidence=evidence, suggestion=suggestion)
+
+
+def _name_sites(ctx: Context, text: str) -> str:
+    """A functional operation's row named as the user wrote it: "`conv2:relu`" -> "F.relu after `conv2`"."""
+    if "`" not in text:
+        return text
+    for info in ctx.sites:
+        text = text.replace(f"`{info.name}`", info.where())
+    return text
 
 
 def _loss_symptoms(ctx: Context, after: int = -1) -> list[SemanticEvent]:
@@ -303,14 +327,25 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
         large = _update_before(ctx, ev.step)
         if large and ctx.from_start(large[0]) and _amplified_at_start(ctx):
             continue  # the updates are large because the initial weights are: rule_initialization's case
+        loss = _loss_symptoms(ctx, ev.step)
+        # units that die during training while the gradient goes around them to the layers before (a residual
+        # path, as in a Transformer's feed-forward block: only their own feeding layer loses its gradient) and the
+        # loss keeps learning are lost capacity: a weak signal
+        feeder = ctx.previous_weight_layer(ev.layer)
+        pos = ctx.rank.get(ev.layer, -1)
+        earlier = [n for n, r in ctx.rank.items() if r < pos and n != feeder and ctx.layers[n].n_trainable > 0]
+        around = bool(earlier) and not [b for b in blocked if b.layer != feeder]
+        failing = [e for e in loss if e.end is None or e.after != LossState.PLATEAU]
+        cap = 0.45 if ctx.has_loss and not ctx.from_start(ev) and around and not (failing or downstream) else 1.0
         if not ctx.from_start(ev) and large:
             u = large[0].values.get("update_peak", math.nan)
             chain = [f"updates of up to {_fmt(u)} x the weights per step (lr {lr}) from step {large[0].step}"] + chain
             if blocked:
                 chain.append(f"no gradient flows back through `{ev.layer}`: it vanishes in {_names(blocked)}")
             chain.append("the layers before it stop learning")
-            out.append(_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step, 0.8 + 0.1 * bool(blocked), chain,
-                            [large[0], ev] + blocked,
+            chain += [_loss_text(e) for e in loss[:1]]
+            out.append(_hyp(ctx, Cause.LEARNING_RATE_TOO_HIGH, "", large[0].step, min(0.8 + 0.1 * bool(blocked), cap),
+                            chain, [large[0], ev] + blocked,
                             f"lower the learning rate from {lr} to ~{lr10}: a too-large update pushed the units of "
                             f"`{ev.layer}` into the zero region; optionally use nn.LeakyReLU(0.01) there"))
             continue
@@ -321,11 +356,10 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
             chain.append(f"no gradient flows back through `{ev.layer}`: it vanishes in {_names(blocked)}")
         if downstream:
             chain.append(f"the layers after it receive a constant signal: {_symptoms_text(downstream, 1)[0]}")
-        loss = _loss_symptoms(ctx, ev.step)
         chain += [_loss_text(e) for e in loss[:1]]
         # just above the threshold: a weak signal; all units dead: 0.9; more when the gradient or loss shows it
         th = min(ctx.th.dead_fraction, 0.999)
-        conf = 0.45 + 0.45 * max(frac - th, 0.0) / (1 - th) + 0.05 * bool(blocked or loss)
+        conf = min(0.45 + 0.45 * max(frac - th, 0.0) / (1 - th) + 0.05 * bool(blocked or loss), cap)
         fix = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{ev.layer}` by "
                f"nn.LeakyReLU(0.01)" if prev else f"replace `{ev.layer}` by nn.LeakyReLU(0.01)")
         if not ctx.from_start(ev):
@@ -522,7 +556,7 @@ _OVERFLOW_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENT
 
 
 def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
-    nf = ctx.nonfinite
+    nf = None if ctx.origin_claimed else ctx.nonfinite
     finite_ev = ctx.free(Signal.FINITE, FiniteState.NONFINITE)
     loss_nf = ctx.loss_state(LossState.NONFINITE)
     if (nf is None and not finite_ev) or (nf is not None and nf.phase in ("input", "loss")):
@@ -584,10 +618,14 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
                      "run the failing step under torch.autograd.detect_anomaly() to find the operation")]
     kind = f" ({ctx.layers[layer].type_name})" if layer in ctx.layers else ""
     if phase == "forward":
-        chain = [f"at step {step}, the forward pass of `{layer}`{kind} is the first to output NaN/Inf "
+        op = nf.op if nf is not None else ""
+        chain = [f"at step {step}, {nf.where()}{kind if nf.relation != 'after' else ''} is the first operation to "
+                 "turn finite values into NaN/Inf" if op else
+                 f"at step {step}, the forward pass of `{layer}`{kind} is the first to output NaN/Inf "
                  "from finite inputs and weights",
                  "every layer after it, the loss and all gradients become NaN"]
-        fix = (f"guard the operation in `{layer}` that leaves its domain: add an eps to a denominator "
+        fix = (f"guard {'the ' + op if op else 'the operation'} in `{layer}` that leaves its domain: add an eps to a "
+               "denominator "
                "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), "
                "torch.log(x.clamp_min(1e-12))), "
                "or use a stable form (torch.logsumexp, F.softmax / F.log_softmax instead of exp/sum)")
@@ -807,9 +845,16 @@ def rule_plateau(ctx: Context) -> list[CausalHypothesis]:
                  f"(loss, label range); then try a larger learning rate than {lr} (x3) or a schedule")]
 
 
+from .rules_attention import rule_attention_collapse  # noqa: E402  (their rules use the helpers above)
+from .rules_precision import rule_mixed_precision  # noqa: E402
+from .rules_spikes import rule_spikes  # noqa: E402
+
 Rule = Callable[[Context], list[CausalHypothesis]]
 RULES: list[tuple[str, Rule]] = [
     ("data", rule_data),
+    ("attention collapse", rule_attention_collapse),
+    ("mixed precision", rule_mixed_precision),
+    ("update spikes", rule_spikes),
     ("dead units", rule_dead),
     ("saturated activations", rule_saturated),
     ("initialization", rule_initialization),

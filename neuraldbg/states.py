@@ -80,6 +80,29 @@ class LossState(_State):
     NONFINITE = "nonfinite"
 
 
+class AttnState(_State):
+    """What an attention computation does: spread over its keys, or collapsed onto a few."""
+
+    NORMAL = "normal"
+    COLLAPSED = "collapsed"   # entropy over the keys far below its maximum: one or two keys take all
+    GROWING = "growing"       # the largest logit many times its start (entropy not collapsed yet)
+
+
+class RangeState(_State):
+    """How much of its dtype's range a layer's output uses (float16 tops out at 65504)."""
+
+    NORMAL = "normal"
+    NEAR_LIMIT = "near_limit"  # within a factor of the largest finite value: the next growth overflows
+
+
+class SpikeState(_State):
+    """A value far above where it was: a layer's update-to-weight ratio against the previous sample, or
+    the loss against its recent level."""
+
+    NORMAL = "normal"
+    SPIKE = "spike"
+
+
 class Signal(str, Enum):
     """What an event is about."""
 
@@ -90,6 +113,9 @@ class Signal(str, Enum):
     UPDATE = "update"
     INPUT = "input"
     LOSS = "loss"
+    ATTENTION = "attention"
+    RANGE = "range"
+    SPIKE = "spike"
 
     def __str__(self) -> str:
         return self.value

@@ -55,6 +55,29 @@ class Thresholds:
                               "least improvement of the smoothed loss, as a fraction of the start loss, not a plateau")
     plateau_steps: int = _f(50, "plateau steps", "linear", 5, 1000,
                             "recorded losses needed before the loss can be called flat")
+    # -- attention ---------------------------------------------------------------------------------
+    attention_entropy: float = _f(0.3, "attention entropy", "linear", 0.01, 0.9,
+                                  "mean attention entropy, as a fraction of log(keys), below which attention "
+                                  "has collapsed onto a few keys")
+    attention_logit_growth: float = _f(10.0, "attention logit growth", "log", 2.0, 1e4,
+                                       "growth of the largest attention logit since the first sample that is "
+                                       "growth without bound")
+    collapse_progress: float = _f(0.25, "progress with collapse", "log", 0.01, 0.9,
+                                  "improvement of the loss, as a fraction of the start loss, below which a "
+                                  "collapsed attention explains why it does not learn")
+    # -- precision ---------------------------------------------------------------------------------
+    range_margin: float = _f(10.0, "dtype range margin", "log", 1.5, 1e4,
+                             "factor below the largest value of a layer's output dtype (float16: 65504) "
+                             "within which the output is about to overflow")
+    skipped_steps: int = _f(8, "skipped steps", "linear", 2, 200,
+                            "consecutive optimizer steps skipped for NaN/Inf gradients (a GradScaler's) after "
+                            "which the skipping is a failure, not the scale's calibration")
+    # -- spikes ------------------------------------------------------------------------------------
+    spike_factor: float = _f(10.0, "spike", "log", 2.0, 1e4,
+                             "a spike: the largest gradient this many times its median over the last steps "
+                             "(the next steps are then sampled; fixed when watching starts), a layer's update "
+                             "this many times the one at the sample before, or the loss rising this many times "
+                             "its usual step-to-step change")
     # -- data --------------------------------------------------------------------------------------
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
                             "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
