@@ -4,11 +4,12 @@ from __future__ import annotations
 from .design import FAULTY_ROWS, HEALTHY_ROWS, Case, rows
 from .families import FAMILIES, Family, Variation
 from .faults import MECHANISMS, Mechanism
+from . import heldout
 
-HELDOUT_FAMILIES: frozenset = frozenset()
-HELDOUT_MECHANISMS: frozenset = frozenset()
-_FAMILIES: dict[str, Family] = dict(FAMILIES)
-_MECHANISMS: dict[str, Mechanism] = dict(MECHANISMS)
+HELDOUT_FAMILIES: frozenset = frozenset(heldout.FAMILIES)
+HELDOUT_MECHANISMS: frozenset = frozenset(heldout.MECHANISMS)
+_FAMILIES: dict[str, Family] = {**FAMILIES, **heldout.FAMILIES}
+_MECHANISMS: dict[str, Mechanism] = {**MECHANISMS, **heldout.MECHANISMS}
 
 
 def family(name: str) -> Family:
