@@ -32,6 +32,7 @@ bench: venv
 # The fault generator's runs scored against their expected verdicts (minutes on two cores).
 eval: venv
 	OMP_NUM_THREADS=1 $(PY) benchmarks/diagnosis.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/perturbed_zoo.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .coverage htmlcov
