@@ -2,7 +2,7 @@
 real NeuralDbg over a real loop, scored against the verdict a practitioner would give.
 
     .venv/bin/python benchmarks/diagnosis.py [--part dev|heldout|all] [--filter NAME ...] [--jobs N]
-                                             [--quick] [--slice] [--out PATH] [--check-faults]
+                                             [--quick] [--slice] [--every N] [--out PATH] [--check-faults]
 
 Prints the scoreboard of the development and the held-out part separately and saves everything
 (every run's verdict) as JSON. ``--check-faults`` instead trains every selected case without NeuralDbg
@@ -17,6 +17,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -34,9 +35,9 @@ def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
-def _run(case_id: str) -> dict:
+def _run(case_id: str, every: int | None = None) -> dict:
     from faultgen import runner
-    return runner.run(case_id)
+    return runner.run(case_id, every=every)
 
 
 def _check(case_id: str) -> tuple[str, str | None]:
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--check-faults", action="store_true", help="check that every fault harms its run (no NeuralDbg)")
     ap.add_argument("--no-misses", action="store_true", help="do not print the list of misses")
+    ap.add_argument("--every", type=int, default=None, metavar="N",
+                    help="NeuralDbg's sampling interval (default: its own, which adapts to the measured cost of a "
+                         "step, so a few verdicts move with the machine's load; a fixed N makes runs repeatable)")
     args = ap.parse_args(argv)
 
     cases = select(args.part, args.filter, args.quick, args.slice)
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(cases)} cases checked, {len(bad)} whose fault does no harm ({time.perf_counter() - start:.0f} s)")
             return 1 if bad else 0
         runs = []
-        for n, out in enumerate(pool.map(_run, [c.id for c in cases], chunksize=1), 1):
+        for n, out in enumerate(pool.map(partial(_run, every=args.every), [c.id for c in cases], chunksize=1), 1):
             runs.append(out)
             if n % 50 == 0 or n == len(cases):
                 print(f"  {n}/{len(cases)} runs, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(runs)} runs in {elapsed:.0f} s with {args.jobs} workers")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"runs": len(runs), "seconds": round(elapsed, 1), "jobs": args.jobs, "quick": args.quick,
-            "part": args.part, "filters": args.filter}
+            "part": args.part, "filters": args.filter, "every": args.every, "slice": args.slice}
     args.out.write_text(json.dumps({"meta": meta, "parts": parts, "runs": runs}, indent=1, default=str))
     print(f"saved {args.out}")
     return 0

@@ -3,7 +3,7 @@ re-run with the model initialised from seed +1 and +2, and with twice the steps,
 the case's own expectation (faulty: the top hypothesis's cause, layer and onset at confidence >= 0.5;
 healthy: nothing at 0.5). Prints the failures.
 
-    .venv/bin/python benchmarks/perturbed_zoo.py [--jobs N] [--filter NAME ...] [--out PATH] [--strict]
+    .venv/bin/python benchmarks/perturbed_zoo.py [--jobs N] [--filter NAME ...] [--every N] [--out PATH] [--strict]
 
 The zoo builders seed the model themselves with ``torch.manual_seed(n)``; the seed is shifted by
 calling each builder with ``torch.manual_seed`` replaced by one that adds the offset (the data, drawn
@@ -65,16 +65,18 @@ def _init_worker() -> None:
         sys.path.insert(0, str(TESTS))
 
 
-def check(task: tuple[str, str]) -> dict:
+def check(task: tuple[str, str, int | None]) -> dict:
     """One case under one variant: its verdict and whether it still meets the case's expectation."""
     from zoo import train
-    name, variant = task
+    name, variant, every = task
     build, accepted, onset = _zoos()[name]
     offset, factor = VARIANTS[variant]
     try:
         with shifted_seed(offset):
             run = build()
         run.steps *= factor
+        if every is not None:
+            run.options = {**run.options, "every": every}
         dbg = train(run)
         hyps = dbg.explain()
     except Exception as e:  # a crash is a failure, reported with the rest
@@ -109,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", action="append", default=[], metavar="NAME")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--strict", action="store_true", help="exit with 1 when a run fails")
+    ap.add_argument("--every", type=int, default=None, metavar="N",
+                    help="NeuralDbg's sampling interval (default: its own, which adapts to the machine's speed)")
     args = ap.parse_args(argv)
     names = [n for n in _zoos() if not args.filter or any(f in n for f in args.filter)]
-    tasks = [(n, v) for n in names for v in VARIANTS]
+    tasks = [(n, v, args.every) for n in names for v in VARIANTS]
     start = time.perf_counter()
     import multiprocessing as mp
     with ProcessPoolExecutor(args.jobs, initializer=_init_worker, mp_context=mp.get_context("spawn")) as pool:

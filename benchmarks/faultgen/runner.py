@@ -37,14 +37,15 @@ def expect(case: Case) -> Expect | None:
     return registry.mechanism(case.mechanism).expect(build(case))
 
 
-def train(b: Build, watch: bool):
-    """Train ``b`` as a user would; returns (the session or None, the probe)."""
+def train(b: Build, watch: bool, every: int | None = None):
+    """Train ``b`` as a user would; returns (the session or None, the probe). ``every``: NeuralDbg's
+    sampling interval (None: its default, which adapts to the measured cost of a step)."""
     from neuraldbg import NeuralDbg
 
     start = snapshot(b, b.task.data(0), backward=True)
     opt = b.opt.make([p for p in b.model.parameters() if p.requires_grad])
     losses: list[float] = []
-    dbg = NeuralDbg(b.model, optimizer=opt) if watch else None
+    dbg = NeuralDbg(b.model, optimizer=opt, every=every) if watch else None
     if dbg is not None:
         dbg.start()
     try:
@@ -93,13 +94,13 @@ class Hyp:
         return cls(str(h.cause), h.layer, int(h.step), float(h.confidence), tuple(h.chain), h.suggestion)
 
 
-def run(case_id: str) -> dict:
+def run(case_id: str, every: int | None = None) -> dict:
     """One case, watched: its expectation, the verdict and the loss summary, as plain data."""
     case = registry.case(case_id)
     try:
         b = build(case)
         exp = registry.mechanism(case.mechanism).expect(b) if case.faulty else None
-        dbg, probe = train(b, watch=True)
+        dbg, probe = train(b, watch=True, every=every)
         hyps = [Hyp.of(h) for h in dbg.explain()]
         error = None
     except Exception:  # a crash is a result too: reported, never hidden
