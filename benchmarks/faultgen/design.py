@@ -3,9 +3,11 @@
 Factors and levels: the model's initialisation seed (3), the data seed (2), width (2), depth (2),
 run length (150 or 600 steps) and batch size (16 or 64). The full factorial would be 96 runs per
 pair; instead each pair gets three rows, one per initialisation seed, in which every two-level
-factor takes both levels (a covering design: every level of every factor appears for every pair),
-the pattern of levels drawn per pair and factor from a fixed hash so that pairs differ in how
-factors combine. Healthy runs get six rows per family, each two-level factor balanced 3/3.
+factor takes both levels (a covering design: every level of every factor appears for every pair).
+Which row gets which level is drawn per pair and factor from a fixed hash, so that pairs differ in
+how factors combine; the first level of each factor (data seed 0, narrow, shallow, 150 steps,
+batch 16) takes two of the three rows, which keeps the cheap runs in the majority. Healthy runs
+get six rows per family, each two-level factor balanced 3/3.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 for the fault checks), and collect the verdict and the probes."""
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import traceback
@@ -31,12 +32,6 @@ def build(case: Case, fault: bool = True) -> Build:
     return b
 
 
-def expect(case: Case) -> Expect | None:
-    if not case.faulty:
-        return None
-    return registry.mechanism(case.mechanism).expect(build(case))
-
-
 def train(b: Build, watch: bool, every: int | None = None):
     """Train ``b`` as a user would; returns (the session or None, the probe). ``every``: NeuralDbg's
     sampling interval (None: its default, which adapts to the measured cost of a step)."""
@@ -46,9 +41,7 @@ def train(b: Build, watch: bool, every: int | None = None):
     opt = b.opt.make([p for p in b.model.parameters() if p.requires_grad])
     losses: list[float] = []
     dbg = NeuralDbg(b.model, optimizer=opt, every=every) if watch else None
-    if dbg is not None:
-        dbg.start()
-    try:
+    with dbg if dbg is not None else contextlib.nullcontext():
         for step in range(b.steps):
             for change in b.schedule:
                 change(step, opt)
@@ -60,9 +53,6 @@ def train(b: Build, watch: bool, every: int | None = None):
             if dbg is not None:
                 dbg.record_loss(loss)
             losses.append(float(loss.detach()))
-    finally:
-        if dbg is not None:
-            dbg.stop()
     end = snapshot(b, b.task.data(b.steps), backward=False)
     return dbg, Probe(losses, b.task.baseline(), start, end)
 
