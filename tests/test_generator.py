@@ -123,9 +123,11 @@ KNOWN_MISSES: dict[str, str] = {  # slice case -> the verdict measured today (to
         "right verdict (learning_rate_too_high@(model) 0.90 step 0), but the loss_plateau hypothesis's fix asks for "
         "a larger learning rate",
     "logistic_regression/lr_scaled_up/s0d0w0h0n150b16":
-        "right verdict (learning_rate_too_high@(model) 0.85 step 0), but the loss_plateau hypothesis's fix asks for a larger learning rate",
+        "right verdict (learning_rate_too_high@(model) 0.85 step 0), but the loss_plateau hypothesis's fix asks for "
+        "a larger learning rate",
     "logistic_regression/lr_scaled_up/s1d0w0h0n150b16":
-        "right verdict (learning_rate_too_high@(model) 0.85 step 0), but the loss_plateau hypothesis's fix asks for a larger learning rate",
+        "right verdict (learning_rate_too_high@(model) 0.85 step 0), but the loss_plateau hypothesis's fix asks for "
+        "a larger learning rate",
     "mlp_relu/lr_scaled_up/s0d0w0h0n150b16":
         "right verdict (learning_rate_too_high@(model) 0.90 step 0), but the loss_plateau hypothesis's fix asks for "
         "a larger learning rate",
