@@ -1,4 +1,4 @@
-# Two commands: `make lab` opens the product, `make test` runs every test.
+# Two commands: `make lab` opens the product, `make test` runs every test (`make eval`: the diagnosis scoreboard).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # CPU build of torch: a bare `torch` requirement would resolve to a multi-GB CUDA build on CPU machines.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: lab test venv bench clean
+.PHONY: lab test venv bench eval clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: venv
 
 bench: venv
 	$(PY) benchmarks/overhead.py
+
+# The fault generator's runs scored against their expected verdicts (minutes on two cores).
+eval: venv
+	OMP_NUM_THREADS=1 $(PY) benchmarks/diagnosis.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/perturbed_zoo.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .coverage htmlcov

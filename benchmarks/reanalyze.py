@@ -46,7 +46,8 @@ def synthetic_trace(n_layers: int, n_steps: int, seed: int = 0) -> Trace:
     data[n_steps // 2:, dead, Stat.ACT_DEAD] = 1.0
     data[n_steps // 2:, :dead, Stat.W_GRAD_NORM] = 0.0
     steps = np.arange(n_steps, dtype=np.int64)
-    g = np.tile(np.array([0.01, 0.0, 1.0, 4.0, 0.0], dtype=np.float32)[:len(GLOBAL_COLUMNS)], (n_steps, 1))
+    g = np.full((n_steps, len(GLOBAL_COLUMNS)), np.nan, dtype=np.float32)
+    g[:, :5] = [0.01, 0.0, 1.0, 4.0, 0.0]
     trace = Trace(layers, capacity=n_steps)
     trace.stats = BoundedSeries.from_arrays(steps, data, n_steps)
     trace.globals = BoundedSeries.from_arrays(steps, g, n_steps)

@@ -26,6 +26,7 @@ from ._chart import Chart
 from ._controls import ThresholdControls
 from ._grid import HealthGrid
 from ._outcome import outcome
+from ._states import Unobserved
 
 # Share of wall time the live dashboard may use: after an update that took t seconds, the next
 # one waits at least t * (1 / _SHARE - 1).
@@ -191,7 +192,11 @@ class Dashboard:
         dbg = self.dbg
         verdict = self._verdict()
         view = dbg.view
-        self.grid.update([view.layers[i] for i in view.order], dbg.health() if self._measured() else {})
+        layers = [view.layers[i] for i in view.order]
+        health = dict(dbg.health()) if self._measured() else {}
+        if health:  # once something is measured, a layer with no place in the forward order was not observed
+            health.update({l.name: Unobserved() for l in layers if l.order is None})
+        self.grid.update(layers, health)
         self.panel.value = verdict.html(live=self.state == "watching")
         return verdict
 

@@ -44,6 +44,21 @@ LOOKS: dict[str, Look] = {
 
 NONFINITE = Look("#212121", "NaN/Inf", 4, "NaN or Inf in the layer's output or its gradient at the latest sample")
 
+# a layer whose forward never ran, or that only returned its input: nothing measured, and not shown as healthy
+NOT_OBSERVED = "not_observed"
+LOOKS[NOT_OBSERVED] = Look("#9e9e9e", "not observed", 0,
+                           "not observed: its forward never ran (a parent used its weights directly), or it only "
+                           "returned its input (an identity, a dropout at p=0 or in eval mode); nothing is measured")
+
+
+@dataclass(frozen=True)
+class Unobserved:
+    """The grid's row state of a layer not observed (in place of the hub's health for it)."""
+
+    act: str = NOT_OBSERVED
+    grad: str = NOT_OBSERVED
+    nonfinite: bool = False
+
 ACT_STATES = ("normal", "saturated", "dead", "anomalous")
 GRAD_STATES = ("healthy", "vanishing", "exploding")
 
@@ -91,5 +106,6 @@ def legend_html() -> str:
     label = f"display:inline-block;width:5.5em;{muted}"
     return (f'<div class="ndbg-legend" style="font:11px/1.6 var(--jp-ui-font-family,sans-serif);margin:4px 0 0 2px">'
             f'<div><span style="{label}">activation</span>{act}</div>'
-            f'<div><span style="{label}">gradient</span>{grad}{item(NONFINITE)}{item(UNKNOWN)}</div>'
+            f'<div><span style="{label}">gradient</span>{grad}{item(NONFINITE)}{item(UNKNOWN)}'
+            f'{item(LOOKS[NOT_OBSERVED])}</div>'
             f'<div style="{muted}">hover a state for its meaning, a layer for the numbers behind it</div></div>')

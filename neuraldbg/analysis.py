@@ -33,12 +33,15 @@ class Analysis:
     steps: int = 0
 
 
-def _last_lr(trace: Trace) -> float:
+def _lr(trace: Trace) -> tuple[float, float, float]:
+    """The learning rate at the last sample, at the first and its largest (NaN when unknown)."""
     if trace.globals.n == 0:
-        return math.nan
+        return math.nan, math.nan, math.nan
     lr = trace.global_column("lr")
-    ok = np.isfinite(lr)
-    return float(lr[ok][-1]) if ok.any() else math.nan
+    known = lr[np.isfinite(lr)]
+    if not len(known):
+        return math.nan, math.nan, math.nan
+    return float(known[-1]), float(known[0]), float(known.max())
 
 
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
@@ -48,10 +51,11 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
     rank = {l.name: int(l.order) for l in trace.layers if l.order is not None}
     first = int(table.steps[0]) if len(table.steps) else 0
     links = patterns_mod.detect(events, rank, first)
+    lr, lr_first, lr_peak = _lr(trace)
     last = max([int(table.steps[-1]) if len(table.steps) else 0, int(trace.loss.steps[-1]) if trace.loss.n else 0,
                 steps - 1])
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
-                  last_step=last, nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds,
-                  has_loss=trace.loss.n > 0)
+                  last_step=last, nonfinite=trace.nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
+                  lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0)
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -17,6 +17,7 @@ class Cause(str, Enum):
     BAD_INITIALIZATION = "bad_initialization"
     LOSS_PLATEAU = "loss_plateau"
     DATA = "data"
+    ATTENTION_COLLAPSE = "attention_collapse"
 
     def __str__(self) -> str:  # print the value, not "Cause.DATA"
         return self.value

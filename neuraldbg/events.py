@@ -13,8 +13,8 @@ import numpy as np
 
 from .formatting import number
 from .health import HealthTable, StateSeries
-from .states import (_State, ActState, FiniteState, GainState, GradState, InputState, LossState, LrState, Signal,
-                     TargetState, UpdateState)
+from .states import (_State, ActState, AttnState, FiniteState, GainState, GradState, InputState, LossState,
+                     LrState, RangeState, ScalerState, Signal, SpikeState, TargetState, UpdateState)
 from .thresholds import Thresholds
 
 MAX_PER_SERIES = 16
@@ -22,7 +22,8 @@ MAX_PER_SERIES = 16
 _STATE_OF: dict[Signal, type[_State]] = {
     Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState, Signal.FINITE: FiniteState,
     Signal.UPDATE: UpdateState, Signal.INPUT: InputState, Signal.LOSS: LossState, Signal.TARGET: TargetState,
-    Signal.LR: LrState}
+    Signal.LR: LrState, Signal.ATTENTION: AttnState, Signal.RANGE: RangeState, Signal.SPIKE: SpikeState,
+    Signal.SCALER: ScalerState}
 
 
 @dataclass
@@ -116,7 +117,7 @@ def _series_events(series: StateSeries, stable: np.ndarray, cols: np.ndarray) ->
 
 
 def _global(series: StateSeries) -> bool:
-    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS, Signal.TARGET, Signal.LR)
+    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS, Signal.TARGET, Signal.LR, Signal.SCALER)
 
 
 def detect(table: HealthTable, th: Thresholds) -> list[SemanticEvent]:

@@ -3,18 +3,18 @@
 Layout (all integers little-endian)::
 
     8 bytes   magic  b"NDBGTRC\\x00"
-    4 bytes   format version (uint32), currently 1
+    4 bytes   format version (uint32), currently 2
     8 bytes   header length H (uint64)
-    H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "capacity", "stat_columns" (the
-              names of the statistics, in the order of the last axis of "stats") and "arrays",
+    H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "overflow", "capacity",
+              "stat_columns" and "global_columns" (the names of the statistics' columns) and "arrays",
               where each array is {"name", "dtype", "shape", "offset", "nbytes"}
     ...       the arrays' raw bytes, C order, at ``offset`` from the end of the header
 
-Reading checks every declared size against the file's real size before allocating anything,
-accepts only the numeric dtypes it writes, and raises ``ValueError`` with one line for any
-truncated, foreign or inconsistent file. Statistics are matched by name: a column this version
-does not record is dropped, one the file lacks reads as not measured (NaN). Files written before
-"stat_columns" existed hold the thirteen columns of ``_V1_COLUMNS``.
+Columns are matched by name: a statistic this version does not record is dropped, one the file lacks
+reads as not measured (NaN). Version 1 files (no skipped steps; without "stat_columns", the thirteen
+statistics of ``_V1_COLUMNS`` by position) still load. Reading checks every declared
+size against the file's real size before allocating anything, accepts only the numeric dtypes it
+writes, and raises ``ValueError`` with one line for any truncated, foreign or inconsistent file.
 """
 from __future__ import annotations
 
@@ -25,20 +25,22 @@ import struct
 import numpy as np
 
 from .layers import LayerInfo
-from .stats import N_STATS, Stat
 from .trace import GLOBAL_COLUMNS, BoundedSeries, NonFiniteOrigin, Trace
+from .stats import N_STATS, Stat
 
 MAGIC = b"NDBGTRC\x00"
-VERSION = 1
+VERSION = 2
+_READS = (1, 2)
+_STAT_NAMES = [s.name for s in Stat]
+# The statistics of version 1 files without "stat_columns", in their order.
+_V1_COLUMNS = ["ACT_MEAN", "ACT_STD", "ACT_ABSMAX", "ACT_NONFINITE", "ACT_DEAD", "ACT_SATURATED", "GRAD_RMS",
+               "GRAD_ABSMAX", "GRAD_NONFINITE", "GRAD_DEAD", "W_NORM", "W_GRAD_NORM", "W_UPDATE_NORM"]
 _PREFIX = struct.Struct("<8sIQ")
 _DTYPES = {"<f4": np.float32, "<f8": np.float64, "<i8": np.int64}
 _MAX_HEADER = 64 * 1024 * 1024
 
-_ARRAYS = ("stats_steps", "stats", "globals", "loss_steps", "loss")
-
-# The statistics of files without "stat_columns", in their order.
-_V1_COLUMNS = ("ACT_MEAN", "ACT_STD", "ACT_ABSMAX", "ACT_NONFINITE", "ACT_DEAD", "ACT_SATURATED", "GRAD_RMS",
-               "GRAD_ABSMAX", "GRAD_NONFINITE", "GRAD_DEAD", "W_NORM", "W_GRAD_NORM", "W_UPDATE_NORM")
+_ARRAYS = ("stats_steps", "stats", "globals", "loss_steps", "loss", "skipped_steps", "skipped")
+_ARRAYS_V1 = _ARRAYS[:5]
 
 
 def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
@@ -48,6 +50,8 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "globals": trace.globals.data.astype("<f4"),
         "loss_steps": trace.loss.steps.astype("<i8"),
         "loss": trace.loss.data.astype("<f8"),
+        "skipped_steps": trace.skipped.steps.astype("<i8"),
+        "skipped": trace.skipped.data.astype("<f8"),
     }
     specs, offset = [], 0
     for name in _ARRAYS:
@@ -60,8 +64,9 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "meta": {**trace.meta, **(extra_meta or {})},
         "layers": [l.to_dict() for l in trace.layers],
         "nonfinite": trace.nonfinite.to_dict() if trace.nonfinite else None,
+        "overflow": trace.overflow.to_dict() if trace.overflow else None,
         "capacity": trace.capacity, "loss_capacity": trace.loss_capacity,
-        "n_stats": N_STATS, "stat_columns": [s.name for s in Stat], "global_columns": list(GLOBAL_COLUMNS),
+        "n_stats": N_STATS, "stat_columns": _STAT_NAMES, "global_columns": list(GLOBAL_COLUMNS),
         "arrays": specs,
     }
     blob = json.dumps(header, allow_nan=True, default=str).encode("utf-8")
@@ -92,8 +97,9 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
         magic, version, hlen = _PREFIX.unpack(prefix)
         if magic != MAGIC:
             _fail(path, "wrong magic bytes (not a .ndbg file)")
-        if version != VERSION:
-            _fail(path, f"format version {version} is not supported (this NeuralDbg reads version {VERSION})")
+        if version not in _READS:
+            _fail(path, f"format version {version} is not supported (this NeuralDbg reads versions "
+                        f"{', '.join(map(str, _READS))})")
         if hlen > min(_MAX_HEADER, size - _PREFIX.size):
             _fail(path, "declared header size exceeds the file")
         try:
@@ -104,25 +110,33 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
             _fail(path, "corrupt header")
         body = size - _PREFIX.size - hlen
         try:
-            arrays = _read_arrays(f, header, _PREFIX.size + hlen, body)
+            names = _ARRAYS if version >= 2 else _ARRAYS_V1
+            arrays = _read_arrays(f, header, _PREFIX.size + hlen, body, names)
             layers = [LayerInfo.from_dict(d) for d in header["layers"]]
-            columns = [str(c) for c in header.get("stat_columns", _V1_COLUMNS)]
-            if int(header["n_stats"]) != len(columns) or list(header["global_columns"]) != list(GLOBAL_COLUMNS):
+            n_stats = int(header["n_stats"])
+            stat_names = ([str(c) for c in header["stat_columns"]] if "stat_columns" in header else
+                          _V1_COLUMNS if version == 1 and n_stats == len(_V1_COLUMNS) else None)
+            global_names = [str(c) for c in header["global_columns"]]
+            if (stat_names is None or len(stat_names) != n_stats or len(set(stat_names)) != n_stats
+                    or not set(global_names) <= set(GLOBAL_COLUMNS)):
                 _fail(path, "statistics columns differ from this version's")
             n = len(arrays["stats_steps"])
-            if arrays["stats"].shape != (n, len(layers), len(columns)):
+            if (arrays["stats"].shape != (n, len(layers), n_stats)
+                    or arrays["globals"].shape != (n, len(global_names))
+                    or arrays["loss"].shape != arrays["loss_steps"].shape
+                    or arrays.get("skipped", np.zeros(0)).shape != arrays.get("skipped_steps", np.zeros(0)).shape):
                 _fail(path, "array shapes are inconsistent")
-            arrays["stats"] = _by_name(arrays["stats"], columns)
-            if (arrays["stats"].shape != (n, len(layers), N_STATS)
-                    or arrays["globals"].shape != (n, len(GLOBAL_COLUMNS))
-                    or arrays["loss"].shape != arrays["loss_steps"].shape):
-                _fail(path, "array shapes are inconsistent")
+            stats = _by_name(arrays["stats"], stat_names or [], _STAT_NAMES)
+            glob = _by_name(arrays["globals"], global_names, list(GLOBAL_COLUMNS))
             cap, lcap = int(header["capacity"]), int(header["loss_capacity"])
+            skipped_steps = arrays.get("skipped_steps", np.zeros(0, dtype=np.int64))
             trace = Trace(layers, capacity=max(cap, 4), loss_capacity=max(lcap, 4),
-                          stats=BoundedSeries.from_arrays(arrays["stats_steps"], arrays["stats"], cap),
-                          globals=BoundedSeries.from_arrays(arrays["stats_steps"], arrays["globals"], cap),
+                          stats=BoundedSeries.from_arrays(arrays["stats_steps"], stats, cap),
+                          globals=BoundedSeries.from_arrays(arrays["stats_steps"], glob, cap),
                           loss=BoundedSeries.from_arrays(arrays["loss_steps"], arrays["loss"], lcap),
+                          skipped=BoundedSeries.from_arrays(skipped_steps, arrays.get("skipped", np.zeros(0)), lcap),
                           nonfinite=NonFiniteOrigin.from_dict(header["nonfinite"]) if header.get("nonfinite") else None,
+                          overflow=NonFiniteOrigin.from_dict(header["overflow"]) if header.get("overflow") else None,
                           meta=dict(header.get("meta") or {}))
         except ValueError as exc:
             if "not a readable NeuralDbg trace" in str(exc):
@@ -133,21 +147,22 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
     return trace, trace.meta
 
 
-def _by_name(stats: np.ndarray, columns: list[str]) -> np.ndarray:
-    """The file's statistics in this version's column order; NaN (not measured) for those it lacks."""
-    if columns == [s.name for s in Stat]:
-        return stats
-    out = np.full((*stats.shape[:2], N_STATS), np.nan, dtype=stats.dtype)
-    for i, name in enumerate(columns):
-        if name in Stat.__members__:
-            out[:, :, int(Stat[name])] = stats[:, :, i]
+def _by_name(data: np.ndarray, names: list[str], layout: list[str]) -> np.ndarray:
+    """``data``'s last axis, whose columns are ``names``, placed in ``layout``: columns the layout lacks are
+    dropped, the layout's columns the data lacks are NaN."""
+    if names == layout:
+        return data
+    out = np.full((*data.shape[:-1], len(layout)), np.nan, dtype=data.dtype)
+    for k, name in enumerate(names):
+        if name in layout:
+            out[..., layout.index(name)] = data[..., k]
     return out
 
 
-def _read_arrays(f, header: dict, base: int, body: int) -> dict[str, np.ndarray]:
+def _read_arrays(f, header: dict, base: int, body: int, names=_ARRAYS) -> dict[str, np.ndarray]:
     specs = {s["name"]: s for s in header["arrays"]}
     out = {}
-    for name in _ARRAYS:
+    for name in names:
         s = specs[name]
         dtype = _DTYPES.get(s["dtype"])
         if dtype is None:

@@ -25,7 +25,8 @@ import weakref
 import numpy as np
 
 from .layers import Kind, LayerInfo
-from .states import ActState, GainState, GradState, InputState, LossState, LrState, Signal, TargetState, UpdateState
+from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, LrState, RangeState,
+                     ScalerState, Signal, SpikeState, TargetState, UpdateState)
 from .stats import Stat
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
@@ -162,12 +163,20 @@ class Features:
     segment: list[int]         # per gain layer: how many normalisation layers ran before it
     rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
     nonfinite: np.ndarray      # (T, L) bool
-    wu: np.ndarray             # updated layers: update and weight norms, their ratio (NaN: not usable)
+    ui: np.ndarray             # updated layers: their columns, update and weight norms, ratio (NaN: not usable)
+    wu: np.ndarray
     wnu: np.ndarray
     update_ratio: np.ndarray
     update_count: np.ndarray   # (T,) layers with a usable ratio
     growth: np.ndarray         # (T, L) output spread / first spread
     has_params: np.ndarray     # (L,) bool
+    observed: np.ndarray       # (L,) bool: seen in a forward pass (not: never ran, or only passed its input on)
+    ai: np.ndarray             # attention computations: their columns, entropy, largest logit and its first value
+    entropy: np.ndarray
+    logit: np.ndarray
+    logit0: np.ndarray
+    range_: np.ndarray         # (T, L) largest |output| over the largest value of its dtype
+    absmax: np.ndarray         # (T, L) largest |output|
 
 
 def _key(trace: Trace) -> tuple:
@@ -210,6 +219,10 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     last = order.max() if seen.any() else -1
     by_order = np.argsort(np.where(seen, order, np.iinfo(np.int64).max), kind="stable")[:int(seen.sum())]
     last_i = int(by_order[-1]) if len(by_order) else -1
+    # the signal's path: a functional operation run inside a module (attention's softmax, an op in a
+    # block's forward) is no step of it, one applied to a module's output is
+    path = np.array([by_order[k] for k in range(len(by_order)) if layers[by_order[k]].extra.get("relation") != "in"],
+                    dtype=np.int64)
     std = cols.full(Stat.ACT_STD)
     act_nf = cols.full(Stat.ACT_NONFINITE) > 0
     ri = np.nonzero([k == Kind.RELU for k in kinds])[0]
@@ -221,8 +234,8 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     with np.errstate(all="ignore"):
         rel = np.where(wn > 0, wg / wn, np.float32(np.nan)).astype(np.float32)
     weighty = np.array([l.n_params > 0 and k in _GAIN_KINDS for l, k in zip(layers, kinds)], dtype=bool)
-    pos = {int(i): p for p, i in enumerate(by_order)}
-    wi = [int(i) for i in by_order if weighty[i]]
+    pos = {int(i): p for p, i in enumerate(path)}
+    wi = [int(i) for i in path if weighty[i]]
     # the scale a weight layer passes on is the RMS of the signal, offset included: a bias of +50 on
     # outputs of small spread is as far out of scale as a spread of 50. Not for the model's own output,
     # whose bias may rightly sit at the targets' mean (a prior): there, the spread
@@ -230,7 +243,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     input_rms = np.hypot(g[:, GLOBAL_COLUMNS.index("input_mean")], g[:, GLOBAL_COLUMNS.index("input_std")])
     mean = cols.full(Stat.ACT_MEAN)
     rms = np.hypot(mean, std)
-    prev = (np.stack([input_rms if pos[i] == 0 else rms[:, by_order[pos[i] - 1]] for i in wi], axis=1)
+    prev = (np.stack([input_rms if pos[i] == 0 else rms[:, path[pos[i] - 1]] for i in wi], axis=1)
             if wi else np.zeros((t, 0), dtype=np.float32))
     own = np.stack([std[:, i] if i == last_i else rms[:, i] for i in wi], axis=1) if wi else np.zeros((t, 0))
     with np.errstate(all="ignore"):
@@ -241,7 +254,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     refs: list[np.ndarray] = []
     segment: list[int] = []
     ref, seg, first_of_input = input_rms, 0, True
-    for i in by_order:
+    for i in path:
         if kinds[i] == Kind.NORM:
             r = rms[:, i]
             ref, seg, first_of_input = np.where(np.isfinite(r) & (r > 0), r, ref), seg + 1, False
@@ -257,7 +270,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     nonfinite = act_nf | (cols.full(Stat.GRAD_NONFINITE) > 0)
     if len(gi):
         nonfinite[:, gi] |= np.isinf(wg) | np.isinf(wn)
-    ui = np.nonzero([l.n_trainable > 0 for l in layers])[0]
+    ui = np.nonzero([l.n_trainable > 0 for l in layers])[0]  # (kept in Features: the update spikes' columns)
     wu, wnu = cols(ui, Stat.W_UPDATE_NORM), cols(ui, Stat.W_NORM)
     # a layer whose weights started at zero (a deliberate zero init) is being built up: its ratio to a
     # weight that was 0 a few steps ago says nothing about the learning rate
@@ -266,15 +279,19 @@ def _build_features(trace: Trace, key: tuple) -> Features:
         has = np.isfinite(wu) & (wnu > 0) & ~started_at_zero
         ratio = np.where(has, wu / np.where(has, wnu, 1.0), np.float32(np.nan)).astype(np.float32)
         growth = std / _first_finite(std)
+    ent_all = cols.full(Stat.ATTN_ENTROPY)
+    ai = np.nonzero(np.isfinite(ent_all).any(axis=0))[0] if t else np.zeros(0, dtype=np.int64)
+    logit = cols(ai, Stat.ATTN_LOGIT_MAX)
     return Features(key=key, steps=trace.stats.steps.copy(), names=[l.name for l in layers], order=order,
                     by_order=by_order, std=std, base=_first_finite(std), act_nf=act_nf,
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
                     origin=origin, offset=offset, segment=segment, rscale=rscale,
-                    nonfinite=nonfinite, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
-                    growth=growth,
-                    has_params=np.array([l.n_params > 0 for l in layers], dtype=bool))
+                    nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
+                    growth=growth, has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
+                    ai=ai, entropy=cols(ai, Stat.ATTN_ENTROPY), logit=logit, logit0=_first_finite(logit),
+                    range_=cols.full(Stat.ACT_RANGE), absmax=cols.full(Stat.ACT_ABSMAX))
 
 
 def attenuation_series(trace: Trace) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -363,6 +380,9 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
 
     # -- non-finite values anywhere in the layer's row (no hysteresis: one NaN is a fact)
     out.append(StateSeries(Signal.FINITE, steps, f.nonfinite.view(np.int8), names, {}, persist=1))
+    out += attention_series(f, th)
+    out.append(range_series(f, th))
+    out += update_spike_series(f, th)
 
     # -- the latest state of every layer (param-less layers show the next weight layer's gradient)
     latest: dict[str, LayerHealth] = {}
@@ -378,6 +398,8 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
             elif not f.has_params[i]:  # frozen or sparse weight layers keep "healthy": no gradient by design
                 g_last[i] = nxt
         for i, name in enumerate(names):
+            if not f.observed[i]:
+                continue  # never ran, or only returned its input: nothing to show as healthy
             k = col_of.get(i)
             values = {"act_std": float(std[-1, i]), "dead_fraction": float(f.dead_all[-1, i]),
                       "saturated_fraction": float(f.sat_all[-1, i]),
@@ -387,6 +409,48 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
                                        grad=GradState.of(g_last.get(i, 0)), nonfinite=bool(f.nonfinite[-1, i]),
                                        gain=GainState.of(gain_last.get(i, 0)), values=values)
     return out, latest
+
+
+def attention_series(f: Features, th: Thresholds) -> list[StateSeries]:
+    """Per attention computation: collapsed (entropy over the keys below its threshold) or growing (the
+    largest logit many times its first value), else normal."""
+    if not len(f.ai):
+        return []
+    codes = np.zeros(f.entropy.shape, dtype=np.int8)
+    with np.errstate(invalid="ignore"):
+        codes[f.logit > f.logit0 * th.attention_logit_growth] = AttnState.GROWING.code
+        codes[f.entropy < th.attention_entropy] = AttnState.COLLAPSED.code
+    values = {"entropy": _at(f.entropy), "max_logit": _at(f.logit),
+              "first_logit": _at(np.broadcast_to(f.logit0, f.logit.shape)),
+              "logit_growth": _ratio(f.logit, f.logit0)}
+    return [StateSeries(Signal.ATTENTION, f.steps, codes, [f.names[i] for i in f.ai],
+                        {AttnState.COLLAPSED: values, AttnState.GROWING: values})]
+
+
+def update_spike_series(f: Features, th: Thresholds) -> list[StateSeries]:
+    """Per updated layer: its update-to-weight ratio ``spike_factor`` times or more the one at the sample
+    before (no hysteresis: a spike is one step)."""
+    r = f.update_ratio
+    if r.shape[0] < 2 or not r.shape[1]:
+        return []
+    before = np.concatenate([np.full((1, r.shape[1]), np.nan, dtype=r.dtype), r[:-1]], axis=0)
+    with np.errstate(invalid="ignore"):
+        codes = np.where((before > 0) & (r > before * th.spike_factor), np.int8(SpikeState.SPIKE.code), np.int8(0))
+    values = {"update_ratio": _at(r), "before": _at(before), "spike": _ratio(r, before)}
+    return [StateSeries(Signal.SPIKE, f.steps, codes, [f.names[i] for i in f.ui], {SpikeState.SPIKE: values},
+                        persist=1)]
+
+
+def range_series(f: Features, th: Thresholds) -> StateSeries:
+    """Per layer: an output within ``range_margin`` of the largest value its dtype holds (no hysteresis:
+    one step near float16's limit is one step from Inf)."""
+    with np.errstate(invalid="ignore"):
+        # (an output already Inf is the finite state's: this is the warning before it)
+        codes = np.where(np.isfinite(f.range_) & (f.range_ > 1.0 / th.range_margin),
+                         np.int8(RangeState.NEAR_LIMIT.code), np.int8(0))
+    x = f.range_
+    return StateSeries(Signal.RANGE, f.steps, codes, f.names,
+                       {RangeState.NEAR_LIMIT: {"range_used": _at(x), "act_absmax": _at(f.absmax)}}, persist=1)
 
 
 def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
@@ -519,6 +583,7 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     window_progress = (smooth[lag] - smooth) / scale
     enough = np.arange(n) + 1 >= th.plateau_steps
     state = np.zeros(n, dtype=np.int8)
+    state[enough & (c.progress < th.slow_progress)] = LossState.SLOW.code
     state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
     state[enough & (osc > th.loss_oscillation) & (window_progress < th.loss_progress)] = LossState.OSCILLATING.code
     # a run too short for a plateau: a loss that has not come down, or moves only by its batch noise
@@ -535,8 +600,20 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
                "oscillation": _at(osc)}
     stalled = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best),
                "progress": lambda r: float(c.progress[-1]), "trend_z": lambda r: z}
+    # spikes: a loss far above its recent level (its rolling median), by spike_factor times its typical
+    # step-to-step change there and by at least what counts as progress on its own scale (a converged loss
+    # at 1e-5 that jumps to 1e-3 has not spiked); one step is enough
+    w = max(5, min(th.plateau_steps // 4, n // 10))
+    level, noise = np.roll(smooth, 1), np.roll(_rolling_median(d, w), 1)
+    with np.errstate(invalid="ignore"):
+        rise = c.filled - level
+        spike = ((np.arange(n) > w) & (rise > th.spike_factor * noise) & (rise > th.loss_progress * scale)
+                 & (noise > 0) & c.ok)
+    spike_values = {"loss": _at(values[:, None]), "before": _at(level[:, None])}
     return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: (stalled if s == LossState.STALLED else values_)
-                                                                  for s in LossState})]
+                                                                  for s in LossState}),
+            StateSeries(Signal.SPIKE, steps, spike.astype(np.int8)[:, None], [""], {SpikeState.SPIKE: spike_values},
+                        persist=1)]
 
 
 def _loss_reach(trace: Trace) -> tuple[float, float, float]:
@@ -596,6 +673,35 @@ def target_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
                         {TargetState.OUT_OF_REACH: reach_values, TargetState.UNBOUNDED: fall_values}, persist=1)]
 
 
+def skip_run(steps: np.ndarray) -> tuple[int, int]:
+    """The longest run of skipped optimizer steps with at most one applied step between two of them
+    (skips share the step number of the next applied step): (its first step, its length)."""
+    best, start, length = (0, 0), 0, 0
+    for i, s in enumerate(steps):
+        if i and s - steps[i - 1] <= 1:
+            length += 1
+        else:
+            start, length = int(s), 1
+        if length > best[1]:
+            best = (start, length)
+    return best
+
+
+def scaler_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
+    """SKIPPING from the first step of the longest run of skipped optimizer steps when it is longer than
+    ``skipped_steps`` (a few at the start are a GradScaler's calibration, not a fault)."""
+    steps, scales = trace.skipped.steps, trace.skipped.data.astype(np.float64)
+    if not len(steps):
+        return []
+    start, length = skip_run(steps)
+    codes = np.zeros(len(steps), dtype=np.int8)
+    if length >= th.skipped_steps:
+        codes[steps >= start] = ScalerState.SKIPPING.code
+    low = float(np.nanmin(scales)) if np.isfinite(scales).any() else math.nan
+    values = {"run_start": lambda r: float(start), "run_length": lambda r: float(length), "lowest_scale": lambda r: low}
+    return [StateSeries(Signal.SCALER, steps, codes[:, None], [""], {ScalerState.SKIPPING: values}, persist=1)]
+
+
 def lr_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
     """RAISED where the learning rate rises ``lr_jump`` times or more between sampled steps from a rate
     that held steady before it (a warm-up ramp is no jump)."""
@@ -617,4 +723,5 @@ def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> Hea
     series += lr_series(trace, f, th)
     series += loss_series(trace, th, curve)
     series += target_series(trace, th)
+    series += scaler_series(trace, th)
     return HealthTable(steps=f.steps, layers=trace.layers, order=f.order, series=series, latest=latest)

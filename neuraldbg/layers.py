@@ -79,7 +79,26 @@ class LayerInfo:
     n_trainable: int = 0
     channels_first: bool = False
     order: int | None = None             # set when first seen in a forward pass
+    # "recurrent_scale"; for a functional operation (a "site"): "owner", the module it is attributed to,
+    # and "relation", "after" (it consumes that module's output) or "in" (it runs in its forward);
+    # "passthrough": the module ran but only returned its input
     extra: dict = field(default_factory=dict)
+
+    @property
+    def owner(self) -> str | None:
+        """For a functional operation, the module it belongs to (a name in ``named_modules()``)."""
+        return self.extra.get("owner")
+
+    @property
+    def is_site(self) -> bool:
+        return "owner" in self.extra
+
+    def where(self) -> str:
+        """How a text names this row: "`conv2`", or for a functional operation "F.relu after `conv2`"."""
+        if not self.is_site:
+            return f"`{self.name}`"
+        owner = f"`{self.owner}`" if self.owner else "the model's forward"
+        return f"{self.type_name} {self.extra.get('relation', 'in')} {owner}"
 
     @property
     def frozen(self) -> bool:
@@ -97,17 +116,24 @@ class LayerInfo:
         return {"index": self.index, "name": self.name, "type": self.type_name, "kind": self.kind.value,
                 "bounds": list(self.bounds) if self.bounds else None, "n_params": self.n_params,
                 "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order,
-                "recurrent_scale": self.extra.get("recurrent_scale")}
+                "recurrent_scale": self.extra.get("recurrent_scale"),
+                **{k: self.extra[k] for k in _EXTRA_TEXT + _EXTRA_FLAGS if k in self.extra}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LayerInfo":
         bounds = d.get("bounds")
+        extra: dict = {} if d.get("recurrent_scale") is None else {"recurrent_scale": float(d["recurrent_scale"])}
+        extra.update({k: str(d[k]) for k in _EXTRA_TEXT if d.get(k) is not None})
+        extra.update({k: True for k in _EXTRA_FLAGS if d.get(k)})
         return cls(index=int(d["index"]), name=str(d["name"]), type_name=str(d["type"]), kind=Kind(d["kind"]),
                    bounds=(float(bounds[0]), float(bounds[1])) if bounds else None,
                    n_params=int(d.get("n_params", 0)), n_trainable=int(d.get("n_trainable", 0)),
                    channels_first=bool(d.get("channels_first", False)),
-                   order=None if d.get("order") is None else int(d["order"]),
-                   extra={} if d.get("recurrent_scale") is None else {"recurrent_scale": float(d["recurrent_scale"])})
+                   order=None if d.get("order") is None else int(d["order"]), extra=extra)
+
+
+_EXTRA_TEXT = ("owner", "relation")
+_EXTRA_FLAGS = ("passthrough",)
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

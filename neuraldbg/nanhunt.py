@@ -2,12 +2,15 @@
 
 The recorder checks finiteness cheaply every step (model output, output gradient, parameter
 gradients). Only when that check trips does it pay for the precise answer: the pass is
-re-run on a deep copy of the model, with the same inputs, the same random state and the same
-gradient arriving at the output, with a hook on every module. The user's model, optimizer
+re-run on a deep copy of the model, with the same inputs, the same random state, the same
+autocast state and the same gradient arriving at the output, with a hook on every module and
+every operation checked (``functional.NonFiniteWatch``): the first operation whose finite
+inputs give NaN/Inf is named with its module ("torch.log in `2`"). The user's model, optimizer
 and random state are left untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Callable
 
@@ -15,6 +18,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from .functional import ModuleTracker, NonFiniteWatch
+from .layers import Kind, classify
 from .trace import NonFiniteOrigin
 
 
@@ -72,11 +77,41 @@ def _innermost_last(fired: list[tuple[str, int]]) -> str:
     return fired[i][0]
 
 
+def autocast_state() -> list[tuple[str, torch.dtype]]:
+    """The devices autocast is on for now, with its dtype (to replay a pass as it ran)."""
+    out = []
+    for dev in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                out.append((dev, torch.get_autocast_dtype(dev)))
+        except (TypeError, RuntimeError, AttributeError):  # an older torch without per-device queries
+            pass
+    return out
+
+
+def _autocast(state) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for dev, dtype in state or ():
+        stack.enter_context(torch.autocast(dev, dtype=dtype))
+    return stack
+
+
+def _standard_leaves(replica: nn.Module) -> dict[str, Kind]:
+    """Leaf modules of torch.nn whose one operation is their computation: their name says it all."""
+    out: dict[str, Kind] = {}
+    for name, m in replica.named_modules():
+        kind = classify(m)
+        if not any(True for _ in m.children()) and kind not in (Kind.OTHER, Kind.ATTENTION):
+            out[name] = kind
+    return out
+
+
 def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_grads: list | None,
-           step: int, run: Callable[[nn.Module], object] | None = None) -> NonFiniteOrigin:
+           step: int, run: Callable[[nn.Module], object] | None = None,
+           autocast: list | None = None) -> NonFiniteOrigin:
     """Replay one pass of ``module`` and return where NaN/Inf first appears. ``run(copy)`` replays a
     pass that is not the module's own forward (a training step computing its loss); by default the
-    copy is called with ``args`` and ``kwargs``."""
+    copy is called with ``args`` and ``kwargs``. ``autocast``: the autocast state the pass ran under."""
     for t in float_tensors((args, kwargs)):
         if _nonfinite(t):
             return NonFiniteOrigin(step, "input", "input", "the input batch contains NaN/Inf")
@@ -91,17 +126,36 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
     ran: list[tuple[str, nn.Module]] = []  # modules in the order their forward completed
     fired: list[tuple[str, int]] = []  # (module, id of its output gradient), in backward order
 
+    tracker = ModuleTracker({id(m): n for n, m in replica.named_modules()})
+    watch = NonFiniteWatch(tracker, _standard_leaves(replica))
+
     def forward_hook(name, mod):
         def hook(_m, _inputs, output):
             if found:
                 return
             ran.append((name, mod))
             outs = float_tensors(output)
+            bad = any(_nonfinite(t) for t in outs)
+            if not bad:
+                watch.absorbed(name)
+            inside = watch.first if bad else None
+            if inside is not None:  # an operation (in it, or before it) made the first NaN/Inf its output carries
+                owner, rel, label, dtype = inside
+                owner_mod = dict(replica.named_modules()).get(owner)
+                weights = owner_mod is not None and _own_params_nonfinite(owner_mod)
+                found.append(NonFiniteOrigin(
+                    step, owner, "weights" if weights else "forward",
+                    "its parameters are already NaN/Inf (made so by an earlier update)" if weights else
+                    (f"{label} is the first operation to turn finite values into NaN/Inf" if label else
+                     "its forward output is the first to contain NaN/Inf"),
+                    op=label, relation=rel.value if label else "", dtype=dtype))
+                return
             if any(_nonfinite(t) for t in outs):
                 phase = "weights" if _own_params_nonfinite(mod) else "forward"
                 detail = ("its parameters are already NaN/Inf (made so by an earlier update)"
                           if phase == "weights" else "its forward output is the first to contain NaN/Inf")
-                found.append(NonFiniteOrigin(step, name, phase, detail))
+                dtype = next((str(t.dtype).replace("torch.", "") for t in outs if _nonfinite(t)), "")
+                found.append(NonFiniteOrigin(step, name, phase, detail, dtype=dtype))
                 return
             for t in outs:
                 if t.requires_grad:
@@ -133,13 +187,23 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
             torch.set_rng_state(rng_state)
         with torch.enable_grad():
             try:
-                output = run(replica) if run is not None else replica(*args, **kwargs)
+                with _autocast(autocast), tracker, watch:
+                    output = run(replica) if run is not None else replica(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a pass that cannot run outside its loop: say so, do not stop it
                 if found:
                     return found[0]
                 return NonFiniteOrigin(step, "", "unknown", f"could not replay the pass ({type(exc).__name__})")
             if found:
                 return found[0]
+            outside = watch.first if any(_nonfinite(t) for t in float_tensors(output)) else None
+            if outside is not None:  # in the model's own forward, after its last module
+                owner, rel, label, dtype = outside
+                if run is not None and not owner:  # a replayed training step: outside every module is its loss
+                    return NonFiniteOrigin(step, "", "loss", f"{label} in the loss is the first operation to turn "
+                                           "finite values into NaN/Inf (look at the targets and the loss function)",
+                                           op=label, relation=rel.value, dtype=dtype)
+                return NonFiniteOrigin(step, owner, "forward", f"{label} is the first operation to turn finite values "
+                                       "into NaN/Inf", op=label, relation=rel.value, dtype=dtype)
             outs = [t for t in float_tensors(output) if t.requires_grad]
             grads = list(out_grads or [])
             pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]

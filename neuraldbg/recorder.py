@@ -5,13 +5,20 @@ Costs, by design:
   a finiteness check of the output, its gradient and the parameter gradients (one fused norm),
   and the optimizer step hooks;
 - sampled steps only (see ``Schedule``): a hook on every watched layer, each computing a few
-  statistics on the tensor's device; all of them reach the host in one transfer at step end.
-In eager mode the per-layer hooks exist only during the forward pass of a sampled step. For a
-``torch.compile``d model they stay registered, excluded from compilation (no recompiles), and
-return at once on unsampled steps.
+  statistics on the tensor's device, and (eager mode) a ``functional.FunctionalObserver`` that
+  measures the functional activations and attention computations no module hook sees; all of them
+  reach the host in one transfer at step end.
+In eager mode the per-layer hooks and the observer exist only during the forward pass of a sampled
+step. For a ``torch.compile``d model the hooks stay registered, excluded from compilation (no
+recompiles), and return at once on unsampled steps; functional operations inside the compiled
+graph are not observed there (the NaN hunt, which replays the pass eagerly, still sees them).
+
+A module that passes its input through unchanged (an identity, a dropout at p=0 or in eval mode)
+is not measured: it is "not observed", like a module whose forward never runs.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Callable
 
@@ -20,15 +27,22 @@ import torch
 from torch import nn
 
 from . import nanhunt
+from .attention import attention_stats, mha_logits, sdpa_logits
+from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
-from .schedule import Schedule, Throttle
-from .stats import (BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, all_finite, forward_stats,
-                    forward_stats_batch, grad_stats, grad_stats_batch, param_view, per_layer_norms)
-from .trace import GLOBAL_COLUMNS, Trace
+from .schedule import Schedule, SpikeWatch, Throttle
+from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
+                    dtype_max, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, levels, max_abs,
+                    param_view, per_layer_norms)
+from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
 _GRAD_COLS = [int(s) for s in GRAD_STATS]
 _PARAM_COLS = [int(s) for s in PARAM_STATS]
+_ATTN_COLS = [int(s) for s in ATTENTION_STATS]
+# gradient statistics that carry a GradScaler's scale (divided by it when it is known)
+_SCALED_COLS = [int(Stat.GRAD_RMS), int(Stat.W_GRAD_NORM)]
+_SCALE_COL = GLOBAL_COLUMNS.index("loss_scale")
 # "Units never positive" is measured where a zero output means a unit that stopped learning.
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
@@ -45,13 +59,16 @@ def _disable_under_compile(fn):
 class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
-    __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done")
+    __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
+                 "attn")
 
-    def __init__(self, n_layers: int):
-        self.fwd: list = [None] * n_layers    # per layer: its stats row, or True once stashed below
-        self.grad: list = [None] * n_layers
+    def __init__(self):
+        self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
+        self.grad: dict[int, object] = {}
         self.fwd_small: dict[tuple, list] = {}   # batching key -> [(layer index, tensor copy)]
         self.grad_small: dict[tuple, list] = {}
+        self.dtype: dict[int, torch.dtype] = {}  # per layer index: the dtype of its output
+        self.attn: dict[int, torch.Tensor] = {}  # per layer index: attention statistics (2,)
         self.params: torch.Tensor | None = None      # (3, n_layers): weight, grad, update norms
         self.input: torch.Tensor | None = None
         self.prev_params: list[torch.Tensor] | None = None
@@ -64,13 +81,16 @@ class Recorder:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  every: int | None = None, capacity: int = 2048, schedule: Schedule | None = None,
                  on_step: Callable[[], None] | None = None, throttle: Throttle | None = None,
-                 after_step: Callable[[], None] | None = None):
+                 after_step: Callable[[], None] | None = None, scaler=None, spike_factor: float = 10.0):
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg watches a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.inner: nn.Module = getattr(model, "_orig_mod", model)  # torch.compile wrapper -> original
         self.compiled = self.inner is not model
+        if scaler is not None and not (hasattr(scaler, "scale") and hasattr(scaler, "update")):
+            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
         self.optimizer = optimizer
+        self.scaler = scaler
         self.schedule = schedule or Schedule(every)
         self.on_step = on_step
         self.after_step = after_step
@@ -79,7 +99,14 @@ class Recorder:
         mods = watched_modules(self.inner)
         self.modules = [m for _, m in mods]
         self.layers: list[LayerInfo] = [describe(i, name, m) for i, (name, m) in enumerate(mods)]
+        self._index_of_name = {l.name: l.index for l in self.layers}
         index_of = {id(m): i for i, m in enumerate(self.modules)}
+        # functional operations: which module runs, which produced a tensor; their rows ("sites")
+        self._tracker = ModuleTracker({id(m): name for name, m in self.inner.named_modules()})
+        self._activation_leaves = activation_leaves(self.inner)
+        self._observer: FunctionalObserver | None = None
+        self._sites: dict[tuple, int] = {}      # (owner, relation, op, occurrence in the pass) -> layer index
+        self._pass_ops: dict[tuple, int] = {}   # (owner, op, call of owner) -> occurrences so far
         owner_of: dict[int, int] = {}
         for name, m in self.inner.named_modules():
             for p in m.parameters(recurse=False):
@@ -122,6 +149,16 @@ class Recorder:
         self._out_leaves: list = []
         self._last_inputs = None
         self._rng_state = None
+        self._autocast: list = []
+        # NaN/Inf in the latest pass's gradients: a fault once the optimizer steps on them, a skipped
+        # step (a GradScaler's business) when the next pass starts without an optimizer step
+        self._bad_pass = False
+        self._awaiting = False     # a backward pass ended since the last optimizer step
+        self._in_step = False      # inside optimizer.step (a closure runs the pass there)
+        self._round = None         # the GradScaler's per-step state then: replaced by its update()
+        # spikes between sampled steps: the largest gradient, read every step anyway (a loss spike is too
+        # often batch noise to start a burst: it is found in the recorded loss instead)
+        self._grad_spikes = SpikeWatch(spike_factor, self.schedule.warmup)
         self._backward_queued = False
         self._replaying = False
         self.attached = False
@@ -138,7 +175,9 @@ class Recorder:
         self.schedule.resume()
         try:
             self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))
-            self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True))
+            # always called, also when the forward raises: the observer never outlives the pass
+            self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True,
+                                                                  always_call=True))
             self._hook_optimizer()
             if self.compiled:  # permanent, excluded from the graph: no recompiles
                 for m, h in zip(self.modules, self._fwd_hooks):
@@ -150,6 +189,13 @@ class Recorder:
 
     def detach(self) -> None:
         """Remove every hook; safe to call more than once, from any exit path."""
+        self._stop_observer()
+        # the run stops after a pass with no optimizer step: skipped by a loss scaler, or NaN/Inf left as it is
+        if (self._awaiting and self.optimizer is not None and self._scaler_moved_on()
+                or self._bad_pass and (self.scaler is not None or self.trace.skipped.n)):
+            self._end_skipped_step()
+        elif self._bad_pass:
+            self._commit_nonfinite()
         for h in self._layer_handles + self._handles + self._opt_handles:
             h.remove()
         self._layer_handles.clear()
@@ -157,6 +203,7 @@ class Recorder:
         self._opt_handles.clear()
         self._rec = None
         self._explicit = False
+        self._in_step = False
         self._replay_run = None
         if getattr(self.model, "_neuraldbg_watcher", None) is not None:
             try:
@@ -219,6 +266,7 @@ class Recorder:
         """A training pass starts that may not call the model's own forward (see ``NeuralDbg.begin_pass``)."""
         if not self.attached or self._replaying:
             return
+        self._stop_observer()
         self._close_layer_hooks()  # a pass begun and never ended (a skipped step)
         self._explicit = True
         self._start_pass(args, kwargs or {}, run)
@@ -238,24 +286,57 @@ class Recorder:
 
     def _start_pass(self, args, kwargs, run: Callable | None) -> None:
         self._replay_run = run
+        if self._awaiting and self.optimizer is not None and (self._bad_pass or self._scaler_moved_on()):
+            self._end_skipped_step()  # the last pass's NaN/Inf gradients were not stepped on
         if self._pass_step != self.step:  # the first forward pass of a step (not a second, accumulated one)
             self._watch_lr()
         self._pass_step = self.step
         self._last_inputs = (args, kwargs)
         if self.trace.nonfinite is None:
             self._rng_state = torch.get_rng_state()
+            self._autocast = nanhunt.autocast_state()
         if self._sample_now and (self._rec is None or not self._rec.forward_done):
             if self._rec is None:
-                self._rec = _StepRecord(len(self.layers))
+                self._rec = _StepRecord()
             x = nanhunt.float_tensors((args, kwargs))
             if x:
                 self._rec.input = forward_stats(x[0], None, None)[:4]
             if not self.compiled:
                 for m, h in zip(self.modules, self._fwd_hooks):
                     self._layer_handles.append(m.register_forward_hook(h))
+                self._start_observer()
+
+    def _start_observer(self) -> None:
+        self._pass_ops.clear()
+        self._tracker.__enter__()
+        try:
+            self._observer = FunctionalObserver(self._tracker, self._activation_leaves, self._on_op, _attention_logits)
+            self._observer.__enter__()
+        except BaseException:
+            self._observer = None
+            self._tracker.__exit__(None, None, None)
+            raise
+
+    def _stop_observer(self) -> None:
+        obs, self._observer = self._observer, None
+        if obs is None:
+            return
+        try:
+            try:
+                from torch.overrides import _get_current_function_mode_stack
+                top = _get_current_function_mode_stack()[-1:]
+            except (ImportError, AttributeError):  # a torch without it: ours is the one on top
+                top = [obs]
+            if top and top[0] is obs:  # never pop a mode the user entered inside the forward
+                obs.__exit__(None, None, None)
+        finally:
+            self._tracker.__exit__(None, None, None)
 
     def _on_forward_end(self, module, args, kwargs, output):
-        if self._explicit or self._replaying or not torch.is_grad_enabled():
+        if self._explicit:
+            return None  # the model's forward inside a pass begun by begin_pass: the pass goes on
+        self._stop_observer()
+        if self._replaying or not torch.is_grad_enabled():
             return None
         self._end_forward(output)
         return None
@@ -266,6 +347,7 @@ class Recorder:
         self._layer_handles.clear()
 
     def _end_forward(self, output) -> None:
+        self._stop_observer()
         self._close_layer_hooks()
         if self._rec is not None:
             self._rec.forward_done = True
@@ -279,31 +361,89 @@ class Recorder:
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         def hook(module, args, output):
             rec = self._rec
-            if rec is None or rec.forward_done or rec.fwd[idx] is not None or self._replaying:
+            if rec is None or rec.forward_done or rec.fwd.get(idx) is not None or self._replaying:
                 return None
             outs = nanhunt.float_tensors(output)
             if not outs:
                 return None
-            t = outs[0]
-            if layer.order is None:
-                layer.order = self._next_order
-                self._next_order += 1
-            unit_dim = layer.unit_dim(t.dim())
-            dead = layer.kind in _DEAD_KINDS
-            if t.numel() <= BATCH_NUMEL:  # a copy: later in-place ops must not change what we measure
-                key = (tuple(t.shape), t.dtype, t.device, unit_dim, layer.bounds, dead)
-                rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
-                rec.fwd[idx] = True
-            else:
-                rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=dead)
-            if t.requires_grad:
-                t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+            if layer.order is None and self._passes_through(module, args, outs[0]):
+                layer.extra["passthrough"] = True  # returns its input: nothing of its own to observe
+                return None
+            self._record(rec, idx, layer, outs[0])
             return None
         return hook
 
+    def _passes_through(self, module, args, out: torch.Tensor) -> bool:
+        """The module returned its own input, unmodified (an in-place activation modifies it)."""
+        if not args or out is not args[0]:
+            return False
+        unchanged = self._tracker.unchanged(module, out)
+        return unchanged if unchanged is not None else not getattr(module, "inplace", False)
+
+    def _record(self, rec: _StepRecord, idx: int, layer: LayerInfo, t: torch.Tensor) -> None:
+        """Measure ``t`` as the output of layer ``idx`` this step (stashed for batching when small)."""
+        if layer.order is None:
+            layer.order = self._next_order
+            self._next_order += 1
+        unit_dim = layer.unit_dim(t.dim())
+        dead = layer.kind in _DEAD_KINDS
+        rec.dtype[idx] = t.dtype
+        if t.numel() <= BATCH_NUMEL:  # a copy: later in-place ops must not change what we measure
+            key = (tuple(t.shape), t.dtype, t.device, unit_dim, layer.bounds, dead)
+            rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
+            rec.fwd[idx] = True
+        else:
+            rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=dead)
+        if t.requires_grad:
+            t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+
+    # -- functional operations ------------------------------------------------------------------------
+    def _on_op(self, owner: str, rel: Relation, spec: OpSpec, out: torch.Tensor | None, logits) -> None:
+        """A functional activation or attention computation seen by the observer (a sampled pass)."""
+        rec = self._rec
+        if rec is None or rec.forward_done or self._replaying:
+            return
+        own = self._index_of_name.get(owner)
+        if spec.role == Role.ATTENTION and own is not None and self.layers[own].kind == Kind.ATTENTION:
+            idx = own  # nn.MultiheadAttention: its attention goes to its own row, its output hook measures it
+        else:
+            idx = self._site(owner, rel, spec)
+            if out is not None and rec.fwd.get(idx) is None:
+                self._record(rec, idx, self.layers[idx], out)
+        if logits is not None and idx not in rec.attn:
+            with torch.no_grad():
+                rec.attn[idx] = attention_stats(logits)
+            if self.layers[idx].order is None:
+                self.layers[idx].order = self._next_order
+                self._next_order += 1
+
+    def _site(self, owner: str, rel: Relation, spec: OpSpec) -> int:
+        """The row of the ``n``-th call of ``spec`` attributed to ``owner`` within one call of it (a cell
+        called once per time step repeats the same operations: the same rows), made on first sight."""
+        count = (owner, spec.label, self._tracker.calls.get(owner, 0))
+        n = self._pass_ops.get(count, 0)
+        self._pass_ops[count] = n + 1
+        key = (owner, rel.value, spec.label, n)
+        idx = self._sites.get(key)
+        if idx is not None:
+            return idx
+        base = f"{owner or '(model)'}:{spec.label.rsplit('.', 1)[-1]}"
+        name, k = base, 2
+        while name in self._index_of_name:
+            name, k = f"{base}#{k}", k + 1
+        src = self._index_of_name.get(owner)
+        info = LayerInfo(index=len(self.layers), name=name, type_name=spec.label, kind=spec.kind, bounds=spec.bounds,
+                         channels_first=src is not None and self.layers[src].channels_first,
+                         extra={"owner": owner, "relation": rel.value})
+        self.trace.add_layers([info])  # the recorder's layer list is the trace's
+        self._index_of_name[name] = info.index
+        self._sites[key] = info.index
+        self._no_params = np.append(self._no_params, info.index)
+        return info.index
+
     def _make_grad_hook(self, idx: int, unit_dim: int | None, rec: _StepRecord):
         def hook(g):
-            if g is not None and rec.grad[idx] is None:
+            if g is not None and rec.grad.get(idx) is None:
                 if g.numel() <= BATCH_NUMEL:
                     key = (tuple(g.shape), g.dtype, g.device, unit_dim)
                     rec.grad_small.setdefault(key, []).append((idx, g.detach().clone()))
@@ -340,8 +480,18 @@ class Recorder:
         if not self.attached:
             return
         self.passes += 1
-        if self.trace.nonfinite is None:
-            self._check_finite([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
+        self._awaiting = True
+        if self.scaler is not None:
+            self._round = getattr(self.scaler, "_per_optimizer_states", None)
+        level = self._grad_level([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
+        if level is not None and not math.isfinite(level[0]):
+            self._nonfinite_pass()
+        elif level is not None and self._grad_spikes(level[1]) and self.schedule.burst(self.step):
+            # a gradient spike between sampled steps: this step's updates are measured, and the next steps
+            self._sample_now = True
+            if self._rec is None:
+                self._rec = _StepRecord()
+                self._rec.forward_done = True
         if self._rec is not None:
             self._read_param_grads(self._rec)
         if self.optimizer is None:
@@ -364,22 +514,80 @@ class Recorder:
         upd = torch.full_like(w, float("nan")) if rec.params is None else rec.params[2]
         rec.params = torch.stack([w, gn.to(w.device), upd])
 
-    def _check_finite(self, grads: list[torch.Tensor]) -> None:
-        """The every-step check: one boolean read back to the host (the only per-step sync)."""
+    def _grad_level(self, grads: list[torch.Tensor]) -> list[float] | None:
+        """The every-step check, over the output's gradient and each layer's smallest parameter's: the
+        largest |gradient| (NaN/Inf when any is not finite) and their norm (for spikes), read back to the
+        host together (the only per-step sync). None when nothing was checked."""
         checked = grads + [g for g in self._out_grads if g is not None]
-        if checked and not bool(all_finite(checked)):
-            args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
-            self._replaying = True
-            try:
-                self.trace.nonfinite = nanhunt.locate(self.inner, args, kwargs, self._rng_state,
-                                                      list(self._out_grads), self._pass_step, run=self._replay_run)
-            finally:
-                self._replaying = False
+        return levels(checked).tolist() if checked else None
+
+    def _nonfinite_pass(self) -> None:
+        """NaN/Inf in this pass's gradients. Whether it is a fault shows later: the optimizer steps on them,
+        or the next pass starts without a step (skipped, as a GradScaler does). Either way the pass is
+        replayed then, before any update, with the weights it ran with."""
+        self._bad_pass = True
+        if self.optimizer is None or self._in_step:  # no step to wait for, or inside it (a closure): applied
+            self._commit_nonfinite()
+
+    def _locate(self) -> NonFiniteOrigin:
+        args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
+        self._replaying = True
+        try:
+            return nanhunt.locate(self.inner, args, kwargs, self._rng_state, list(self._out_grads), self._pass_step,
+                                  run=self._replay_run, autocast=self._autocast)
+        finally:
+            self._replaying = False
+
+    def _commit_nonfinite(self) -> None:
+        """The NaN/Inf gradients are applied (the optimizer steps on them, or there is no optimizer): a fault."""
+        if self.trace.nonfinite is None:
+            self.trace.nonfinite = self._locate()
             self._last_inputs = None
+        self._bad_pass = False
+
+    def _output_nonfinite(self) -> bool:
+        outs = [t.detach() for t in self._out_leaves]
+        return bool(outs) and not math.isfinite(float(max_abs(outs)))
+
+    def _scaler_moved_on(self) -> bool:
+        """The GradScaler's ``update()`` ran since the last backward pass (it replaces its per-step state)."""
+        return self.scaler is not None and getattr(self.scaler, "_per_optimizer_states", None) is not self._round
+
+    def _end_skipped_step(self) -> None:
+        """The optimizer did not step on the last pass's NaN/Inf gradients: a skipped step, not counted.
+        What its sampled forward pass showed is kept; its gradients (overflowed) are not."""
+        scale = float("nan")
+        if self.scaler is not None:  # the scale the step overflowed at, before the scaler's backoff
+            try:
+                scale = float(self.scaler.get_scale()) / float(self.scaler.get_backoff_factor())
+            except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+                pass
+        # where the NaN/Inf comes from: located for the first skipped step, and again when a later one has a
+        # forward pass that overflows while the one located did not (calibrating scalers overflow backward)
+        first = self.trace.overflow
+        if first is None or (first.phase != "forward" and self._output_nonfinite()):
+            self.trace.overflow = self._locate()
+        self.trace.add_skipped(self.step, scale)
+        self._bad_pass, self._awaiting = False, False
+        self._stop_observer()
+        rec, self._rec = self._rec, None
+        self._close_layer_hooks()
+        if rec is not None:
+            rec.grad.clear()
+            rec.grad_small.clear()
+            rec.params, rec.prev_params = None, None
+            self._flush(rec, scale=None)
+        self.schedule.step_done(self.step, sampled=rec is not None)
+        self._sample_now = self.schedule.should_sample(self.step)
+        self._out_grads = []
+        self._out_leaves = []
 
     def _on_optimizer_pre(self, optimizer, args, kwargs):
+        if self._bad_pass:
+            self._commit_nonfinite()
+        self._in_step = True
         if self._rec is None and self._sample_now:  # the step's forward runs inside optimizer.step (a closure)
-            self._rec = _StepRecord(len(self.layers))
+            self._rec = _StepRecord()
         rec = self._rec
         if rec is not None and self._params:
             views = [param_view(p)[0] for p in self._params]
@@ -387,6 +595,7 @@ class Recorder:
         return None
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
+        self._in_step = False
         rec = self._rec
         if rec is not None and rec.prev_params is not None:
             views = [param_view(p) for p in self._params]
@@ -402,6 +611,7 @@ class Recorder:
 
     # -- step end ----------------------------------------------------------------------------------
     def _finish_step(self) -> None:
+        self._awaiting = False
         rec, self._rec = self._rec, None
         self._close_layer_hooks()
         if rec is not None:
@@ -416,16 +626,23 @@ class Recorder:
         if self.on_step is not None and self.throttle.ready():
             self.on_step()
 
-    def _flush(self, rec: _StepRecord) -> None:
-        """Move one sampled step's statistics to the host in a single transfer."""
+    def _flush(self, rec: _StepRecord, scale: torch.Tensor | None | bool = True) -> None:
+        """Move one sampled step's statistics to the host in a single transfer (with the GradScaler's
+        scale, when one is given and ``scale`` is not None: the gradients are divided by it)."""
+        if scale is True:
+            scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         fwd_idx, fwd_parts = self._rows(rec.fwd, rec.fwd_small,
                                         lambda x, key: forward_stats_batch(x, key[3], key[4], key[5]))
         grad_idx, grad_parts = self._rows(rec.grad, rec.grad_small, lambda x, key: grad_stats_batch(x, key[3]))
         parts = fwd_parts + grad_parts
+        attn_idx = list(rec.attn)
+        parts += [rec.attn[i] for i in attn_idx]
         if rec.params is not None:
             parts.append(rec.params.reshape(-1))
         if rec.input is not None:
             parts.append(rec.input)
+        if isinstance(scale, torch.Tensor):
+            parts.append(scale.detach().reshape(-1)[:1].float())
         row = np.full((len(self.layers), N_STATS), np.nan, dtype=np.float32)
         g = np.full(len(GLOBAL_COLUMNS), np.nan, dtype=np.float32)
         if parts:
@@ -439,21 +656,33 @@ class Recorder:
             if grad_idx:
                 row[np.ix_(grad_idx, _GRAD_COLS)] = flat[k:k + ng].reshape(len(grad_idx), -1)
             k += ng
+            if attn_idx:
+                row[np.ix_(attn_idx, _ATTN_COLS)] = flat[k:k + 2 * len(attn_idx)].reshape(len(attn_idx), 2)
+            k += 2 * len(attn_idx)
             if rec.params is not None:
-                n = len(self.layers)
-                row[:, _PARAM_COLS] = flat[k:k + 3 * n].reshape(3, n).T
+                n = rec.params.shape[1]
+                row[:n, _PARAM_COLS] = flat[k:k + 3 * n].reshape(3, n).T
                 k += 3 * n
             if rec.input is not None:
                 g[1:5] = flat[k:k + 4]
+                k += 4
+            if isinstance(scale, torch.Tensor):
+                g[_SCALE_COL] = flat[k]
+                if flat[k] > 0:  # the gradients of a scaled loss, back to the loss's own scale
+                    row[:, _SCALED_COLS] /= flat[k]
         row[np.ix_(self._no_params, _PARAM_COLS)] = np.nan
+        if rec.dtype:
+            idx = list(rec.dtype)
+            row[idx, int(Stat.ACT_RANGE)] = row[idx, int(Stat.ACT_ABSMAX)] / np.array(
+                [dtype_max(rec.dtype[i]) for i in idx], dtype=np.float32)
         g[0] = self._lr()
         self.trace.add_sample(self.step, row, g)
         self.flush_losses()
 
     @staticmethod
-    def _rows(single: list, small: dict, batch_fn) -> tuple[list[int], list[torch.Tensor]]:
+    def _rows(single: dict, small: dict, batch_fn) -> tuple[list[int], list[torch.Tensor]]:
         """Layer indices and their stats rows: reduced-at-once ones, then stacked same-shape groups."""
-        idx = [i for i, v in enumerate(single) if isinstance(v, torch.Tensor)]
+        idx = [i for i, v in single.items() if isinstance(v, torch.Tensor)]
         parts = [single[i].reshape(1, -1) for i in idx]
         for key, items in small.items():
             idx.extend(i for i, _ in items)
@@ -480,3 +709,16 @@ class Recorder:
             return float(lr)
         except (TypeError, ValueError):
             return float("nan")
+
+
+def _attention_logits(func, args, kwargs) -> torch.Tensor | None:
+    """The logits of an attention computation, recomputed for its statistics (None if that fails: a
+    statistic never breaks the user's pass)."""
+    import torch.nn.functional as F
+    try:
+        with torch.no_grad():
+            if func is F.multi_head_attention_forward:
+                return mha_logits(*args, **kwargs)
+            return sdpa_logits(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - an argument layout this version does not know: no statistic
+        return None

@@ -7,6 +7,8 @@ from .formatting import number
 from .hypothesis import CONFIDENT
 from .render import verdict_text
 
+_MAX_LISTED = 5  # modules listed by name in a line of the report
+
 
 def _loss_line(trace) -> str | None:
     if trace is None or trace.loss.n == 0:
@@ -21,15 +23,29 @@ def _loss_line(trace) -> str | None:
 
 
 def render_report(analysis, trace=None, step: int | None = None) -> str:
-    """The verdict as text: what was watched, the loss, then the verdict (the top cause, its chain,
-    the numbers and the fix; then the others)."""
+    """The verdict as text: what was watched (and what could not be), the loss, skipped steps, then the
+    verdict (the top cause, its chain, the numbers and the fix; then the others)."""
     steps = step if step is not None else analysis.steps
     sampled = trace.stats.n if trace is not None else 0
     n_layers = len(trace.layers) if trace is not None else len(analysis.health)
-    lines = [f"NeuralDbg report: {steps} steps, {sampled} sampled, {n_layers} layers watched"]
+    n_ops = sum(1 for l in trace.layers if l.is_site) if trace is not None else 0
+    watched = f"{n_layers - n_ops} layers" + (f" and {n_ops} functional operations" if n_ops else "")
+    lines = [f"NeuralDbg report: {steps} steps, {sampled} sampled, {watched} watched"]
+    unobserved = trace.unobserved() if trace is not None and sampled else {}
+    if unobserved:
+        shown = [f"`{n}` ({why})" for n, why in list(unobserved.items())[:_MAX_LISTED]]
+        more = len(unobserved) - len(shown)
+        lines.append("not observed (nothing measured, not shown as healthy): " + ", ".join(shown)
+                     + (f" and {more} more" if more > 0 else ""))
     loss = _loss_line(trace)
     if loss:
         lines.append(loss)
+    if trace is not None and trace.skipped.n:
+        sc = trace.skipped.data
+        scale = (f"; loss scale {number(float(sc[0]))} -> {number(float(sc[-1]))}"
+                 if sc[0] == sc[0] and sc[-1] == sc[-1] else "")
+        lines.append(f"skipped: {trace.skipped.n} optimizer steps with NaN/Inf gradients, not counted as steps "
+                     f"(first at step {int(trace.skipped.steps[0])}{scale})")
     return "\n".join(lines) + "\n" + verdict_text(analysis.hypotheses, steps)
 
 

@@ -39,6 +39,7 @@ class Schedule:
         self._in_a_row = 0                             # sampled steps since the last unsampled one
         self._burst_until = 0                          # steps before this one are all sampled
         self._last_burst = -(1 << 62)
+        self._credit: float | None = None              # seconds a burst may cost (None: the first is free)
         self._t_last: float | None = None
 
     def resume(self) -> None:
@@ -48,21 +49,39 @@ class Schedule:
     def should_sample(self, step: int) -> bool:
         return step >= self._next or step < self._burst_until
 
-    def burst(self, step: int, n: int = 8, gap: int = 400) -> bool:
-        """Sample steps ``step`` .. ``step + n - 1`` (something changed: a new learning rate), unless the
-        user fixed the interval or the last burst started less than ``gap`` steps ago (a schedule with
-        frequent restarts must not keep the sampling dense). Returns whether it did."""
+    burst_steps = 8  # steps a burst samples
+
+    def burst(self, step: int, n: int | None = None, gap: int = 400) -> bool:
+        """Sample steps ``step`` .. ``step + n - 1`` (something changed: a new learning rate, a spike),
+        unless the user fixed the interval, the last burst started less than ``gap`` steps ago (a schedule
+        with frequent restarts must not keep the sampling dense), or bursts have used up their budget:
+        the same share ``budget`` of the plain steps' time as regular sampling, saved up between bursts
+        (the first is free). Returns whether it did."""
         if self.every is not None or step < self._last_burst + gap:
             return False
+        n = self.burst_steps if n is None else n
+        cost = n * self._extra()
+        if self._credit is not None and self._credit < cost:
+            return False
+        self._credit = (self._credit if self._credit is not None else cost) - cost
         self._last_burst = step
         self._burst_until = max(self._burst_until, step + n)
         return True
+
+    def _extra(self) -> float:
+        """What sampling adds to a step, in seconds (0 until both kinds of step were measured)."""
+        if not self._plain or not self._sampled:
+            return 0.0
+        return max(statistics.median(self._sampled) - statistics.median(self._plain), 0.0)
 
     def step_done(self, step: int, sampled: bool) -> None:
         """Called once per completed step; updates the timing model and the next sampled step."""
         now = self.clock()
         if self._t_last is not None:
             (self._sampled if sampled else self._plain).append(now - self._t_last)
+            if not sampled and self._credit is not None:  # bursts save up their share of plain steps' time
+                self._credit = min(self._credit + self.budget * (now - self._t_last),
+                                   self.burst_steps * self._extra())
         self._t_last = now
         if not sampled:
             self._in_a_row = 0
@@ -100,3 +119,21 @@ class Throttle:
             self._last = now
             return True
         return False
+
+
+class SpikeWatch:
+    """A value far above its recent level: a spike between two sampled steps, caught from a number
+    already at hand every step (no extra work on the device): ``factor`` times the median of the last
+    ``window`` values."""
+
+    def __init__(self, factor: float, window: int = 16):
+        self.factor = float(factor)
+        self._hist: deque[float] = deque(maxlen=max(int(window), 4))
+
+    def __call__(self, value: float) -> bool:
+        if value != value:
+            return False
+        hist = self._hist
+        spike = len(hist) == hist.maxlen and value > self.factor * statistics.median(hist) > 0
+        hist.append(value)
+        return spike

@@ -28,13 +28,17 @@ class NeuralDbg:
     Options: ``every`` (full statistics every N steps; default: adaptive, dense at the start),
     ``capacity`` (rows kept per series), ``on_step`` (called with the session at most every
     ``update_interval`` seconds of ``clock``; the notebook dashboard uses it), ``after_step``
-    (called with the session after every step, unthrottled; keep it cheap).
+    (called with the session after every step, unthrottled; keep it cheap), ``scaler`` (the
+    ``torch.amp.GradScaler`` of a mixed-precision loop: its scale is recorded and the gradient
+    statistics are divided by it). A step the optimizer skips because its gradients hold NaN/Inf
+    (a GradScaler's calibration) is not counted and is not a fault by itself; a run of them is.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  thresholds: Thresholds | None = None, *, every: int | None = None, capacity: int = 2048,
                  on_step: Callable[["NeuralDbg"], None] | None = None, update_interval: float = 0.25,
-                 clock: Clock | None = None, after_step: Callable[["NeuralDbg"], None] | None = None):
+                 clock: Clock | None = None, after_step: Callable[["NeuralDbg"], None] | None = None,
+                 scaler=None):
         if thresholds is not None and not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds must be a neuraldbg.Thresholds, got {type(thresholds).__name__}")
         self.thresholds = thresholds or Thresholds()
@@ -47,7 +51,8 @@ class NeuralDbg:
         self._recorder: Recorder | None = Recorder(
             model, optimizer, every=every, capacity=capacity, schedule=Schedule(every),
             on_step=self._notify if on_step is not None else None, throttle=throttle,
-            after_step=(lambda: after_step(self)) if after_step is not None else None)
+            after_step=(lambda: after_step(self)) if after_step is not None else None, scaler=scaler,
+            spike_factor=self.thresholds.spike_factor)
         self._trace: Trace = self._recorder.trace
         self._loaded_step = 0
 

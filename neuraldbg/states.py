@@ -80,6 +80,7 @@ class LossState(_State):
     OSCILLATING = "oscillating"
     NONFINITE = "nonfinite"
     STALLED = "stalled"       # a run too short for a plateau whose loss has not come down beyond its noise
+    SLOW = "slow"             # long enough for a plateau, it came down, but hardly (a failure when something explains it)
 
 
 class TargetState(_State):
@@ -90,11 +91,41 @@ class TargetState(_State):
     UNBOUNDED = "unbounded"         # a loss that cannot be negative falls deep below zero, still falling
 
 
+class ScalerState(_State):
+    """A loss scaler (GradScaler) that skips optimizer steps whose gradients hold NaN/Inf."""
+
+    NORMAL = "normal"
+    SKIPPING = "skipping"           # a run of skipped steps longer than its calibration: no scale fixes it
+
+
 class LrState(_State):
     """The learning rate of the first parameter group, as the optimizer reports it."""
 
     STEADY = "steady"
     RAISED = "raised"               # risen several times over from a rate that held steady
+
+
+class AttnState(_State):
+    """What an attention computation does: spread over its keys, or collapsed onto a few."""
+
+    NORMAL = "normal"
+    COLLAPSED = "collapsed"   # entropy over the keys far below its maximum: one or two keys take all
+    GROWING = "growing"       # the largest logit many times its start (entropy not collapsed yet)
+
+
+class RangeState(_State):
+    """How much of its dtype's range a layer's output uses (float16 tops out at 65504)."""
+
+    NORMAL = "normal"
+    NEAR_LIMIT = "near_limit"  # within a factor of the largest finite value: the next growth overflows
+
+
+class SpikeState(_State):
+    """A value far above where it was: a layer's update-to-weight ratio against the previous sample, or
+    the loss against its recent level."""
+
+    NORMAL = "normal"
+    SPIKE = "spike"
 
 
 class Signal(str, Enum):
@@ -109,6 +140,10 @@ class Signal(str, Enum):
     LOSS = "loss"
     TARGET = "target"
     LR = "lr"
+    SCALER = "scaler"
+    ATTENTION = "attention"
+    RANGE = "range"
+    SPIKE = "spike"
 
     def __str__(self) -> str:
         return self.value

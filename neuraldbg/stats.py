@@ -27,6 +27,9 @@ class Stat(IntEnum):
     W_NORM = 8          # L2 norm of the layer's own parameters        } exact up to PARAM_SAMPLE
     W_GRAD_NORM = 9     # L2 norm of their gradients (NaN when frozen)  } elements per tensor,
     W_UPDATE_NORM = 10  # L2 norm of the optimizer step's change        } estimated beyond
+    ACT_RANGE = 11      # largest |output| over the largest finite value of the output's dtype (float16: 65504)
+    ATTN_LOGIT_MAX = 12  # attention computations only: the largest attention logit (scaled q . k, masks applied)
+    ATTN_ENTROPY = 13   # attention computations only: mean entropy of a query's attention over log(its keys)
 
 
 N_STATS = len(Stat)
@@ -34,6 +37,12 @@ FORWARD_STATS = (Stat.ACT_MEAN, Stat.ACT_STD, Stat.ACT_ABSMAX, Stat.ACT_NONFINIT
                  Stat.ACT_SATURATED)
 GRAD_STATS = (Stat.GRAD_RMS, Stat.GRAD_NONFINITE)
 PARAM_STATS = (Stat.W_NORM, Stat.W_GRAD_NORM, Stat.W_UPDATE_NORM)
+ATTENTION_STATS = (Stat.ATTN_LOGIT_MAX, Stat.ATTN_ENTROPY)
+
+
+def dtype_max(dtype: torch.dtype) -> float:
+    """The largest finite value of a floating dtype (NaN for others)."""
+    return float(torch.finfo(dtype).max) if dtype.is_floating_point else float("nan")
 
 # A bounded unit counts as saturated when its output lies within this fraction of the
 # output range from a bound (tanh: |y| > 0.99; sigmoid: y < 0.005 or y > 0.995).
@@ -137,14 +146,22 @@ def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
     return torch.stack([o.float().to(out[0].device) for o in out])
 
 
-def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One boolean tensor: no NaN/Inf in any of ``tensors`` (max-norms, so large values cannot overflow)."""
-    if not tensors:
-        return torch.ones((), dtype=torch.bool)
+def max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The largest |value| over ``tensors`` (NaN or Inf when any holds one), as one 0-d tensor."""
     try:  # small tensors: one concatenation and one reduction is the cheapest way
-        return torch.isfinite(torch.cat([t.detach().reshape(-1) for t in tensors]).abs().amax())
+        return torch.cat([t.detach().reshape(-1).float() for t in tensors]).abs().amax()
     except RuntimeError:  # tensors on several devices
-        return torch.isfinite(norms(tensors, float("inf")).sum())
+        return norms(tensors, float("inf")).amax()
+
+
+def levels(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[largest |value|, L2 norm] over ``tensors`` as one (2,) tensor: the first says whether all are finite
+    (a max cannot overflow), the second how large they are together (smoother than a max)."""
+    try:
+        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+        return torch.stack([flat.abs().amax(), torch.linalg.vector_norm(flat)])
+    except RuntimeError:  # tensors on several devices
+        return torch.stack([norms(tensors, float("inf")).amax(), norms(tensors).norm()])
 
 
 # Parameter statistics read at most this many elements per tensor (an evenly strided subset,

@@ -68,6 +68,30 @@ class Thresholds:
     loss_below_zero: float = _f(1.0, "loss below zero", "log", 0.1, 1e4,
                                 "depth below zero, in units of the loss's early scale, past which a loss still falling "
                                 "as fast points at targets outside its range", slider=False)
+    # -- attention ---------------------------------------------------------------------------------
+    attention_entropy: float = _f(0.3, "attention entropy", "linear", 0.01, 0.9,
+                                  "mean attention entropy, as a fraction of log(keys), below which attention "
+                                  "has collapsed onto a few keys")
+    attention_logit_growth: float = _f(10.0, "attention logit growth", "log", 2.0, 1e4,
+                                       "growth of the largest attention logit since the first sample that is "
+                                       "growth without bound")
+    slow_progress: float = _f(0.25, "slow progress", "log", 0.01, 0.9,
+                              "improvement of the loss over a run long enough for a plateau, as a fraction of its "
+                              "start, below which it hardly comes down (a failure when a cause explains it, such as "
+                              "a collapsed attention)")
+    # -- precision ---------------------------------------------------------------------------------
+    range_margin: float = _f(10.0, "dtype range margin", "log", 1.5, 1e4,
+                             "factor below the largest value of a layer's output dtype (float16: 65504) "
+                             "within which the output is about to overflow")
+    skipped_steps: int = _f(8, "skipped steps", "linear", 2, 200,
+                            "consecutive optimizer steps skipped for NaN/Inf gradients (a GradScaler's) after "
+                            "which the skipping is a failure, not the scale's calibration")
+    # -- spikes ------------------------------------------------------------------------------------
+    spike_factor: float = _f(10.0, "spike", "log", 2.0, 1e4,
+                             "a spike: the largest gradient this many times its median over the last steps "
+                             "(the next steps are then sampled; fixed when watching starts), a layer's update "
+                             "this many times the one at the sample before, or the loss rising this many times "
+                             "its usual step-to-step change")
     # -- data --------------------------------------------------------------------------------------
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
                             "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
@@ -110,9 +134,9 @@ class Thresholds:
                                   "share of severity and persistence counted for a cause that is no failure by "
                                   "itself (a weight scale) while it explains no loss failure or other event",
                                   slider=False)
-    evidence_noisy_stall: float = _f(0.5, "evidence: noisy stall", "linear", 0.0, 1.0,
-                                     "how much of a failure a short run's loss is that came down, but not beyond its "
-                                     "batch noise", slider=False)
+    evidence_partial_loss: float = _f(0.5, "evidence: partial loss failure", "linear", 0.0, 1.0,
+                                      "how much of a failure a partial one is: the loss spiking for a step, or a short "
+                                      "run's loss that came down, but not beyond its batch noise", slider=False)
     evidence_nan_consequence: float = _f(2.0, "evidence: NaN consequence", "linear", 1.0, 5.0,
                                          "consequence counted for explaining a NaN/Inf (1 for other events)",
                                          slider=False)

@@ -23,13 +23,29 @@ class BoundedSeries:
         self.capacity = int(capacity)
         self._steps = np.zeros(self.capacity, dtype=np.int64)
         self._data = np.full((self.capacity, *row_shape), np.nan, dtype=dtype)
+        self._width = row_shape[0] if row_shape else None
         self.n = 0
+
+    def widen(self, width: int) -> None:
+        """Grow the first axis of the rows to ``width`` (new entries NaN): a layer table that gained
+        layers. The buffer grows geometrically, so a few new layers cost one copy."""
+        if self._width is None or width <= self._width:
+            return
+        if width > self._data.shape[1]:
+            grown = np.full((self.capacity, max(width, 2 * self._data.shape[1]), *self._data.shape[2:]), np.nan,
+                            dtype=self._data.dtype)
+            grown[:self.n, :self._width] = self._data[:self.n, :self._width]
+            self._data = grown
+        self._width = width
 
     def append(self, step: int, row) -> None:
         if self.n == self.capacity:
             self._thin()
         self._steps[self.n] = step
-        self._data[self.n] = row
+        if self._width is None or self._width == self._data.shape[1]:
+            self._data[self.n] = row
+        else:
+            self._data[self.n, :self._width] = row
         self.n += 1
 
     def _thin(self) -> None:
@@ -50,7 +66,9 @@ class BoundedSeries:
 
     @property
     def data(self) -> np.ndarray:
-        return self._data[:self.n]
+        if self._width is None or self._width == self._data.shape[1]:
+            return self._data[:self.n]
+        return self._data[:self.n, :self._width]
 
     @property
     def nbytes(self) -> int:
@@ -65,25 +83,39 @@ class BoundedSeries:
         return s
 
 
-# Columns of the per-step "global" series, recorded with each sampled step.
-GLOBAL_COLUMNS = ("lr", "input_mean", "input_std", "input_absmax", "input_nonfinite")
+# Columns of the per-step "global" series, recorded with each sampled step ("loss_scale": the
+# GradScaler's scale when one is given, the gradients recorded are divided by it; NaN otherwise).
+GLOBAL_COLUMNS = ("lr", "input_mean", "input_std", "input_absmax", "input_nonfinite", "loss_scale")
 
 
 @dataclass
 class NonFiniteOrigin:
-    """Where NaN/Inf first appeared: ``phase`` is one of input, forward, backward, loss, weights."""
+    """Where NaN/Inf first appeared: ``phase`` is one of input, forward, backward, loss, weights.
+
+    ``op``: the operation that made it, when it is not the module's whole computation ("torch.log"),
+    with its ``relation`` to ``layer`` ("in" its forward, or "after" it, on its output); ``dtype``:
+    the dtype it was computed in ("float16" under autocast: an overflow of its range)."""
 
     step: int
     layer: str
     phase: str
     detail: str = ""
+    op: str = ""
+    relation: str = ""
+    dtype: str = ""
+
+    def where(self) -> str:
+        where = f"`{self.layer}`" if self.layer else "the model"
+        return f"{self.op} {self.relation or 'in'} {where}" if self.op else where
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "layer": self.layer, "phase": self.phase, "detail": self.detail}
+        return {"step": self.step, "layer": self.layer, "phase": self.phase, "detail": self.detail, "op": self.op,
+                "relation": self.relation, "dtype": self.dtype}
 
     @classmethod
     def from_dict(cls, d: dict) -> "NonFiniteOrigin":
-        return cls(step=int(d["step"]), layer=str(d["layer"]), phase=str(d["phase"]), detail=str(d.get("detail", "")))
+        return cls(step=int(d["step"]), layer=str(d["layer"]), phase=str(d["phase"]), detail=str(d.get("detail", "")),
+                   op=str(d.get("op", "")), relation=str(d.get("relation", "")), dtype=str(d.get("dtype", "")))
 
 
 @dataclass
@@ -97,7 +129,10 @@ class Trace:
     stats: BoundedSeries = None  # type: ignore[assignment]    # rows of shape (n_layers, N_STATS)
     globals: BoundedSeries = None  # type: ignore[assignment]  # rows of (len(GLOBAL_COLUMNS),), steps as stats
     loss: BoundedSeries = None  # type: ignore[assignment]     # rows of shape (), one per recorded loss
+    # steps whose optimizer step was skipped (NaN/Inf gradients, e.g. by a GradScaler), with the loss scale then
+    skipped: BoundedSeries = None  # type: ignore[assignment]
     nonfinite: NonFiniteOrigin | None = None
+    overflow: NonFiniteOrigin | None = None   # where the NaN/Inf of the first skipped step came from
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -107,6 +142,13 @@ class Trace:
             self.globals = BoundedSeries((len(GLOBAL_COLUMNS),), self.capacity)
         if self.loss is None:
             self.loss = BoundedSeries((), self.loss_capacity)
+        if self.skipped is None:
+            self.skipped = BoundedSeries((), self.loss_capacity)
+
+    def add_layers(self, layers: list[LayerInfo]) -> None:
+        """Append layers found while watching (functional operations); their past rows are NaN."""
+        self.layers.extend(layers)
+        self.stats.widen(len(self.layers))
 
     # -- writing -------------------------------------------------------------------------------
     def add_sample(self, step: int, row: np.ndarray, global_row: np.ndarray) -> None:
@@ -116,6 +158,9 @@ class Trace:
     def add_loss(self, step: int, value: float) -> None:
         self.loss.append(step, value)
 
+    def add_skipped(self, step: int, scale: float) -> None:
+        self.skipped.append(step, scale)
+
     # -- reading -------------------------------------------------------------------------------
     @property
     def layer_names(self) -> list[str]:
@@ -124,6 +169,16 @@ class Trace:
     def execution_order(self) -> list[LayerInfo]:
         """Layers seen in a forward pass, in the order they ran (unseen layers are left out)."""
         return sorted((l for l in self.layers if l.order is not None), key=lambda l: -1 if l.order is None else l.order)
+
+    def unobserved(self) -> dict[str, str]:
+        """Watched modules never observed, by name, with why: their forward never ran, or it only
+        returned its input (an identity, a dropout at p=0 or in eval mode)."""
+        return {l.name: ("returns its input unchanged" if l.extra.get("passthrough") else "its forward never ran")
+                for l in self.layers if l.order is None}
+
+    def observed_layers(self) -> list[LayerInfo]:
+        """What a view of the trace shows: the layers seen, in forward order, then the ones not observed."""
+        return self.execution_order() + [l for l in self.layers if l.order is None]
 
     def layer(self, name: str) -> LayerInfo:
         for l in self.layers:
@@ -136,4 +191,4 @@ class Trace:
 
     @property
     def nbytes(self) -> int:
-        return self.stats.nbytes + self.globals.nbytes + self.loss.nbytes
+        return self.stats.nbytes + self.globals.nbytes + self.loss.nbytes + self.skipped.nbytes

@@ -115,7 +115,8 @@ def synthetic_session(path, n_layers: int = 50, n_steps: int = 2000, dead: int |
         if dead is not None:
             row[dead, Stat.ACT_DEAD] = 1.0
             row[:dead + 1, Stat.GRAD_RMS] = 0.0
-        g = np.array([0.01, 0.0, 1.0, 4.0, 0.0][:len(GLOBAL_COLUMNS)], dtype=np.float32)
+        g = np.full(len(GLOBAL_COLUMNS), np.nan, dtype=np.float32)
+        g[:5] = [0.01, 0.0, 1.0, 4.0, 0.0]
         trace.add_sample(step, row, g)
         trace.add_loss(step, 2.0 - 1e-4 * step)
     fileformat.save(trace, path, extra_meta={"step": n_steps})

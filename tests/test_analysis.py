@@ -52,7 +52,8 @@ def make_trace(types: list[str], n_samples: int, fill=None, frozen: tuple[int, .
             row[i, Stat.W_UPDATE_NORM] = 0.0
         if fill is not None:
             fill(row, step)
-        g = np.array([0.01, inputs[0], inputs[1], 4.0, 0.0], dtype=np.float32)[:len(GLOBAL_COLUMNS)]
+        g = np.full(len(GLOBAL_COLUMNS), np.nan, dtype=np.float32)
+        g[:5] = [0.01, inputs[0], inputs[1], 4.0, 0.0]  # lr, input mean, std, absmax, non-finite
         trace.add_sample(step, row, g)
         trace.add_loss(step, loss(step))
     return trace

@@ -366,3 +366,29 @@ def test_reanalysis_of_a_50_layer_2k_step_trace_is_interactive(tmp_path):
     # the target is 100 ms (see benchmarks/dashboard.py); this bound only catches gross regressions
     assert per_move < 2.0
     assert 'class="ndbg-row ndbg-fold" data-layer="blocks.2" data-act="dead"' in rows_of(dash.grid)
+
+
+def test_layers_not_observed_show_so_in_the_grid_the_chart_and_the_report():
+    """nn.TransformerEncoderLayer's out_proj never runs as a module (F.multi_head_attention_forward uses
+    its weights), its dropouts at p=0 return their input: "not observed", never "normal / healthy"."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), nn.Flatten(),
+                          nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with NeuralDbg(model, opt) as dbg:
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(4, 4, 8)), torch.tensor([0, 1, 0, 1])).backward()
+            opt.step()
+    hidden = {"0.self_attn.out_proj", "0.dropout", "0.dropout1", "0.dropout2"}
+    assert set(dbg.trace.unobserved()) == hidden and not hidden & set(dbg.health())
+    dash = Dashboard(clock=FakeClock())
+    dash.show(dbg, "finished")
+    rows = rows_of(dash.grid)
+    for name in hidden:
+        assert f'data-layer="{name}" data-act="not_observed" data-grad="not_observed"' in rows
+    assert 'data-layer="0.linear1:relu" data-act="normal"' in rows  # the functional ReLU of its feed-forward
+    shown = [r.key for r in dash.grid.rows()]  # the grid's rows and the chart's, the same list
+    assert shown == [l.name for l in dbg.trace.observed_layers()] and set(shown) == {l.name for l in dbg.trace.layers}
+    assert set(shown[-len(hidden):]) == hidden
+    assert "not observed" in dbg.report() and "0.self_attn.out_proj` (its forward never ran)" in dbg.report()

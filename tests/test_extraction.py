@@ -1,6 +1,8 @@
 """Extraction: statistics against plain torch, step counting, hook hygiene, bit-identity, NaN origins."""
 import math
 
+import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,10 +68,16 @@ def test_statistics_match_a_plain_torch_computation():
         outs[name] = h
     F.cross_entropy(h, y).backward()
 
+    # the dropout in eval mode returns its input: not observed, not measured
+    assert dbg.trace.unobserved() == {"4": "returns its input unchanged"}
+    assert np.isnan(r[index(dbg, "4")]).all()
     for name, o in outs.items():
+        if name == "4":
+            continue
         i = index(dbg, name)
         v = o.detach()
         assert r[i, Stat.ACT_MEAN] == pytest.approx(v.mean().item(), abs=1e-6)
+        assert r[i, Stat.ACT_RANGE] == pytest.approx(v.abs().max().item() / torch.finfo(torch.float32).max, rel=1e-5)
         assert r[i, Stat.ACT_STD] == pytest.approx(v.std().item(), rel=1e-5)
         assert r[i, Stat.ACT_ABSMAX] == pytest.approx(v.abs().max().item(), rel=1e-6)
         assert r[i, Stat.ACT_NONFINITE] == 0

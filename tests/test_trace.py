@@ -102,3 +102,19 @@ def test_a_burst_samples_the_next_steps_at_most_once_in_a_while():
     assert not all(sampled[700:704])
     fixed = Schedule(every=50)
     assert not fixed.burst(20)  # an interval the user fixed is kept
+
+
+def test_bursts_are_paid_from_a_budget_of_their_own():
+    """A burst costs what its sampled steps add; bursts save up the budget's share of plain steps' time
+    between them (the first is free), so frequent spikes cannot keep a costly model densely sampled."""
+    t = [0.0]
+    auto = Schedule(clock=lambda: t[0], warmup=5, budget=0.02)
+    granted = {}
+    for step in range(2000):
+        if step in (300, 500, 750):
+            granted[step] = auto.burst(step, 4, gap=100)
+        s = auto.should_sample(step)
+        t[0] += 0.03 if s else 0.01  # a sampled step costs 3x a plain one: a burst of 4 adds 0.08 s
+        auto.step_done(step, s)
+    # 0.08 s at 2% of 10 ms per plain step: 400 plain steps between two bursts
+    assert granted == {300: True, 500: False, 750: True}

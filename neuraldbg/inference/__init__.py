@@ -1,7 +1,7 @@
 """Inference: abductive reasoning from semantic events and links to ranked causal hypotheses.
 
-Each cause family (one module each: ``data``, ``initialization``, ``activations``, ``nonfinite``, ``gradients``,
-``learning_rate``, ``loss``) turns the events matching its signature into candidates with their evidence;
+Each cause family (one module each: ``data``, ``initialization``, ``activations``, ``attention``, ``nonfinite``,
+``precision``, ``gradients``, ``learning_rate``, ``loss``) turns the events matching its signature into candidates with their evidence;
 ``evidence.confidence`` scores every candidate the same way; ``causality`` lets each candidate be absorbed by
 the one that explains it, root first; ``wording`` writes the chains and fixes.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 from ..causes import Cause
 from ..hypothesis import CONFIDENT, CausalHypothesis
 from ..states import LossState, Signal, UpdateState
-from . import activations, causality, data, gradients, initialization, learning_rate, loss, nonfinite, wording
+from . import (activations, attention, causality, data, gradients, initialization, learning_rate, loss, nonfinite,
+               precision, wording)
 from .context import Context
 from .evidence import Candidate
 
-FAMILIES = (data, initialization, activations, nonfinite, gradients, loss)
+FAMILIES = (data, initialization, activations, attention, nonfinite, precision, gradients, loss)
 
 __all__ = ["Context", "infer", "candidates"]
 
@@ -38,8 +39,11 @@ def infer(ctx: Context) -> list[CausalHypothesis]:
             continue  # a fix may not point the other way of a confident one
         evidence = {id(e): e for c in r.tree() for e in c.events + c.symptoms}
         evidence.update({id(e): e for e in r.loss})
-        out.append(CausalHypothesis(cause=r.cause, layer=r.layer, step=int(r.step), confidence=r.confidence,
-                                    chain=wording.chain(r, ctx),
+        # a functional operation's row is named by its module; the text names the operation
+        info = ctx.layers.get(r.layer)
+        layer = (info.owner or "") if info is not None and info.is_site else r.layer
+        out.append(CausalHypothesis(cause=r.cause, layer=layer, step=int(r.step), confidence=r.confidence,
+                                    chain=[wording.name_sites(ctx, line) for line in wording.chain(r, ctx)],
                                     evidence=sorted(evidence.values(), key=lambda e: e.step),
-                                    suggestion=wording.fix(r, ctx, lower_lr=lower)))
+                                    suggestion=wording.name_sites(ctx, wording.fix(r, ctx, lower_lr=lower))))
     return out

@@ -107,9 +107,14 @@ def _lr_high(a: Candidate, b: Candidate, ctx: Context) -> bool:
         return bool(_large_before(a, b.step, ctx, strict=True))
     if b.cause == C.VANISHING_GRADIENTS:  # units killed by an update pass no gradient back
         return not ctx.from_start(b.step) and bool(_large_before(a, b.step, ctx) or _unstable_before(a, b.step))
+    if b.cause == C.ATTENTION_COLLAPSE:  # the logits pushed up while the updates are too large
+        return bool(_large_before(a, b.step, ctx)) and any(e.end is None or e.end >= b.step
+                                                           for e in a.facts.get("large", []))
     if b.cause == C.NON_FINITE:
         if b.kind in ("weights", "overflow"):
             return True
+        if b.kind in ("fp16_overflow", "near_limit", "skipping"):  # weights grown by the updates until they overflow
+            return bool(_large_before(a, b.step, ctx, strict=True))
         large = _large_before(a, b.step, ctx, strict=True)
         grew = _unstable_before(a, b.step) or [e for e in ctx.events if e.bad and e.step < b.step and (
             e.signal == Signal.ACTIVATION and str(e.after) == "anomalous")]
@@ -121,6 +126,23 @@ def _lr_high(a: Candidate, b: Candidate, ctx: Context) -> bool:
                                                default=0.0) >= 1.0))
         return bool(large or grew)
     return False
+
+
+def _attention(a: Candidate, b: Candidate, ctx: Context) -> bool:
+    """A collapsed attention passes (almost) no gradient to its queries and keys, and opens with the updates
+    that pushed its logits up once those are back to a usual size."""
+    if b.cause == C.VANISHING_GRADIENTS:
+        return b.step >= a.step and any(b.layer.startswith(l.rsplit(".", 1)[0]) for l in a.facts["layers"])
+    if b.cause == C.LEARNING_RATE_TOO_HIGH:
+        large = b.facts.get("large", [])
+        return (bool(large) and not (_unstable_before(b, math.inf) or b.facts.get("nan") or b.facts.get("spikes"))
+                and all(e.end is not None and e.end < a.step for e in large))
+    return False
+
+
+def _precision(a: Candidate, b: Candidate, ctx: Context) -> bool:
+    """Values out of float16's range, or steps a scaler skips, are NaN/Inf from then on."""
+    return a.kind != "near_limit" and b.cause != C.DATA and b.step > a.step
 
 
 def _exploding(a: Candidate, b: Candidate, ctx: Context) -> bool:
@@ -157,6 +179,8 @@ def _vanishing(a: Candidate, b: Candidate, ctx: Context) -> bool:
 
 
 def _nonfinite(a: Candidate, b: Candidate, ctx: Context) -> bool:
+    if a.kind in ("fp16_overflow", "near_limit", "skipping"):
+        return _precision(a, b, ctx)
     return b.cause != C.DATA and b.step > a.step
 
 
@@ -169,12 +193,14 @@ EXPLAINS: dict[Cause, Predicate] = {
     C.SATURATED_ACTIVATIONS: _blocks,
     C.NON_FINITE: _nonfinite,
     C.VANISHING_GRADIENTS: _vanishing,
+    C.ATTENTION_COLLAPSE: _attention,
 }
 
 
 def explained_loss(c: Candidate, ctx: Context) -> list:
     """The loss failures ``c`` accounts for: of a kind it can produce, and still there at its onset or later."""
-    out = [e for e in ctx.events if e.signal in (Signal.LOSS, Signal.TARGET) and e.after in c.loss_kinds
+    out = [e for e in ctx.events if (e.signal in (Signal.LOSS, Signal.TARGET) or e.signal == Signal.SPIKE
+                                     and not e.layer) and e.after in c.loss_kinds
            and (e.end is None or e.end > c.step)]
     out += [e for e in c.facts.get("flat", []) if e not in out]
     return out

@@ -23,7 +23,10 @@ class Context:
     first_step: int                 # the first sampled step
     last_step: int                  # the last step seen (sampled or with a loss)
     nonfinite: NonFiniteOrigin | None
+    overflow: NonFiniteOrigin | None  # where the NaN/Inf of the first step a loss scaler skipped came from
     lr: float                       # the latest learning rate (NaN: unknown)
+    lr_first: float                 # ... at the first sample
+    lr_peak: float                  # ... the largest
     th: Thresholds
     has_loss: bool
 
@@ -64,6 +67,11 @@ class Context:
         if self.nonfinite is not None:
             steps.append(self.nonfinite.step)
         return min(steps) if steps else None
+
+    def warmed_up(self) -> bool:
+        """The learning rate started at less than half of its largest value (a warm-up, or a schedule that
+        raised it); unknown learning rates count as warmed up."""
+        return not (self.lr_first == self.lr_first and self.lr_peak > 0 and self.lr_first >= 0.5 * self.lr_peak)
 
     def lr_text(self) -> tuple[str, str]:
         """The current learning rate and a tenth of it, as text."""

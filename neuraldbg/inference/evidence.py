@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 from ..causes import Cause
 from ..events import SemanticEvent
-from ..states import LossState
+from ..states import LossState, Signal
 from .context import Context
 
 # Causal order of the families: the earlier explains the later when both fit the same events.
-FAMILY_ORDER = (Cause.DATA, Cause.BAD_INITIALIZATION, Cause.LEARNING_RATE_TOO_HIGH, Cause.EXPLODING_GRADIENTS,
-                Cause.DEAD_UNITS, Cause.SATURATED_ACTIVATIONS, Cause.NON_FINITE,
+FAMILY_ORDER = (Cause.DATA, Cause.BAD_INITIALIZATION, Cause.LEARNING_RATE_TOO_HIGH, Cause.ATTENTION_COLLAPSE,
+                Cause.EXPLODING_GRADIENTS, Cause.DEAD_UNITS, Cause.SATURATED_ACTIVATIONS, Cause.NON_FINITE,
                 Cause.VANISHING_GRADIENTS, Cause.LEARNING_RATE_TOO_LOW, Cause.LOSS_PLATEAU)
 
 
@@ -121,11 +121,11 @@ def persistence(ev: SemanticEvent, ctx: Context) -> float:
 
 
 def loss_failure(ev: SemanticEvent, th) -> float:
-    """How much of a failure a loss event is: 1, or less for a short run whose loss came down by more than the
-    progress threshold but without a trend beyond its batch noise."""
-    if ev.after == LossState.STALLED and ev.values.get("progress", 0.0) >= th.loss_progress:
-        return th.evidence_noisy_stall
-    return 1.0
+    """How much of a failure a loss event is: 1, or less for a partial one: a spike of one step, a short
+    run's loss that came down by more than the progress threshold but without a trend beyond its noise."""
+    partial = (ev.signal == Signal.SPIKE
+               or ev.after == LossState.STALLED and ev.values.get("progress", 0.0) >= th.loss_progress)
+    return th.evidence_partial_loss if partial else 1.0
 
 
 def confidence(c: Candidate, ctx: Context) -> float:

@@ -1,14 +1,15 @@
-"""The learning rate: updates too large for the weights (a loss that diverges or oscillates, weights made
-NaN by an update, a weight layer that overflows during training, a flat loss while updates stay large), or
-updates negligible next to the weights while the loss does not move. A jump of the learning rate shortly
-before the failure is named with it."""
+"""The learning rate: updates too large for the weights (a loss that diverges, oscillates or spikes, weights
+made NaN by an update, a weight layer that overflows during training, a flat loss while updates stay large,
+a layer's updates that spike far above their size the sample before), or updates negligible next to the
+weights while the loss does not move. A jump of the learning rate shortly before the failure is named
+with it, and so is the layer whose updates spiked first."""
 from __future__ import annotations
 
 import math
 
 from ..causes import Cause
 from ..events import SemanticEvent
-from ..states import LossState, LrState, Signal, UpdateState
+from ..states import LossState, LrState, Signal, SpikeState, UpdateState
 from . import losses
 from .context import Context
 from .evidence import Candidate, below_ratio, past_ratio, persistence
@@ -27,8 +28,11 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     unstable = ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING)
     # NaN in the weights after an update, or an overflow of a weight layer during training: the updates grew them
     nan = [c for c in found if c.cause == Cause.NON_FINITE and c.kind in ("weights", "overflow")]
-    if large or unstable or nan:
-        step = min([e.step for e in large + unstable] + [c.step for c in nan])
+    # a layer's updates far above their size at the sample before (the spiking step is sampled)
+    spikes = sorted((e for e in ctx.all(Signal.SPIKE, SpikeState.SPIKE) if e.layer),
+                    key=lambda e: (e.step, -(e.values.get("spike", 0.0) or 0.0), ctx.rank.get(e.layer, 0)))
+    if large or unstable or nan or spikes:
+        step = min([e.step for e in large + unstable + spikes[:1]] + [c.step for c in nan])
         # the run's largest update-to-weight ratio: a figure that does not move with the thresholds
         top = max((e.values.get("update_peak", 0.0) or 0.0 for e in large), default=0.0)
         flat = [e for e in ctx.all(Signal.LOSS, LossState.PLATEAU, LossState.STALLED)
@@ -50,12 +54,14 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
                       past_ratio(v.get("oscillation", 0.0), ctx.th.loss_oscillation))
         if nan:
             sev = max(sev, 1.0)
+        if spikes:
+            sev = max(sev, past_ratio(spikes[0].values.get("spike", 0.0), ctx.th.spike_factor))
         first = large[0] if large else (unstable[0] if unstable else None)
-        out.append(Candidate(Cause.LEARNING_RATE_TOO_HIGH, "", step, "too_large", large + unstable, severity=sev,
-                             persistence=persistence(first, ctx) if first is not None else 1.0,
-                             loss_kinds=losses.UNSTABLE,
+        out.append(Candidate(Cause.LEARNING_RATE_TOO_HIGH, "", step, "too_large", large + unstable + spikes[:1],
+                             severity=sev, persistence=persistence(first, ctx) if first is not None else 0.0,
+                             loss_kinds=losses.UNSTABLE | losses.SPIKES,
                              facts={"update_max": top, "large": large, "flat": flat, "jump": jump,
-                                    "nan": nan}))
+                                    "nan": nan, "spikes": spikes}))
     small = ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE)
     nf_step = ctx.nonfinite_step()
     if nf_step is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the learning rate

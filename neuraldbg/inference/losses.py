@@ -1,12 +1,13 @@
 """Which loss failures each kind of cause can produce (the loss states a candidate may explain)."""
 from __future__ import annotations
 
-from ..states import LossState, TargetState
+from ..states import LossState, SpikeState, TargetState
 
-__all__ = ["LossState", "FLAT", "UNSTABLE", "ANY", "NONFINITE", "UNBOUNDED"]
+__all__ = ["LossState", "FLAT", "UNSTABLE", "ANY", "NONFINITE", "UNBOUNDED", "SPIKES"]
 
 FLAT = frozenset({LossState.PLATEAU, LossState.STALLED})
 UNSTABLE = frozenset({LossState.DIVERGING, LossState.OSCILLATING, LossState.NONFINITE})
 ANY = FLAT | UNSTABLE
 NONFINITE = frozenset({LossState.NONFINITE})
 UNBOUNDED = frozenset({TargetState.UNBOUNDED})
+SPIKES = frozenset({SpikeState.SPIKE})  # the loss far above its recent level for a step

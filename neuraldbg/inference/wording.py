@@ -29,8 +29,23 @@ def names(events: list[SemanticEvent], limit: int = 4) -> str:
     return layer_list([e.layer for e in events], limit)
 
 
+# float16's largest finite value
+FP16_MAX = 65504.0
+
+
+def name_sites(ctx: Context, text: str) -> str:
+    """A functional operation's row named as the user wrote it: "`conv2:relu`" -> "F.relu after `conv2`"."""
+    if "`" not in text:
+        return text
+    for info in sorted((l for l in ctx.layers.values() if l.is_site), key=lambda l: -len(l.name)):
+        text = text.replace(f"`{info.name}`", info.where())
+    return text
+
+
 def loss_text(ev: SemanticEvent) -> str:
     v = ev.values
+    if ev.signal == Signal.SPIKE:
+        return f"the loss spikes at step {ev.step}: {fmt(v.get('loss', math.nan))}, from {fmt(v.get('before', math.nan))}"
     if ev.signal == Signal.TARGET:
         return (f"the loss falls below zero and on, down to {fmt(v.get('lowest', math.nan))}"
                 if ev.after == TargetState.UNBOUNDED else "the loss starts far above what the outputs can reach")
@@ -42,6 +57,8 @@ def loss_text(ev: SemanticEvent) -> str:
                 f"then {fmt(v.get('loss', math.nan))})")
     if ev.after == LossState.OSCILLATING:
         return f"the loss oscillates from step {ev.step} without progress"
+    if ev.after == LossState.SLOW:
+        return f"the loss hardly comes down: {max(v.get('progress', math.nan), 0.0):.0%} of its start over the run"
     if ev.after == LossState.STALLED:
         return (f"the loss has not come down in {ev.values.get('n', 'these')} steps: it moves only by its batch noise"
                 if v.get("progress", 0.0) >= 0 else "the loss has not come down: its latest values are above the first")
@@ -101,8 +118,15 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.BAD_INITIALIZATION:
         return _init_lines(c, ctx)
     if c.cause == Cause.NON_FINITE:
+        if k in ("fp16_overflow", "skipping", "near_limit"):
+            return _precision_lines(c, ctx)
         where = f"`{c.layer}`" if c.layer else "the model"
         kind = f" ({f['type']})" if f.get("type") else ""
+        origin = f.get("origin")
+        if k == "forward" and origin is not None and origin.op:
+            rel = kind if origin.relation != "after" else ""
+            return [f"at step {c.step}, {origin.where()}{rel} is the first operation to turn finite values into NaN/Inf",
+                    "every layer after it, the loss and all gradients become NaN"]
         if k == "forward":
             return [f"at step {c.step}, the forward pass of {where}{kind} is the first to output NaN/Inf "
                     "from finite inputs and weights", "every layer after it, the loss and all gradients become NaN"]
@@ -139,12 +163,65 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             lines.append(f"the learning rate rises from {fmt(jump.values.get('lr_before', math.nan))} to "
                          f"{fmt(jump.values.get('lr', math.nan))} at step {jump.step}")
         if f["large"]:
-            lines.append(_update_line(f["large"][0], ctx))
+            lines.append(_update_line(f["large"][0], ctx) + ("" if ctx.warmed_up() else ", with no warm-up"))
+        spikes = f.get("spikes") or []
+        if spikes:
+            s = spikes[0]
+            lines.append(f"the updates of `{s.layer}` spike first, at step {s.step}: "
+                         f"{fmt(s.values.get('spike', math.nan))}x their size at the sample before "
+                         f"({fmt(s.values.get('update_ratio', math.nan))} x its weights)")
+            later = [e.layer for e in spikes[1:] if e.layer != s.layer]
+            if later:
+                lines.append(f"then those of {layer_list(later)}")
         return lines
+    if c.cause == Cause.ATTENTION_COLLAPSE:
+        return _attention_lines(c, ctx)
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                 f"the weights per step (lr {fmt(ctx.lr)})"]
     return []
+
+
+def _attention_lines(c: Candidate, ctx: Context) -> list[str]:
+    f = c.facts
+    lines = []
+    if not ctx.warmed_up() and ctx.lr_first == ctx.lr_first:
+        lines.append(f"the learning rate is {fmt(ctx.lr_first)} from the first step, with no warm-up")
+    growth = f["logit_growth"]
+    if growth == growth and growth > 1:
+        lines.append(f"the largest attention logit of `{c.layer}` grows from {fmt(f['first_logit'])} to "
+                     f"{fmt(f['max_logit'])} ({fmt(growth)}x) by step {c.events[0].step}")
+    others = [n for n in f["layers"] if n != c.layer]
+    if c.kind == "collapsed":
+        lines.append(f"the attention of `{c.layer}` collapses from step {c.events[0].step}: its entropy falls to "
+                     f"{f['entropy']:.0%} of log(keys), each query attends to one or two keys"
+                     + (f"; so does {layer_list(others)}" if others else ""))
+    else:
+        lines.append(f"the logits grow without bound{' (so do those of ' + layer_list(others) + ')' if others else ''}; "
+                     f"the entropy is down to {f['entropy']:.0%} of log(keys)")
+    return lines
+
+
+def _precision_lines(c: Candidate, ctx: Context) -> list[str]:
+    f = c.facts
+    lines = []
+    first, origin, skipping, overflow = f["first"], f["origin"], f["skipping"], f["overflow"]
+    if first is not None:
+        v = first.values
+        lines.append(f"the output of `{first.layer}` reaches {fmt(v.get('act_absmax', math.nan))} at step "
+                     f"{first.step}, {v.get('range_used', math.nan):.0%} of the largest value its dtype holds")
+    if origin is not None:
+        lines.append(f"fp16 overflow: under float16 autocast, {origin.where()} exceeds {fmt(FP16_MAX)} at step "
+                     f"{origin.step} and becomes Inf")
+    if skipping is not None:
+        v = skipping.values
+        low = v.get("lowest_scale", math.nan)
+        scale = f" (its loss scale falls to {fmt(low)})" if low == low else ""
+        if origin is None and overflow is not None:
+            lines.append(f"NaN/Inf first in {overflow.where()} ({overflow.phase}) at step {overflow.step}")
+        lines.append(f"the loss scaler skips {int(v.get('run_length', 0))} optimizer steps in a row from step "
+                     f"{int(v.get('run_start', c.step))}{scale}: no scale fixes it, the model does not train")
+    return lines
 
 
 def _init_lines(c: Candidate, ctx: Context) -> list[str]:
@@ -202,9 +279,12 @@ def _summary(c: Candidate, ctx: Context) -> str:
     """The one line an explained candidate contributes to its root's chain."""
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH and c.facts.get("large"):
         return _update_line(c.facts["large"][0], ctx, "the gradients, and so the updates, are as out of scale")
-    if c.cause == Cause.NON_FINITE:
-        where = f"`{c.layer}`" if c.layer else "the model"
+    if c.cause == Cause.NON_FINITE and c.kind not in ("fp16_overflow", "skipping", "near_limit"):
+        origin = c.facts.get("origin")
+        where = origin.where() if origin is not None and origin.op else (f"`{c.layer}`" if c.layer else "the model")
         return f"non_finite: NaN/Inf first produced in {where} ({c.facts.get('phase', 'forward')}) at step {c.step}"
+    if c.cause == Cause.ATTENTION_COLLAPSE:
+        return _attention_lines(c, ctx)[-1] + " (a symptom: the updates are still too large)"
     if c.cause == Cause.LOSS_PLATEAU:
         return loss_text(c.events[0])
     own = _own(c, ctx)
@@ -265,9 +345,31 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
                 if prev else f"normalise what enters `{c.layer}` or use ReLU/GELU instead of {kind}")
     if c.cause == Cause.BAD_INITIALIZATION:
         return _init_fix(c, ctx)
+    if c.cause == Cause.ATTENTION_COLLAPSE:
+        text = ("add a learning-rate warm-up (linear from ~0 over the first 5-10% of the steps) or lower the learning "
+                f"rate from {lr} to ~{lr10}" if not ctx.warmed_up() else
+                f"lower the learning rate from {lr} to ~{lr10} or lengthen its warm-up")
+        text += ("; to keep the attention stable at the rate you want, normalise queries and keys (QK-norm: a "
+                 "LayerNorm on q and on k per head) or soft-cap the logits (cap * tanh(logits / cap), cap ~ 30-50)")
+        if f["hand_written"]:
+            text += "; check that q @ k^T is scaled by 1/sqrt(head_dim) before the softmax"
+        return text
+    if c.cause == Cause.NON_FINITE and k in ("fp16_overflow", "near_limit") or (k == "skipping" and f["first"]):
+        where = f"`{c.layer}`" if c.layer else "the layer that overflows"
+        return ("run autocast in bfloat16 instead (torch.autocast(device, dtype=torch.bfloat16): float32's range, no "
+                f"GradScaler needed), or add a normalisation (nn.LayerNorm) before or in {where}, or scale its input "
+                f"or weights down; or keep {where} in float32 (with torch.autocast(device, enabled=False): ... on "
+                "float inputs)")
+    if c.cause == Cause.NON_FINITE and k == "skipping":
+        where = f["overflow"].where() if f["overflow"] is not None else "the model"
+        return (f"find why the gradients hold NaN/Inf at any scale ({where}): run one step in float32 with "
+                "torch.autograd.detect_anomaly(); if they are finite there, use bfloat16 autocast")
     if c.cause == Cause.NON_FINITE:
+        origin = f.get("origin")
+        op = origin.op if origin is not None else ""
         if k == "forward":
-            text = (f"guard the operation in `{c.layer}` that leaves its domain: add an eps to a denominator "
+            text = (f"guard {'the ' + op if op else 'the operation'} in `{c.layer}` that leaves its domain: add an eps "
+                    "to a denominator "
                     "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), "
                     "torch.log(x.clamp_min(1e-12))), or use a stable form (torch.logsumexp, F.softmax / F.log_softmax "
                     "instead of exp/sum)")
@@ -303,6 +405,8 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
                 "nn.init.kaiming_normal_")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
         text = (f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")
+        if f.get("spikes"):
+            text += f" (a clip caps a spike like the one in `{f['spikes'][0].layer}`)"
         jump = f.get("jump")
         if jump is not None:
             before = fmt(jump.values.get("lr_before", math.nan))

@@ -192,7 +192,7 @@ def test_transformer_in_lab(jupyter_server, nb_page):
     """A 68-layer Transformer: folded blocks with the worst state, the heatmap row for row with the grid,
     a block unfolded on click, and a dark theme that stays readable. Its screenshot is the README's."""
     page = nb_page
-    open_and_run(page, jupyter_server, "08_transformer.ipynb", "transformer_lab.ipynb", "lab")
+    open_and_run(page, jupyter_server, "11_deep_transformer.ipynb", "transformer_lab.ipynb", "lab")
     dashboards = page.locator(".ndbg-dashboard")
     assert dashboards.count() == 2
     failing = dashboards.nth(0)

@@ -1,0 +1,130 @@
+"""Running a case: build it, train it with the real NeuralDbg over the loop a user writes (or bare,
+for the fault checks), and collect the verdict and the probes."""
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from .design import Case
+from .faults import Evidence, Expect
+from .families import Build, Variation
+from .probe import Probe, snapshot
+from . import registry
+
+
+def build(case: Case, fault: bool = True) -> Build:
+    """The run of ``case``; ``fault=False``: the same run without the fault (its scenario kept)."""
+    family = registry.family(case.family)
+    b = Build(family, case.var)
+    mech = registry.mechanism(case.mechanism) if case.mechanism else None
+    if mech is not None and mech.setup is not None:
+        mech.setup(b)
+    if mech is not None and fault and mech.configure is not None:
+        mech.configure(b)
+    b.materialize()
+    if mech is not None and fault:
+        mech.inject(b)
+    return b
+
+
+def train(b: Build, watch: bool, every: int | None = None):
+    """Train ``b`` as a user would; returns (the session or None, the probe). ``every``: NeuralDbg's
+    sampling interval (None: its default, which adapts to the measured cost of a step)."""
+    from neuraldbg import NeuralDbg
+
+    start = snapshot(b, b.task.data(0), backward=True)
+    opt = b.opt.make([p for p in b.model.parameters() if p.requires_grad])
+    losses: list[float] = []
+    dbg = NeuralDbg(b.model, optimizer=opt, every=every) if watch else None
+    with dbg if dbg is not None else contextlib.nullcontext():
+        for step in range(b.steps):
+            for change in b.schedule:
+                change(step, opt)
+            x, y = b.task.data(step)
+            opt.zero_grad()
+            loss = b.loss(b.model(x), y)
+            loss.backward()
+            opt.step()
+            if dbg is not None:
+                dbg.record_loss(loss)
+            losses.append(float(loss.detach()))
+    end = snapshot(b, b.task.data(b.steps), backward=False)
+    return dbg, Probe(losses, b.task.baseline(), start, end)
+
+
+def bite(case: Case) -> str | None:
+    """None when the fault does harm; otherwise why the run is no failure (trained bare, no NeuralDbg)."""
+    if not case.faulty:
+        _, p = train(build(case), watch=False)
+        if p.nonfinite_step is None and p.last <= 0.7 * p.baseline:
+            return None
+        return f"healthy run does not learn: loss {p.first:.3g} -> {p.last:.3g}, chance {p.baseline:.3g}"
+    b = build(case)
+    _, probe = train(b, watch=False)
+    ev = Evidence(probe, lambda: train(build(case, fault=False), watch=False)[1], b)
+    return registry.mechanism(case.mechanism).bites(ev)
+
+
+@dataclass(frozen=True)
+class Hyp:
+    cause: str
+    layer: str
+    step: int
+    confidence: float
+    chain: tuple
+    suggestion: str
+
+    @classmethod
+    def of(cls, h) -> "Hyp":
+        return cls(str(h.cause), h.layer, int(h.step), float(h.confidence), tuple(h.chain), h.suggestion)
+
+
+def run(case_id: str, every: int | None = None) -> dict:
+    """One case, watched: its expectation, the verdict and the loss summary, as plain data."""
+    case = registry.case(case_id)
+    try:
+        b = build(case)
+        exp = registry.mechanism(case.mechanism).expect(b) if case.faulty else None
+        dbg, probe = train(b, watch=True, every=every)
+        hyps = [Hyp.of(h) for h in dbg.explain()]
+        error = None
+    except Exception:  # noqa: BLE001 - a crash is a result too: reported, never hidden
+        exp, hyps, probe, error = None, [], None, traceback.format_exc(limit=3)
+    return {
+        "id": case_id, "family": case.family, "mechanism": case.mechanism, "part": registry.part(case),
+        "var": case.var.__dict__, "expect": _expect_dict(exp),
+        "hypotheses": [h.__dict__ | {"chain": list(h.chain)} for h in hyps],
+        "loss": None if probe is None else {"first": _num(probe.first), "last": _num(probe.last),
+                                            "nonfinite_step": probe.nonfinite_step, "chance": probe.baseline},
+        "error": error,
+    }
+
+
+def _num(v: float):
+    return v if math.isfinite(v) else str(v)
+
+
+def _expect_dict(exp: Expect | None):
+    if exp is None:
+        return None
+    return {"accepted": [{"cause": v.cause, "places": list(v.places), "chain": v.chain} for v in exp.accepted],
+            "onset": list(exp.onset), "text": exp.describe()}
+
+
+_KEY = re.compile(r"s(\d+)d(\d+)w(\d+)h(\d+)n(\d+)b(\d+)$")
+
+
+def variation(key: str) -> Variation:
+    m = _KEY.match(key)
+    if not m:
+        raise ValueError(f"not a variation key: {key!r}")
+    return Variation(*map(int, m.groups()))
+
+
+def set_threads() -> None:
+    torch.set_num_threads(1)

@@ -1,0 +1,327 @@
+"""Extraction: functional operations that no module hook sees, attributed to modules.
+
+Most models apply their nonlinearities as functions (``x = F.relu(self.conv2(x))``), compute
+attention inside a module's forward, and take logs and roots where they need them. A
+``torch.overrides.TorchFunctionMode``, entered for sampled forward passes only, sees those calls;
+a module tracker (global forward pre/post hooks, for the same passes) says which module runs and
+which module produced a tensor. Attribution:
+
+- an activation (``F.relu``, ``torch.tanh``, ``F.softmax``, ...) belongs to the module whose output
+  it consumes: ``F.relu(self.conv2(x))`` is "F.relu after `conv2`";
+- any other operation, and an activation whose input is no module's output, belongs to the
+  innermost module running at that moment ("softmax in `blocks.0.attn`"); an operation written in
+  the model's own forward on a module's output belongs to that module;
+- an operation that is a module's whole computation (``F.relu`` inside ``nn.ReLU``) is that module's.
+
+A softmax whose input descends from a product of two activations (``q @ k.transpose(-2, -1)``,
+then scaled, masked, soft-capped: any op that keeps its shape) is an attention softmax; so are
+``F.scaled_dot_product_attention`` and ``F.multi_head_attention_forward``. Numerics-sensitive ops
+(exp, log, div, sqrt, pow, ...) are located only when NaN/Inf appears (see ``nanhunt``): then every
+operation of the replayed pass is checked.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules import module as _module
+from torch.overrides import TorchFunctionMode
+
+from .layers import Kind, classify
+
+
+class Role(str, Enum):
+    ACTIVATION = "activation"   # measured like an activation module's output
+    ATTENTION = "attention"     # attention statistics from its logits
+    NUMERIC = "numeric"         # can leave its domain or overflow: located by the NaN hunt
+    PRODUCT = "product"         # a product of two tensors: may be attention logits
+
+
+class Relation(str, Enum):
+    AFTER = "after"   # consumes the named module's output
+    IN = "in"         # runs inside the named module's forward
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    label: str                                  # how the op is written: "F.relu", "torch.exp"
+    role: Role
+    kind: Kind = Kind.OTHER
+    bounds: tuple[float, float] | None = None
+
+
+def _table() -> dict[Callable, OpSpec]:
+    T = torch.Tensor
+    rows: list[tuple[str, Role, Kind, tuple | None, list]] = [
+        ("F.relu", Role.ACTIVATION, Kind.RELU, None, [F.relu, torch.relu, T.relu, F.relu_, torch.relu_, T.relu_]),
+        ("F.relu6", Role.ACTIVATION, Kind.RELU, None, [F.relu6]),
+        ("F.threshold", Role.ACTIVATION, Kind.RELU, None, [F.threshold, torch.threshold]),
+        ("torch.sigmoid", Role.ACTIVATION, Kind.BOUNDED, (0.0, 1.0), [torch.sigmoid, T.sigmoid, F.sigmoid, T.sigmoid_]),
+        ("torch.tanh", Role.ACTIVATION, Kind.BOUNDED, (-1.0, 1.0), [torch.tanh, T.tanh, F.tanh, T.tanh_]),
+        ("F.hardtanh", Role.ACTIVATION, Kind.BOUNDED, (-1.0, 1.0), [F.hardtanh]),
+        ("F.softsign", Role.ACTIVATION, Kind.BOUNDED, (-1.0, 1.0), [F.softsign]),
+        ("F.hardsigmoid", Role.ACTIVATION, Kind.BOUNDED, (0.0, 1.0), [F.hardsigmoid]),
+        ("F.gelu", Role.ACTIVATION, Kind.SMOOTH, None, [F.gelu]),
+        ("F.silu", Role.ACTIVATION, Kind.SMOOTH, None, [F.silu]),
+        ("F.elu", Role.ACTIVATION, Kind.SMOOTH, None, [F.elu, F.celu, F.selu, torch.selu]),
+        ("F.leaky_relu", Role.ACTIVATION, Kind.SMOOTH, None, [F.leaky_relu]),
+        ("F.mish", Role.ACTIVATION, Kind.SMOOTH, None, [F.mish]),
+        ("F.softplus", Role.ACTIVATION, Kind.SMOOTH, None, [F.softplus]),
+        ("F.hardswish", Role.ACTIVATION, Kind.SMOOTH, None, [F.hardswish]),
+        ("F.logsigmoid", Role.ACTIVATION, Kind.SMOOTH, None, [F.logsigmoid]),
+        ("F.glu", Role.ACTIVATION, Kind.SMOOTH, None, [F.glu]),
+        ("F.softmax", Role.ACTIVATION, Kind.SMOOTH, None, [F.softmax, torch.softmax, T.softmax]),
+        ("F.log_softmax", Role.ACTIVATION, Kind.SMOOTH, None, [F.log_softmax, torch.log_softmax, T.log_softmax]),
+        ("F.scaled_dot_product_attention", Role.ATTENTION, Kind.ATTENTION, None, [F.scaled_dot_product_attention]),
+        ("F.multi_head_attention_forward", Role.ATTENTION, Kind.ATTENTION, None, [F.multi_head_attention_forward]),
+        ("torch.exp", Role.NUMERIC, Kind.OTHER, None, [torch.exp, T.exp, T.exp_, torch.expm1, T.expm1]),
+        ("torch.log", Role.NUMERIC, Kind.OTHER, None, [torch.log, T.log, T.log_, torch.log2, T.log2, torch.log10,
+                                                       T.log10, torch.log1p, T.log1p]),
+        ("torch.sqrt", Role.NUMERIC, Kind.OTHER, None, [torch.sqrt, T.sqrt, T.sqrt_, torch.rsqrt, T.rsqrt]),
+        ("torch.pow", Role.NUMERIC, Kind.OTHER, None, [torch.pow, T.pow, T.pow_, T.__pow__, T.__rpow__]),
+        ("torch.div", Role.NUMERIC, Kind.OTHER, None, [torch.div, T.div, T.div_, T.__truediv__, T.__rtruediv__,
+                                                       torch.true_divide, torch.reciprocal, T.reciprocal]),
+        ("torch.matmul", Role.PRODUCT, Kind.OTHER, None, [torch.matmul, T.matmul, T.__matmul__, torch.bmm, T.bmm,
+                                                          torch.einsum, torch.baddbmm, T.baddbmm]),
+    ]
+    return {fn: OpSpec(label, role, kind, bounds) for label, role, kind, bounds, fns in rows for fn in fns}
+
+
+OPS: dict[Callable, OpSpec] = _table()
+ACTIVATION_KINDS = frozenset({Kind.RELU, Kind.BOUNDED, Kind.SMOOTH})
+# ops that write a chosen value (an attention mask's -inf) rather than compute one
+_FILLS = frozenset(getattr(torch.Tensor, n) for n in ("masked_fill", "masked_fill_", "fill_", "new_full", "index_fill",
+                                                      "index_fill_", "masked_scatter", "masked_scatter_")) | {
+    torch.where, torch.Tensor.where, torch.full_like, torch.masked_fill}
+
+
+def label_of(func: Callable) -> str:
+    spec = OPS.get(func)
+    if spec is not None:
+        return spec.label
+    name = getattr(func, "__name__", None) or str(func)
+    return f"torch.{name.strip('_')}"
+
+
+def first_tensor(args, kwargs) -> torch.Tensor | None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+    for k in ("input", "query", "self"):
+        if isinstance(kwargs.get(k), torch.Tensor):
+            return kwargs[k]
+    return None
+
+
+def _is_weight(t) -> bool:
+    return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
+
+
+def _softmax_dim(args, kwargs) -> int | None:
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    return dim if isinstance(dim, int) else None
+
+
+class ModuleTracker:
+    """For one forward pass: the stack of running modules and the module that produced each tensor.
+
+    Global module hooks, registered only while the pass runs; modules outside ``names`` (another
+    model) are ignored."""
+
+    def __init__(self, names: dict[int, str]):
+        self.names = names
+        self.stack: list[str] = []
+        self._outputs: dict[int, tuple[weakref.ref, str]] = {}
+        self.versions: dict[int, int] = {}   # per module: the version counter of its first input when it started
+        self.calls: dict[str, int] = {}      # per module: how many times it has started in this pass
+        self._handles: list = []
+
+    def __enter__(self) -> "ModuleTracker":
+        self.stack.clear()
+        self._outputs.clear()
+        self.versions.clear()
+        self.calls.clear()
+        self._handles = [_module.register_module_forward_pre_hook(self._pre),
+                         _module.register_module_forward_hook(self._post, always_call=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._outputs.clear()
+        self.versions.clear()
+        self.stack.clear()
+
+    def _pre(self, module, args):
+        name = self.names.get(id(module))
+        if name is not None:
+            self.stack.append(name)
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if args and isinstance(args[0], torch.Tensor) and not args[0].is_inference():
+                self.versions[id(module)] = args[0]._version
+
+    def unchanged(self, module, t: torch.Tensor) -> bool | None:
+        """Whether ``t``, the input ``module`` received this pass, was not modified in place since
+        (None: not known)."""
+        v = self.versions.get(id(module))
+        return None if v is None or t.is_inference() else t._version == v
+
+    def _post(self, module, args, output):
+        name = self.names.get(id(module))
+        if name is None:
+            return None
+        if self.stack and self.stack[-1] == name:
+            self.stack.pop()
+        if isinstance(output, (tuple, list)):
+            output = output[0] if output else None
+        if isinstance(output, torch.Tensor):
+            self._outputs[id(output)] = (weakref.ref(output), name)
+        return None
+
+    @property
+    def inner(self) -> str:
+        """The innermost module running now (``""``, the model, outside any submodule)."""
+        return self.stack[-1] if self.stack else ""
+
+    def producer(self, t) -> str | None:
+        """The module whose output ``t`` is, if any, in this pass."""
+        hit = self._outputs.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return hit[1] if hit is not None and hit[0]() is t else None
+
+    def attribute(self, spec_role: Role, x) -> tuple[str, Relation]:
+        """Where an op on input ``x`` belongs (see the module docstring)."""
+        producer = self.producer(x)
+        inner = self.inner
+        if producer is not None and (spec_role == Role.ACTIVATION or inner == ""):
+            return producer, Relation.AFTER
+        return inner, Relation.IN
+
+
+Sink = Callable[[str, Relation, OpSpec, torch.Tensor | None, torch.Tensor | None], None]
+
+
+class FunctionalObserver(TorchFunctionMode):
+    """Sees functional activations and attention during one sampled forward pass and hands each,
+    attributed, to ``sink(owner, relation, spec, output, attention_logits)``."""
+
+    def __init__(self, tracker: ModuleTracker, skip: set[int], sink: Sink, attention: Callable):
+        super().__init__()
+        self.tracker = tracker
+        self.skip_names = {tracker.names[i] for i in skip if i in tracker.names}  # activation modules: their row
+        self.sink = sink
+        self.attention = attention          # (func, args, kwargs) -> logits or None
+        self._marked: dict[int, weakref.ref] = {}
+
+    def _is_marked(self, t) -> bool:
+        hit = self._marked.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return hit is not None and hit() is t
+
+    def _mark(self, t) -> None:
+        if isinstance(t, torch.Tensor):
+            self._marked[id(t)] = weakref.ref(t)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        spec = OPS.get(func)
+        out = func(*args, **kwargs)
+        if spec is None or spec.role == Role.NUMERIC:
+            if self._marked:  # the logits of an attention keep their provenance through same-shape ops
+                x = first_tensor(args, kwargs)
+                if (isinstance(out, torch.Tensor) and self._is_marked(x) and out.shape == x.shape):
+                    self._mark(out)
+            return out
+        if spec.role == Role.PRODUCT:
+            ts = [a for a in args if isinstance(a, torch.Tensor)]
+            if len(ts) >= 2 and not any(_is_weight(t) for t in ts[-2:]) and ts[-1].is_floating_point():
+                self._mark(out)
+            return out
+        if not torch.is_grad_enabled() or self.tracker.inner in self.skip_names:
+            return out
+        x = first_tensor(args, kwargs)
+        if spec.role == Role.ATTENTION:
+            owner, rel = self.tracker.inner, Relation.IN
+            self.sink(owner, rel, spec, _first_float(out), self.attention(func, args, kwargs))
+            return out
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            return out
+        dim = _softmax_dim(args, kwargs) if spec.label == "F.softmax" else None
+        if dim is not None and self._is_marked(x) and dim in (-1, x.dim() - 1):
+            self.sink(self.tracker.inner, Relation.IN, _ATTENTION_SOFTMAX, out, x)
+            return out
+        owner, rel = self.tracker.attribute(spec.role, x)
+        self.sink(owner, rel, _with_bounds(spec, args, kwargs), out, None)
+        return out
+
+
+def _first_float(out) -> torch.Tensor | None:
+    for o in (out if isinstance(out, (tuple, list)) else (out,)):
+        if isinstance(o, torch.Tensor) and o.is_floating_point():
+            return o
+    return None
+
+
+_ATTENTION_SOFTMAX = OpSpec("F.softmax", Role.ATTENTION, Kind.ATTENTION)
+
+
+def _with_bounds(spec: OpSpec, args, kwargs) -> OpSpec:
+    if spec.label != "F.hardtanh":
+        return spec
+    lo = kwargs.get("min_val", args[1] if len(args) > 1 else -1.0)
+    hi = kwargs.get("max_val", args[2] if len(args) > 2 else 1.0)
+    return OpSpec(spec.label, spec.role, spec.kind, (float(lo), float(hi)))
+
+
+def activation_leaves(model: nn.Module) -> set[int]:
+    """Leaf modules that are an activation themselves: the functional call inside is their own output."""
+    return {id(m) for m in model.modules() if not any(True for _ in m.children()) and classify(m) in ACTIVATION_KINDS}
+
+
+class NonFiniteWatch(TorchFunctionMode):
+    """For the NaN hunt's replay: the operations whose finite inputs give a NaN/Inf output, attributed, in
+    order (the first ``limit``). An Inf that a module absorbs (x / exp(t) with exp(t) = Inf is 0) is no
+    origin by itself: the replay takes the first one left when a module's output is not finite."""
+
+    def __init__(self, tracker: ModuleTracker, leaves: dict[str, Kind], limit: int = 16):
+        super().__init__()
+        self.tracker = tracker
+        self.leaves = leaves        # standard leaf modules: an op inside them is their computation
+        self.limit = limit
+        self.found: list[tuple[str, Relation, str, str]] = []   # owner, relation, op label, dtype
+
+    def absorbed(self, module: str) -> None:
+        """``module``'s output is finite: what its own operations made was absorbed (x / Inf is 0)."""
+        self.found = [f for f in self.found if module and f[0] != module and not f[0].startswith(module + ".")]
+
+    @property
+    def first(self) -> tuple[str, Relation, str, str] | None:
+        return self.found[0] if self.found else None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if len(self.found) >= self.limit or func in _FILLS:
+            return out
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        if not outs:
+            return out
+        ins = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        if not ins:
+            return out
+        with torch.no_grad():
+            if all(bool(torch.isfinite(o).all()) for o in outs) or not all(bool(torch.isfinite(t).all()) for t in ins):
+                return out
+        spec = OPS.get(func)
+        owner, rel = self.tracker.attribute(spec.role if spec else Role.NUMERIC, first_tensor(args, kwargs))
+        label = "" if self.leaves.get(owner) is not None and rel == Relation.IN else label_of(func)
+        self.found.append((owner, rel, label, str(outs[0].dtype).replace("torch.", "")))
+        return out
