@@ -14,7 +14,7 @@ import numpy as np
 from .formatting import number
 from .health import HealthTable, StateSeries
 from .states import (_State, ActState, AttnState, FiniteState, GainState, GradState, InputState, LossState,
-                     LrState, RangeState, ScalerState, Signal, SpikeState, TargetState, UpdateState)
+                     LrState, RangeState, ScalerState, Signal, SpikeState, TargetState, UpdateState, WeightState)
 from .thresholds import Thresholds
 
 MAX_PER_SERIES = 16
@@ -23,7 +23,7 @@ _STATE_OF: dict[Signal, type[_State]] = {
     Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState, Signal.FINITE: FiniteState,
     Signal.UPDATE: UpdateState, Signal.INPUT: InputState, Signal.LOSS: LossState, Signal.TARGET: TargetState,
     Signal.LR: LrState, Signal.ATTENTION: AttnState, Signal.RANGE: RangeState, Signal.SPIKE: SpikeState,
-    Signal.SCALER: ScalerState}
+    Signal.SCALER: ScalerState, Signal.WEIGHTS: WeightState}
 
 
 @dataclass
@@ -117,7 +117,8 @@ def _series_events(series: StateSeries, stable: np.ndarray, cols: np.ndarray) ->
 
 
 def _global(series: StateSeries) -> bool:
-    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS, Signal.TARGET, Signal.LR, Signal.SCALER)
+    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS, Signal.TARGET, Signal.LR, Signal.SCALER,
+                             Signal.WEIGHTS)
 
 
 def detect(table: HealthTable, th: Thresholds) -> list[SemanticEvent]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from .layers import Kind, LayerInfo
 from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, LrState, RangeState,
-                     ScalerState, Signal, SpikeState, TargetState, UpdateState)
+                     ScalerState, Signal, SpikeState, TargetState, UpdateState, WeightState)
 from .stats import Stat
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
@@ -489,8 +489,26 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
         inp[np.fmax(np.abs(mean), sd) > th.input_scale] = InputState.UNSCALED.code
     inp[g[:, col("input_nonfinite")] > 0] = InputState.NONFINITE.code
     in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
+    # the weights against their start (the median trainable layer): a collapse toward zero
+    with np.errstate(all="ignore"):
+        shrink = _row_median(np.where(f.wnu > 0, f.wnu / _first_finite(f.wnu), np.nan))
+    wts = np.where(shrink < 1.0 / th.weight_collapse, np.int8(WeightState.COLLAPSING.code), np.int8(0))
+    wts_values = {"weight_scale": _at(shrink)}
     return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], upd_by_state),
+            StateSeries(Signal.WEIGHTS, steps, wts[:, None], [""], {WeightState.COLLAPSING: wts_values}),
             StateSeries(Signal.INPUT, steps, inp[:, None], ["input"], {s: in_values for s in InputState}, persist=1)]
+
+
+def _row_median(x: np.ndarray) -> np.ndarray:
+    """The median of each row's finite values (NaN for a row with none), without numpy's NaN warnings."""
+    if x.shape[1] == 0:
+        return np.full(x.shape[0], np.nan)
+    s = np.sort(np.where(np.isfinite(x), x, np.inf), axis=1)
+    k = np.isfinite(x).sum(axis=1)
+    lo, hi = np.maximum((k - 1) // 2, 0), np.maximum(k // 2, 0)
+    rows = np.arange(x.shape[0])
+    med = (s[rows, np.minimum(lo, x.shape[1] - 1)] + s[rows, np.minimum(hi, x.shape[1] - 1)]) / 2
+    return np.where(k > 0, med, np.nan)
 
 
 def _rolling_median(v: np.ndarray, w: int) -> np.ndarray:

@@ -91,6 +91,13 @@ class TargetState(_State):
     UNBOUNDED = "unbounded"         # a loss that cannot be negative falls deep below zero, still falling
 
 
+class WeightState(_State):
+    """The size of the weights against their start, for the model as a whole (the median layer)."""
+
+    NORMAL = "normal"
+    COLLAPSING = "collapsing"       # shrunk toward zero many times over (a weight decay that holds them there)
+
+
 class ScalerState(_State):
     """A loss scaler (GradScaler) that skips optimizer steps whose gradients hold NaN/Inf."""
 
@@ -141,6 +148,7 @@ class Signal(str, Enum):
     TARGET = "target"
     LR = "lr"
     SCALER = "scaler"
+    WEIGHTS = "weights"
     ATTENTION = "attention"
     RANGE = "range"
     SPIKE = "spike"

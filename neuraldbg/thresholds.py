@@ -48,6 +48,9 @@ class Thresholds:
     # -- updates -----------------------------------------------------------------------------------
     update_too_large: float = _f(0.1, "update/weight high", "log", 1e-3, 10.0,
                                  "update-to-weight ratio of a layer per step above which its update is too large")
+    weight_collapse: float = _f(10.0, "weight collapse", "log", 2.0, 1e6,
+                                "factor by which the weights (their median layer) shrink from their start toward "
+                                "zero that is a collapse (a weight decay holding them there)", slider=False)
     update_negligible: float = _f(1e-5, "update/weight low", "log", 1e-10, 1e-2,
                                   "largest update-to-weight ratio per step below which updates are negligible")
     # -- loss --------------------------------------------------------------------------------------
@@ -123,8 +126,8 @@ class Thresholds:
                                 "weight of explaining the loss's failure (1; 0.5 when no loss is recorded)",
                                 slider=False)
     evidence_floor: float = _f(0.25, "evidence: floor", "linear", 0.0, 1.0,
-                               "share of a loss failure a hypothesis explains at zero severity (it explains it all "
-                               "from 1 - floor on)", slider=False)
+                               "share of a loss failure a share of a layer's units (dead, saturated) just past its "
+                               "threshold explains (all of it from 1 - floor past it)", slider=False)
     evidence_consequence: float = _f(1.5, "evidence: consequence", "linear", 0.0, 10.0,
                                      "weight of explaining other abnormal events (blocked gradients, NaN)",
                                      slider=False)

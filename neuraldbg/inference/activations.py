@@ -30,6 +30,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         downstream = _downstream(ctx, ev) if frac >= _ALL_DEAD else []
         out.append(Candidate(Cause.DEAD_UNITS, ev.layer, ev.step, "dead", [ev],
                              severity=past_fraction(frac, ctx.th.dead_fraction), persistence=persistence(ev, ctx),
+                             partial=True,
                              symptoms=blocked + downstream, loss_kinds=losses.FLAT | {losses.LossState.OSCILLATING},
                              facts={"fraction": frac, "blocked": blocked, "downstream": downstream,
                                     "previous": ctx.previous(ev.layer)}))
@@ -39,7 +40,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         blocked = ctx.linked(LinkKind.BLOCKS, ev)
         out.append(Candidate(Cause.SATURATED_ACTIVATIONS, ev.layer, ev.step, "saturated", [ev],
                              severity=past_fraction(frac, ctx.th.saturated_fraction),
-                             persistence=persistence(ev, ctx), symptoms=blocked,
+                             persistence=persistence(ev, ctx), symptoms=blocked, partial=True,
                              loss_kinds=losses.FLAT | {losses.LossState.OSCILLATING},
                              facts={"fraction": frac, "blocked": blocked,
                                     "previous": ctx.previous_weight_layer(ev.layer)}))

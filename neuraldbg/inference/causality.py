@@ -145,6 +145,17 @@ def _precision(a: Candidate, b: Candidate, ctx: Context) -> bool:
     return a.kind != "near_limit" and b.cause != C.DATA and b.step > a.step
 
 
+def _collapse(a: Candidate, b: Candidate, ctx: Context) -> bool:
+    """Weights held near zero make every update large next to them (no divergence, no NaN: just a ratio),
+    pass a vanishing signal and gradient, and leave units dead; the plain plateau is the same story."""
+    if a.kind != "weights_collapse":
+        return False
+    if b.cause == C.LEARNING_RATE_TOO_HIGH:  # (ratios that jump as the weights approach zero included)
+        return not (_unstable_before(b, math.inf) or b.facts.get("nan"))
+    return b.cause in (C.VANISHING_GRADIENTS, C.DEAD_UNITS, C.BAD_INITIALIZATION, C.LEARNING_RATE_TOO_LOW,
+                       C.LOSS_PLATEAU) and b.step >= a.step - ctx.th.lr_jump_window
+
+
 def _exploding(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if b.cause == C.NON_FINITE:
         return b.step > a.step
@@ -194,23 +205,38 @@ EXPLAINS: dict[Cause, Predicate] = {
     C.NON_FINITE: _nonfinite,
     C.VANISHING_GRADIENTS: _vanishing,
     C.ATTENTION_COLLAPSE: _attention,
+    C.LOSS_PLATEAU: _collapse,
 }
 
 
+def _span_end(c: Candidate) -> float:
+    """The last step ``c``'s own evidence holds (infinite while any of it holds to the end)."""
+    ends = [math.inf if e.end is None else e.end for e in c.events]
+    return max(ends) if ends else math.inf
+
+
 def explained_loss(c: Candidate, ctx: Context) -> list:
-    """The loss failures ``c`` accounts for: of a kind it can produce, and still there at its onset or later."""
+    """The loss failures ``c`` accounts for: of a kind it can produce, still there at its onset or later, and
+    starting while it holds or soon after (within as long again, and at least ``lr_jump_window`` steps): a
+    burst of large updates at the start does not explain a loss that oscillates hundreds of steps later."""
+    end = _span_end(c)
+    reach = end + max(ctx.th.lr_jump_window, end - c.step)
     out = [e for e in ctx.events if (e.signal in (Signal.LOSS, Signal.TARGET) or e.signal == Signal.SPIKE
                                      and not e.layer) and e.after in c.loss_kinds
-           and (e.end is None or e.end > c.step)]
-    out += [e for e in c.facts.get("flat", []) if e not in out]
+           and (e.end is None or e.end > c.step) and e.step <= reach]
     return out
 
 
 def _explains(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a is b:
         return False
-    if b.cause == C.LOSS_PLATEAU:  # a flat loss that a more specific cause accounts for
-        return a.cause != C.LOSS_PLATEAU and any(e in a.loss for e in b.events)
+    if b.cause == C.LOSS_PLATEAU and b.kind == "plateau":  # a flat loss that a more specific cause accounts for
+        if a.cause == C.LOSS_PLATEAU:
+            return a.kind == "weights_collapse" and any(e in a.loss for e in b.events)
+        return any(e in a.loss for e in b.events)
+    if (b.events and all(e.signal == Signal.LOSS for e in b.events) and all(e in a.loss for e in b.events)
+            and not b.facts.get("nan") and b.step >= a.step):
+        return True  # a candidate made of nothing but a loss failure that ``a`` accounts for
     divergence = [e for e in a.loss if e.after == LossState.DIVERGING]
     if divergence and b.cause not in (C.DATA, C.BAD_INITIALIZATION) and b.step > divergence[0].step:
         return True  # from the onset of a divergence on, what starts later is its symptom

@@ -40,5 +40,6 @@ def candidates(ctx: Context) -> list[Candidate]:
                              # depth in units of the loss's early scale: linear, past the threshold
                              severity=min(max(ev.values.get("depth", 0.0) / ctx.th.loss_below_zero - 1.0, 0.0),
                                           RATIO_CAP),
-                             persistence=persistence(ev, ctx), loss_kinds=losses.UNBOUNDED, facts=dict(ev.values)))
+                             # a failure by itself, not one more loss failure it explains: its own event is the loss
+                             persistence=persistence(ev, ctx), facts=dict(ev.values)))
     return out

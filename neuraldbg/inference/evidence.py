@@ -7,8 +7,8 @@ and the measured evidence behind it, each on a 0..1 scale:
   decades past it; ``past_fraction``: up to 1);
 - persistence: how long the defining state holds, as a share of the run from its onset on;
 - consequence: whether it explains other abnormal events (a gradient it blocks; more for a NaN it produces);
-- impact: whether it explains the loss's failure (flat, rising, oscillating, NaN), partly when no loss is recorded,
-  in proportion to its severity up to a point (a cause barely past its threshold explains part of a failure);
+- impact: whether it explains the loss's failure (flat, rising, oscillating, NaN), partly when no loss is recorded;
+  a share of a layer's units (dead, saturated) barely past its threshold explains part of a failure;
 - certainty: a fact that is a failure by itself (NaN/Inf produced).
 
 A signature may declare that its measurement alone is no failure (``needs_harm``: a weight scale off its
@@ -47,6 +47,8 @@ class Candidate:
     persistence: float = 0.0
     certain: bool = False
     needs_harm: bool = False                    # its measurement alone is no failure
+    partial: bool = False                       # its measurement is a share of a layer's units: past its
+                                                # threshold, it explains part of a loss failure
     symptoms: list[SemanticEvent] = field(default_factory=list)   # consequences named by its signature
     loss_kinds: frozenset = frozenset()         # loss states it can explain
     facts: dict = field(default_factory=dict)   # numbers for the wording
@@ -138,8 +140,9 @@ def confidence(c: Candidate, ctx: Context) -> float:
                    if (c.symptoms or explained) else 0.0)
     harmed = bool(c.loss) or consequence > 0 or c.certain  # an unrecorded loss shows no harm
     gate = 1.0 if (harmed or not c.needs_harm) else th.evidence_unharmed
-    # a cause barely past its threshold explains only part of a loss failure; well past it, all of it
-    explains = min(1.0, th.evidence_floor + c.severity)
+    # a share of a layer's units barely past its threshold explains only part of a loss failure (the other
+    # units still learn); well past it, all of it
+    explains = min(1.0, th.evidence_floor + c.severity) if c.partial else 1.0
     z = (th.evidence_bias + gate * (th.evidence_severity * c.severity + th.evidence_persistence * c.persistence)
          + th.evidence_impact * impact * explains + th.evidence_consequence * consequence
          + th.evidence_certain * c.certain)

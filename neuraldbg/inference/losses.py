@@ -6,8 +6,9 @@ from ..states import LossState, SpikeState, TargetState
 __all__ = ["LossState", "FLAT", "UNSTABLE", "ANY", "NONFINITE", "UNBOUNDED", "SPIKES"]
 
 FLAT = frozenset({LossState.PLATEAU, LossState.STALLED})
-UNSTABLE = frozenset({LossState.DIVERGING, LossState.OSCILLATING, LossState.NONFINITE})
+UNSTABLE = frozenset({LossState.DIVERGING, LossState.OSCILLATING})
 ANY = FLAT | UNSTABLE
+# a NaN loss is its NaN's: the cause that explains where the NaN came from gets it with it
 NONFINITE = frozenset({LossState.NONFINITE})
 UNBOUNDED = frozenset({TargetState.UNBOUNDED})
 SPIKES = frozenset({SpikeState.SPIKE})  # the loss far above its recent level for a step

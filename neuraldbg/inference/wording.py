@@ -97,7 +97,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 "a cross-entropy, a binary cross-entropy or a squared error cannot be negative: targets outside the "
                 "loss's range make it unbounded below, and the model learns to push its outputs without limit"]
     if c.cause == Cause.DEAD_UNITS:
-        lines = [f"{f['fraction']:.0%} of the units of `{c.layer}` output 0 for every input from step {c.step}"]
+        lines = [f"{f['fraction']:.0%} of the units of `{c.layer}` are dead: they output 0 for every input from step "
+                 f"{c.step}"]
         if ctx.from_start(c.step) and f.get("previous"):
             lines.append(f"present from step {c.step}: `{f['previous']}` feeds `{c.layer}` only non-positive values "
                          "(its bias or weight scale)")
@@ -176,6 +177,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return lines
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)
+    if c.cause == Cause.LOSS_PLATEAU and k == "weights_collapse":
+        return [f"the weights shrink toward zero: by step {c.step} they are {fmt(f['weight_scale'])}x their size at "
+                "the start (a weight decay, or an L2 penalty, strong enough to hold them there)"]
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                 f"the weights per step (lr {fmt(ctx.lr)})"]
@@ -423,6 +427,9 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
                     "gradient clipped to ~0 (clip_grad_norm_'s max_norm) or a loss multiplied by a tiny factor; else "
                     + text)
         return text
+    if k == "weights_collapse":
+        return ("lower the weight decay (AdamW's weight_decay, or SGD's L2 term) by 10-100x: with lr x weight_decay "
+                "near 1 it pulls the weights to zero every step; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
     if not lower_lr:
