@@ -80,7 +80,7 @@ class LossState(_State):
     OSCILLATING = "oscillating"
     NONFINITE = "nonfinite"
     STALLED = "stalled"       # a run too short for a plateau whose loss has not come down beyond its noise
-    SLOW = "slow"             # long enough for a plateau, it came down, but hardly (a failure when something explains it)
+    SLOW = "slow"             # long enough for a plateau, it came down, but hardly (a failure when explained)
 
 
 class TargetState(_State):

@@ -1,7 +1,8 @@
 """Inference: abductive reasoning from semantic events and links to ranked causal hypotheses.
 
 Each cause family (one module each: ``data``, ``initialization``, ``activations``, ``attention``, ``nonfinite``,
-``precision``, ``gradients``, ``learning_rate``, ``loss``) turns the events matching its signature into candidates with their evidence;
+``precision``, ``gradients``, ``learning_rate``, ``loss``) turns the events matching its signature into
+candidates with their evidence;
 ``evidence.confidence`` scores every candidate the same way; ``causality`` lets each candidate be absorbed by
 the one that explains it, root first; ``wording`` writes the chains and fixes.
 """

@@ -3,7 +3,8 @@ made NaN by an update, a weight layer that overflows during training, a layer's 
 above their size the sample before; updates as large as the weights are a failure by themselves), or
 updates negligible next to the weights while the loss does not move. A flat loss is no evidence of a
 learning rate too high: updates large only next to weights that stay small (a task the model cannot
-fit, a weight decay holding them near zero) leave it flat. A jump of the learning rate shortly before the failure is named
+fit, a weight decay holding them near zero) leave it flat. A jump of the learning rate shortly before the
+failure is named
 with it, and so is the layer whose updates spiked first."""
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _clusters(events: list[SemanticEvent], window: int) -> list[list[SemanticEve
 
 
 def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
-    out = []
+    out: list[Candidate] = []
     large = ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
     unstable = ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING)
     # a layer's updates far above their size at the sample before (the spiking step is sampled)

@@ -45,7 +45,8 @@ def name_sites(ctx: Context, text: str) -> str:
 def loss_text(ev: SemanticEvent) -> str:
     v = ev.values
     if ev.signal == Signal.SPIKE:
-        return f"the loss spikes at step {ev.step}: {fmt(v.get('loss', math.nan))}, from {fmt(v.get('before', math.nan))}"
+        return (f"the loss spikes at step {ev.step}: {fmt(v.get('loss', math.nan))}, "
+                f"from {fmt(v.get('before', math.nan))}")
     if ev.signal == Signal.TARGET:
         return (f"the loss falls below zero and on, down to {fmt(v.get('lowest', math.nan))}"
                 if ev.after == TargetState.UNBOUNDED else "the loss starts far above what the outputs can reach")
@@ -126,7 +127,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         origin = f.get("origin")
         if k == "forward" and origin is not None and origin.op:
             rel = kind if origin.relation != "after" else ""
-            return [f"at step {c.step}, {origin.where()}{rel} is the first operation to turn finite values into NaN/Inf",
+            return [f"at step {c.step}, {origin.where()}{rel} is the first operation to turn finite values into "
+                    "NaN/Inf",
                     "every layer after it, the loss and all gradients become NaN"]
         if k == "forward":
             return [f"at step {c.step}, the forward pass of {where}{kind} is the first to output NaN/Inf "
@@ -201,7 +203,8 @@ def _attention_lines(c: Candidate, ctx: Context) -> list[str]:
                      f"{f['entropy']:.0%} of log(keys), each query attends to one or two keys"
                      + (f"; so does {layer_list(others)}" if others else ""))
     else:
-        lines.append(f"the logits grow without bound{' (so do those of ' + layer_list(others) + ')' if others else ''}; "
+        also = f" (so do those of {layer_list(others)})" if others else ""
+        lines.append(f"the logits grow without bound{also}; "
                      f"the entropy is down to {f['entropy']:.0%} of log(keys)")
     return lines
 
