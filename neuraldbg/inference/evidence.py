@@ -134,8 +134,9 @@ def confidence(c: Candidate, ctx: Context) -> float:
     th = ctx.th
     impact = max((loss_failure(e, th) for e in c.loss), default=0.0 if ctx.has_loss else th.evidence_unknown_loss)
     # explaining other abnormal events; twice as much when one of them is a failure by itself (a NaN)
-    # (a flat loss it explains counts as impact, not again as a consequence)
-    explained = [a for a in c.explained() if a.cause != Cause.LOSS_PLATEAU]
+    # its effects: what starts with it or after (what came before and opens its chain, updates that pushed
+    # an attention's logits up, is no consequence; a flat loss it explains counts as impact, not again here)
+    explained = [a for a in c.explained() if a.cause != Cause.LOSS_PLATEAU and a.step >= c.step]
     consequence = ((th.evidence_nan_consequence if any(a.certain for a in explained) else 1.0)
                    if (c.symptoms or explained) else 0.0)
     harmed = bool(c.loss) or consequence > 0 or c.certain  # an unrecorded loss shows no harm
