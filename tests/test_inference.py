@@ -29,7 +29,7 @@ def test_severity_is_measured_from_the_threshold():
 def _ctx(has_loss=True):
     from neuraldbg.inference.context import Context
     return Context(events=[], links=[], layers={}, rank={}, first_step=0, last_step=100, nonfinite=None,
-                   lr=0.1, th=Thresholds(), has_loss=has_loss)
+                   overflow=None, lr=0.1, lr_first=0.1, lr_peak=0.1, th=Thresholds(), has_loss=has_loss)
 
 
 def test_confidence_grows_with_each_kind_of_evidence_and_is_one_function_for_every_cause():

@@ -15,10 +15,10 @@ def candidates(ctx: Context) -> list[Candidate]:
     if (nf is not None and nf.phase == "input") or bad_input:
         step = nf.step if nf is not None and nf.phase == "input" else bad_input[0].step
         out.append(Candidate(Cause.DATA, "input", step, "input_nonfinite", bad_input, severity=1.0, persistence=1.0,
-                             certain=True, loss_kinds=losses.ANY))
+                             certain=True, loss_kinds=losses.ANY | losses.NONFINITE))
     elif nf is not None and nf.phase == "loss":
         out.append(Candidate(Cause.DATA, "input", nf.step, "loss_nonfinite", [], severity=1.0, persistence=1.0,
-                             certain=True, loss_kinds=losses.ANY))
+                             certain=True, loss_kinds=losses.ANY | losses.NONFINITE))
     unscaled = ctx.all(Signal.INPUT, InputState.UNSCALED)
     if unscaled:
         ev = unscaled[0]

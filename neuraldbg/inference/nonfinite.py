@@ -21,6 +21,8 @@ def candidates(ctx: Context) -> list[Candidate]:
         return []  # NaN/Inf from the data or the loss: the data family's
     if nf is not None and nf.phase == "forward" and nf.dtype == "float16":
         return []  # out of float16's range: the precision family's
+    if nf is None and ctx.overflow is not None:
+        return []  # NaN/Inf only in steps a loss scaler skipped: the precision family's
     step = nf.step if nf is not None else finite_ev[0].step
     layer = nf.layer if nf is not None else finite_ev[0].layer
     phase = nf.phase if nf is not None else "forward"

@@ -11,7 +11,7 @@ with nothing overflowing yet is a warning.
 from __future__ import annotations
 
 from ..causes import Cause
-from ..states import RangeState, ScalerState, Signal
+from ..states import FiniteState, RangeState, ScalerState, Signal
 from . import losses
 from .context import Context
 from .evidence import Candidate, persistence
@@ -38,6 +38,7 @@ def candidates(ctx: Context) -> list[Candidate]:
     return [Candidate(Cause.NON_FINITE, layer, min(onset, first.step) if first is not None else onset, kind, events,
                       # an overflow, or steps that never train, are failures by themselves; nearing the limit is a
                       # warning (its severity: how close, on the margin's log scale)
+                      symptoms=ctx.all(Signal.FINITE, FiniteState.NONFINITE) if kind != "near_limit" else [],
                       severity=1.0 if kind != "near_limit" else 0.0,
                       persistence=persistence(events[0], ctx) if events else 1.0,
                       certain=kind != "near_limit", needs_harm=kind == "near_limit",

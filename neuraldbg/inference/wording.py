@@ -165,18 +165,20 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if jump is not None:
             lines.append(f"the learning rate rises from {fmt(jump.values.get('lr_before', math.nan))} to "
                          f"{fmt(jump.values.get('lr', math.nan))} at step {jump.step}")
-        if f["large"]:
-            lines.append(_update_line(f["large"][0], ctx) + ("" if ctx.warmed_up() else ", with no warm-up"))
         spikes = f.get("spikes") or []
+        spike_lines = []
         if spikes:
             s = spikes[0]
-            lines.append(f"the updates of `{s.layer}` spike first, at step {s.step}: "
-                         f"{fmt(s.values.get('spike', math.nan))}x their size at the sample before "
-                         f"({fmt(s.values.get('update_ratio', math.nan))} x its weights)")
+            spike_lines.append(f"the updates of `{s.layer}` spike first, at step {s.step}: "
+                               f"{fmt(s.values.get('spike', math.nan))}x their size at the sample before "
+                               f"({fmt(s.values.get('update_ratio', math.nan))} x its weights)")
             later = [e.layer for e in spikes[1:] if e.layer != s.layer]
             if later:
-                lines.append(f"then those of {layer_list(later)}")
-        return lines
+                spike_lines.append(f"then those of {layer_list(later)}")
+        large_lines = ([_update_line(f["large"][0], ctx) + ("" if ctx.warmed_up() else ", with no warm-up")]
+                       if f["large"] else [])
+        first_spike = spikes and (not f["large"] or spikes[0].step <= f["large"][0].step)
+        return lines + (spike_lines + large_lines if first_spike else large_lines + spike_lines)
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)
     if c.cause == Cause.LOSS_PLATEAU and k == "weights_collapse":
