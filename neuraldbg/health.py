@@ -162,6 +162,7 @@ class Features:
     offset: np.ndarray         # per gain layer: |mean| / spread of its output (a bias far off shows here)
     segment: list[int]         # per gain layer: how many normalisation layers ran before it
     rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
+    wscale: np.ndarray         # per gain layer: its weights' spread vs the default init when watching started
     nonfinite: np.ndarray      # (T, L) bool
     ui: np.ndarray             # updated layers: their columns, update and weight norms, ratio (NaN: not usable)
     wu: np.ndarray
@@ -267,6 +268,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
             segment.append(seg)
     origin = np.stack(refs, axis=1) if refs else np.zeros((t, 0), dtype=np.float32)
     rscale = np.array([layers[i].extra.get("recurrent_scale", np.nan) for i in wi], dtype=np.float64)
+    wscale = np.array([layers[i].extra.get("weight_scale", np.nan) for i in wi], dtype=np.float64)
     nonfinite = act_nf | (cols.full(Stat.GRAD_NONFINITE) > 0)
     if len(gi):
         nonfinite[:, gi] |= np.isinf(wg) | np.isinf(wn)
@@ -287,7 +289,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
-                    origin=origin, offset=offset, segment=segment, rscale=rscale,
+                    origin=origin, offset=offset, segment=segment, rscale=rscale, wscale=wscale,
                     nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
                     growth=growth, has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
                     ai=ai, entropy=cols(ai, Stat.ATTN_ENTROPY), logit=logit, logit0=_first_finite(logit),
@@ -371,10 +373,15 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         # from the default explodes or erases the state through time, whatever the output spread says
         gain[:, f.rscale < small] = GainState.SHRINKS.code
         gain[:, f.rscale > big] = GainState.AMPLIFIES.code
+        # weights started far below the default init's spread: the signal then rides on the biases, and the
+        # gradient through the weights vanishes, whatever the output's spread says (measured at the start only)
+        first = np.arange(gain.shape[0]) < th.persist
+        gain[np.ix_(first, f.wscale < small)] = GainState.SHRINKS.code
     after_norm = np.broadcast_to(np.array(f.segment, dtype=np.float64) > 0, gain.shape).astype(np.float64)
     g_value = {"gain": _ratio(f.own, f.prev), "compounded": _at(reach), "offset": _at(f.offset),
                "after_norm": _at(after_norm),
-               "recurrent_scale": _at(np.broadcast_to(f.rscale, gain.shape))}
+               "recurrent_scale": _at(np.broadcast_to(f.rscale, gain.shape)),
+               "weight_scale": _at(np.broadcast_to(f.wscale, gain.shape))}
     out.append(StateSeries(Signal.GAIN, steps, gain, [names[i] for i in f.wi],
                            {GainState.SHRINKS: g_value, GainState.AMPLIFIES: g_value}))
 

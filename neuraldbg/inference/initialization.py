@@ -37,12 +37,16 @@ def candidates(ctx: Context) -> list[Candidate]:
         finite = [g for g in (e.values.get("gain", math.nan) for e in group) if g == g]
         worst = (max(finite) if verb == "amplifies" else min(finite)) if finite else math.nan
         compounded = group[-1].values.get("compounded", math.nan)
+        # weights that start far below the default init's spread (the signal may ride on the biases)
+        wscales = [w for w in (e.values.get("weight_scale", math.nan) for e in group) if w == w]
+        wscale = min(wscales) if wscales else math.nan
         # several layers each a little out of scale add up: the severity is the worse of the single gain and
         # the compounded scale, each against its own threshold
         if verb == "amplifies":
             sev = max(past_ratio(worst, ctx.th.layer_gain), past_ratio(compounded, ctx.th.layer_gain ** 2))
         else:
-            sev = max(below_ratio(worst, 1 / ctx.th.layer_gain), below_ratio(compounded, ctx.th.layer_gain ** -2))
+            sev = max(below_ratio(worst, 1 / ctx.th.layer_gain), below_ratio(compounded, ctx.th.layer_gain ** -2),
+                      below_ratio(wscale, 1 / ctx.th.layer_gain))
         # named after the layer that makes more than half of the compounded scale (in decades), if one does;
         # else the fault is shared by all of them
         logs = [abs(math.log10(g)) if g == g and g > 0 else 0.0 for g in (e.values.get("gain", 1.0) for e in group)]
@@ -53,7 +57,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.BAD_INITIALIZATION, layer, group[0].step, verb, group, severity=sev,
                              persistence=max(persistence(e, ctx) for e in group), needs_harm=True,
                              loss_kinds=losses.ANY,
-                             facts={"gain": worst, "compounded": compounded, "biased": biased,
+                             facts={"gain": worst, "compounded": compounded, "biased": biased, "weight_scale": wscale,
                                     "after_norm": group[-1].values.get("after_norm", 0.0) > 0,
                                     "layers": [e.layer for e in group]}))
     # several bounded layers saturated from the first step, each behind a weight layer: one root, the initial

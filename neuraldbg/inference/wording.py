@@ -251,6 +251,11 @@ def _init_lines(c: Candidate, ctx: Context) -> list[str]:
                 "bounds "
                 f"from step {c.step}"]
     group = c.events
+    ws = f.get("weight_scale", math.nan)
+    if k == "shrinks" and ws == ws and ws < 1 / ctx.th.layer_gain:
+        who = f"`{c.layer}` starts" if c.layer else f"{len(group)} layers ({names(group)}) start"
+        return [f"at step {c.step}, {who} with weights {fmt(ws)}x the spread of PyTorch's default init: the "
+                "signal rides on the biases, and the gradient through the weights all but vanishes"]
     if c.layer:
         what = ("its bias: its outputs sit at an offset larger than their spread" if f["biased"] else
                 "its weight scale")
