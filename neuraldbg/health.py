@@ -296,17 +296,6 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     range_=cols.full(Stat.ACT_RANGE), absmax=cols.full(Stat.ACT_ABSMAX))
 
 
-def attenuation_series(trace: Trace) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The sampled steps and, per trainable weight layer, its relative gradient against the largest one
-    after it at each of them: how much of the gradient reaches it (threshold-independent)."""
-    f = features(trace)
-    if not len(f.steps) or not len(f.gi):
-        return f.steps, {}
-    with np.errstate(all="ignore"):
-        a = np.where(f.later > 0, f.rel / f.later, np.nan)
-    return f.steps, {f.names[i]: a[:, k] for k, i in enumerate(f.gi) if np.isfinite(a[:, k]).any()}
-
-
 def _max_ahead(reach: np.ndarray, segment: list[int]) -> np.ndarray:
     """Per column, the largest value at it or after it before the next normalisation layer."""
     out = reach.copy()
@@ -375,7 +364,7 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         gain[:, f.rscale > big] = GainState.AMPLIFIES.code
         # weights started far below the default init's spread: the signal then rides on the biases, and the
         # gradient through the weights vanishes, whatever the output's spread says (measured at the start only)
-        first = np.arange(gain.shape[0]) < th.persist
+        first = np.arange(len(gain)) < th.persist
         gain[np.ix_(first, f.wscale < small)] = GainState.SHRINKS.code
     after_norm = np.broadcast_to(np.array(f.segment, dtype=np.float64) > 0, gain.shape).astype(np.float64)
     g_value = {"gain": _ratio(f.own, f.prev), "compounded": _at(reach), "offset": _at(f.offset),

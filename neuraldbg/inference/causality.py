@@ -12,7 +12,7 @@ import math
 from typing import Callable
 
 from ..causes import Cause
-from ..states import LossState, Signal
+from ..states import ActState, LossState, Signal
 from .context import Context
 from .evidence import Candidate, confidence
 
@@ -116,8 +116,9 @@ def _lr_high(a: Candidate, b: Candidate, ctx: Context) -> bool:
         if b.kind in ("fp16_overflow", "near_limit", "skipping"):  # weights grown by the updates until they overflow
             return bool(_large_before(a, b.step, ctx, strict=True))
         large = _large_before(a, b.step, ctx, strict=True)
-        grew = _unstable_before(a, b.step) or [e for e in ctx.events if e.bad and e.step < b.step and (
-            e.signal == Signal.ACTIVATION and str(e.after) == "anomalous")]
+        # something grew out of scale before the NaN: a loss that rose, activations blown up
+        grew = _unstable_before(a, b.step) or [e for nan in b.events for e in ctx.preceding(nan) if e.step < b.step
+                                                and e.signal == Signal.ACTIVATION and e.after == ActState.ANOMALOUS]
         if b.kind == "forward":
             # an operation that leaves its domain in a module that is no weight layer: updates alone, with
             # nothing growing out of scale before it, only moved a value to the edge of that domain -- unless

@@ -37,8 +37,14 @@ class Context:
         return [e for link in self.links if link.kind == kind and link.cause is cause for e in link.effects]
 
     def from_start(self, ev: SemanticEvent | int) -> bool:
-        step = ev if isinstance(ev, int) else ev.step
-        return step <= self.first_step
+        """An event linked as present from the first sample (or a step at or before it)."""
+        if isinstance(ev, int):
+            return ev <= self.first_step
+        return any(link.kind == LinkKind.FROM_START and link.cause is ev for link in self.links)
+
+    def preceding(self, ev: SemanticEvent) -> list[SemanticEvent]:
+        """The abnormal events the pattern stage linked as coming before ``ev`` (a critical event)."""
+        return [link.cause for link in self.links if link.kind == LinkKind.PRECEDES and ev in link.effects]
 
     def previous(self, name: str) -> str | None:
         """The layer that ran just before ``name`` in the forward pass."""
