@@ -331,7 +331,10 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
     with np.errstate(invalid="ignore"):
         grad[rel < later * max(th.diminishing_ratio, th.vanishing_ratio)] = GradState.DIMINISHING.code
         grad[rel < later * th.vanishing_ratio] = GradState.VANISHING.code
-        grad[(rel > later * th.exploding_ratio) | (rel > f.rel0 * th.exploding_ratio)] = GradState.EXPLODING.code
+        # far above the layers after it, or far above its own start while no smaller than them (a gradient that
+        # started attenuated and recovers has grown from a vanished start, not exploded)
+        grad[(rel > later * th.exploding_ratio) | ((rel > f.rel0 * th.exploding_ratio) & ~(rel < later))] = \
+            GradState.EXPLODING.code
     grad_values = {GradState.VANISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
                    GradState.DIMINISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
                    GradState.EXPLODING: {"attenuation": _ratio(rel, later), "grad_growth": _ratio(rel, f.rel0),
@@ -599,6 +602,17 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state = np.zeros(n, dtype=np.int8)
     state[enough & (c.progress < th.slow_progress)] = LossState.SLOW.code
     state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
+    # hysteresis: a plateau holds until the loss clearly improves (past slow_progress), so a loss hovering at
+    # the plateau threshold is one plateau, not a flicker between flat and slow
+    flat = state != 0
+    seg = np.cumsum(~flat)  # rows of one flat stretch share a number
+    was = np.zeros(n, dtype=bool)
+    if n:
+        plateau_rows = state == LossState.PLATEAU.code
+        first_of = np.full(int(seg.max()) + 1, n, dtype=np.int64)
+        np.minimum.at(first_of, seg[plateau_rows], np.nonzero(plateau_rows)[0])
+        was = np.arange(n) >= first_of[seg]
+    state[flat & was & (state == LossState.SLOW.code)] = LossState.PLATEAU.code
     state[enough & (osc > th.loss_oscillation) & (window_progress < th.loss_progress)] = LossState.OSCILLATING.code
     # a run too short for a plateau: a loss that has not come down, or moves only by its batch noise
     finite = values[c.ok].astype(np.float64)

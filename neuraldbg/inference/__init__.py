@@ -28,12 +28,31 @@ def candidates(ctx: Context) -> list[Candidate]:
     return found + learning_rate.candidates(ctx, found)
 
 
+def _merge_repeats(roots: list[Candidate]) -> list[Candidate]:
+    """The same cause at the same place found again later (a learning rate too high in two bursts) is one
+    hypothesis: dated from its first confident burst, as confident as its strongest, the later ones in it."""
+    out: list[Candidate] = []
+    for r in roots:
+        same = next((o for o in out if (o.cause, o.layer) == (r.cause, r.layer)), None)
+        if same is None:
+            out.append(r)
+            continue
+        if r.step < same.step and r.confidence >= CONFIDENT:  # an earlier burst, confident too: it comes first
+            r.absorbed.append(same)
+            r.confidence = max(r.confidence, same.confidence)
+            out[out.index(same)] = r
+        else:
+            same.absorbed.append(r)
+    return out
+
+
 def infer(ctx: Context) -> list[CausalHypothesis]:
     """Ranked hypotheses, best first: the roots, each with what it explains in its chain."""
     roots = causality.resolve(candidates(ctx), ctx)
     too_high = any(r.cause == Cause.LEARNING_RATE_TOO_HIGH and r.confidence >= CONFIDENT for r in roots)
     lower = too_high or bool(ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
                              or ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING))
+    roots = _merge_repeats(roots)
     out = []
     for r in roots:
         if r.cause == Cause.LEARNING_RATE_TOO_LOW and too_high:

@@ -211,7 +211,10 @@ EXPLAINS: dict[Cause, Predicate] = {
 
 
 def _span_end(c: Candidate) -> float:
-    """The last step ``c``'s own evidence holds (infinite while any of it holds to the end)."""
+    """The last step ``c``'s own evidence holds (infinite while any of it holds to the end, or when its
+    effects outlast it: weights that start at the wrong scale)."""
+    if c.lasting:
+        return math.inf
     ends = [math.inf if e.end is None else e.end for e in c.events]
     return max(ends) if ends else math.inf
 

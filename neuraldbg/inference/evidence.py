@@ -49,6 +49,7 @@ class Candidate:
     needs_harm: bool = False                    # its measurement alone is no failure
     partial: bool = False                       # its measurement is a share of a layer's units: past its
                                                 # threshold, it explains part of a loss failure
+    lasting: bool = False                       # its effects outlast its evidence (a scale it starts with)
     symptoms: list[SemanticEvent] = field(default_factory=list)   # consequences named by its signature
     loss_kinds: frozenset = frozenset()         # loss states it can explain
     facts: dict = field(default_factory=dict)   # numbers for the wording

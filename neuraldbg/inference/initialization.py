@@ -17,6 +17,14 @@ def _recurrent_off(ctx: Context, e) -> bool:
     return r == r and (r > ctx.th.layer_gain or r < 1 / ctx.th.layer_gain)
 
 
+def _decades(x: float) -> float:
+    return abs(math.log10(x)) if x == x and x > 0 else 0.0
+
+
+def _off(ctx: Context, scale: float) -> bool:
+    return scale == scale and (scale > ctx.th.layer_gain or scale < 1 / ctx.th.layer_gain)
+
+
 def candidates(ctx: Context) -> list[Candidate]:
     out = []
     gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e)]
@@ -25,7 +33,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         r = e.values["recurrent_scale"]
         sev = past_ratio(r, ctx.th.layer_gain) if r > 1 else below_ratio(r, 1 / ctx.th.layer_gain)
         out.append(Candidate(Cause.BAD_INITIALIZATION, e.layer, e.step, "recurrent", [e], severity=sev,
-                             persistence=1.0, needs_harm=True, loss_kinds=losses.ANY,
+                             persistence=1.0, needs_harm=True, lasting=True, loss_kinds=losses.ANY,
                              facts={"recurrent_scale": r}))
     gains = [e for e in gains if e not in recurrent]
     if gains:
@@ -49,13 +57,14 @@ def candidates(ctx: Context) -> list[Candidate]:
                       below_ratio(wscale, 1 / ctx.th.layer_gain))
         # named after the layer that makes more than half of the compounded scale (in decades), if one does;
         # else the fault is shared by all of them
-        logs = [abs(math.log10(g)) if g == g and g > 0 else 0.0 for g in (e.values.get("gain", 1.0) for e in group)]
+        logs = [max(_decades(e.values.get("gain", 1.0)), _decades(e.values.get("weight_scale", 1.0))
+                    if _off(ctx, e.values.get("weight_scale", 1.0)) else 0.0) for e in group]
         total = sum(logs)
         named = [e for e, lg in zip(group, logs) if total > 0 and lg > total / 2] or group
         layer = named[0].layer if len(named) == 1 else ""
         biased = bool(layer) and verb == "amplifies" and named[0].values.get("offset", 0.0) > 1.0
         out.append(Candidate(Cause.BAD_INITIALIZATION, layer, group[0].step, verb, group, severity=sev,
-                             persistence=max(persistence(e, ctx) for e in group), needs_harm=True,
+                             persistence=max(persistence(e, ctx) for e in group), needs_harm=True, lasting=True,
                              loss_kinds=losses.ANY,
                              facts={"gain": worst, "compounded": compounded, "biased": biased, "weight_scale": wscale,
                                     "after_norm": group[-1].values.get("after_norm", 0.0) > 0,
@@ -71,7 +80,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.BAD_INITIALIZATION, weights[0] if len(weights) == 1 else "", sat[0].step,
                              "saturating", sat,
                              severity=max(past_fraction(f, ctx.th.saturated_fraction) for f in fracs),
-                             persistence=max(persistence(e, ctx) for e in sat), needs_harm=True,
+                             persistence=max(persistence(e, ctx) for e in sat), needs_harm=True, lasting=True,
                              loss_kinds=losses.ANY,
                              facts={"layers": weights, "saturated": [e.layer for e in sat], "fractions": fracs}))
     return out
