@@ -6,7 +6,9 @@ Layout (all integers little-endian)::
     4 bytes   format version (uint32), currently 1
     8 bytes   header length H (uint64)
     H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "capacity" and "arrays",
-              where each array is {"name", "dtype", "shape", "offset", "nbytes"}
+              where each array is {"name", "dtype", "shape", "offset", "nbytes"}; a trace of one rank of
+              a multi-process run adds "ranks" (see ``ranktrace``) and its ``rank_*`` arrays, which
+              readers without them skip
     ...       the arrays' raw bytes, C order, at ``offset`` from the end of the header
 
 Reading checks every declared size against the file's real size before allocating anything,
@@ -22,6 +24,7 @@ import struct
 import numpy as np
 
 from .layers import LayerInfo
+from .ranktrace import RankSeries
 from .trace import GLOBAL_COLUMNS, BoundedSeries, NonFiniteOrigin, Trace
 from .stats import N_STATS
 
@@ -32,6 +35,7 @@ _DTYPES = {"<f4": np.float32, "<f8": np.float64, "<i8": np.int64}
 _MAX_HEADER = 64 * 1024 * 1024
 
 _ARRAYS = ("stats_steps", "stats", "globals", "loss_steps", "loss")
+_RANK_ARRAYS = ("rank_row_steps", "rank_rows", "rank_batch_steps", "rank_batches")  # present with "ranks"
 
 
 def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
@@ -42,8 +46,10 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "loss_steps": trace.loss.steps.astype("<i8"),
         "loss": trace.loss.data.astype("<f8"),
     }
+    if trace.ranks is not None:
+        arrays.update(trace.ranks.arrays())
     specs, offset = [], 0
-    for name in _ARRAYS:
+    for name in arrays:
         a = np.ascontiguousarray(arrays[name])
         arrays[name] = a
         specs.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape), "offset": offset,
@@ -57,12 +63,14 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "n_stats": N_STATS, "global_columns": list(GLOBAL_COLUMNS),
         "arrays": specs,
     }
+    if trace.ranks is not None:
+        header["ranks"] = trace.ranks.header()
     blob = json.dumps(header, allow_nan=True, default=str).encode("utf-8")
     tmp = f"{os.fspath(path)}.tmp"
     with open(tmp, "wb") as f:
         f.write(_PREFIX.pack(MAGIC, VERSION, len(blob)))
         f.write(blob)
-        for name in _ARRAYS:
+        for name in arrays:
             f.write(arrays[name].tobytes())
     os.replace(tmp, path)
 
@@ -97,7 +105,8 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
             _fail(path, "corrupt header")
         body = size - _PREFIX.size - hlen
         try:
-            arrays = _read_arrays(f, header, _PREFIX.size + hlen, body)
+            ranked = header.get("ranks") is not None
+            arrays = _read_arrays(f, header, _PREFIX.size + hlen, body, _ARRAYS + (_RANK_ARRAYS if ranked else ()))
             layers = [LayerInfo.from_dict(d) for d in header["layers"]]
             n_stats = int(header["n_stats"])
             if n_stats != N_STATS or list(header["global_columns"]) != list(GLOBAL_COLUMNS):
@@ -113,7 +122,8 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
                           globals=BoundedSeries.from_arrays(arrays["stats_steps"], arrays["globals"], cap),
                           loss=BoundedSeries.from_arrays(arrays["loss_steps"], arrays["loss"], lcap),
                           nonfinite=NonFiniteOrigin.from_dict(header["nonfinite"]) if header.get("nonfinite") else None,
-                          meta=dict(header.get("meta") or {}))
+                          meta=dict(header.get("meta") or {}),
+                          ranks=RankSeries.from_arrays(header["ranks"], arrays, len(layers)) if ranked else None)
         except ValueError as exc:
             if "not a readable NeuralDbg trace" in str(exc):
                 raise
@@ -123,10 +133,10 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
     return trace, trace.meta
 
 
-def _read_arrays(f, header: dict, base: int, body: int) -> dict[str, np.ndarray]:
+def _read_arrays(f, header: dict, base: int, body: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     specs = {s["name"]: s for s in header["arrays"]}
     out = {}
-    for name in _ARRAYS:
+    for name in names:
         s = specs[name]
         dtype = _DTYPES.get(s["dtype"])
         if dtype is None:

@@ -98,6 +98,7 @@ class Trace:
     loss: BoundedSeries = None           # rows of shape (), one per recorded loss
     nonfinite: NonFiniteOrigin | None = None
     meta: dict = field(default_factory=dict)
+    ranks: object = None                 # ranktrace.RankSeries: the rank axis of a multi-process run
 
     def __post_init__(self):
         if self.stats is None:
