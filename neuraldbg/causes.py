@@ -17,6 +17,12 @@ class Cause(str, Enum):
     BAD_INITIALIZATION = "bad_initialization"
     LOSS_PLATEAU = "loss_plateau"
     DATA = "data"
+    # multi-process runs
+    REPLICA_DIVERGENCE = "replica_divergence"
+    DUPLICATE_DATA = "duplicate_data"
+    RANK_DATA = "rank_data"
+    BATCHNORM_RANK_MISMATCH = "batchnorm_rank_mismatch"
+    WORLD_SIZE_SCALING = "world_size_scaling"
 
     def __str__(self) -> str:  # print the value, not "Cause.DATA"
         return self.value

@@ -28,7 +28,8 @@ class SemanticEvent:
 
     ``layer`` is the module name, ``""`` for the model as a whole (updates, loss) or ``"input"``.
     ``values`` holds the numbers behind it at the onset; ``end`` is the step it left the state
-    (None while it still holds at the end of the trace).
+    (None while it still holds at the end of the trace). ``rank``: the process it was seen on, in a
+    multi-process run (None: one process, or every rank alike).
     """
 
     step: int
@@ -38,6 +39,7 @@ class SemanticEvent:
     after: object
     values: dict = field(default_factory=dict)
     end: int | None = None
+    rank: int | None = None
 
     @property
     def bad(self) -> bool:
@@ -45,6 +47,8 @@ class SemanticEvent:
 
     def describe(self) -> str:
         where = {"": "the model", "input": "the input"}.get(self.layer, f"`{self.layer}`")
+        if self.rank is not None:
+            where += f" on rank {self.rank}"
         if self.signal == Signal.FINITE:
             return f"step {self.step}: " + (f"NaN/Inf appears in {where}" if self.bad else f"{where} is finite again")
         nums = ", ".join(f"{k} {_fmt(v)}" for k, v in self.values.items())

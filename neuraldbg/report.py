@@ -43,12 +43,13 @@ def render_hypothesis(hyp, rank: int | None = None) -> list[str]:
     return lines
 
 
-def render_report(analysis, trace=None, step: int | None = None) -> str:
-    """The verdict as text: the top cause, its chain, the numbers and the fix; then the others."""
+def render_report(analysis, trace=None, step: int | None = None, extra: list[str] | None = None) -> str:
+    """The verdict as text: the top cause, its chain, the numbers and the fix; then the others.
+    ``extra``: lines to show under the heading (the ranks of a multi-process run)."""
     steps = step if step is not None else analysis.steps
     sampled = trace.stats.n if trace is not None else 0
     n_layers = len(trace.layers) if trace is not None else len(analysis.health)
-    lines = [f"NeuralDbg report: {steps} steps, {sampled} sampled, {n_layers} layers watched"]
+    lines = [f"NeuralDbg report: {steps} steps, {sampled} sampled, {n_layers} layers watched", *(extra or [])]
     loss = _loss_line(trace)
     if loss:
         lines.append(loss)

@@ -44,6 +44,7 @@ class Context:
     loss_fall: object = None  # analysis.LossFall: how far below zero a positive loss went, or None
     # the latest losses below the first ones on the loss's scale, and the z of their downward trend
     loss_trend: tuple = (math.nan, math.nan)
+    ranks: object = None  # rankevents.RankEvidence: the other ranks of a multi-process run, else None
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
@@ -816,3 +817,9 @@ RULES: list[tuple[str, Rule]] = [
     ("learning rate too low", rule_lr_low),
     ("loss plateau", rule_plateau),
 ]
+
+# Causes only a multi-process run has come first: one rank's data before the data rule, what the
+# all-reduce spreads before the symptoms it spreads (rankrules uses the helpers above).
+from .rankrules import RULES as _RANK_RULES  # noqa: E402
+
+RULES[:0] = _RANK_RULES
