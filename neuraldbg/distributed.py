@@ -1,0 +1,147 @@
+"""torch.distributed, as far as watching a multi-process run needs it.
+
+- ``RankInfo``: this process's rank and the world size, when a default process group exists;
+- ``unwrap``: the module a ``DistributedDataParallel`` wrapper trains, so layer names carry no
+  ``module.`` prefix;
+- ``merge_step``: the global steps at which ranks exchange statistics, fixed by the step number alone;
+- ``AgreedSchedule``: the sampling schedule, identical on every rank (timings only propose an interval;
+  the ranks agree on one at merge steps);
+- ``SideChannel``: the exchange itself, over a separate gloo group with a timeout: a two-integer
+  all-reduce (a flag: NaN/Inf or a loss spike on some rank; the sampling interval each rank proposes)
+  and a gather of fixed-size float64 tensors to rank 0. A collective that fails or times out disables
+  the channel on that rank; training goes on and the per-rank files carry the run.
+
+Nothing here runs inside a hook: the exchange happens once per merge step, after the optimizer step.
+"""
+from __future__ import annotations
+
+import datetime
+import re
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from .schedule import Schedule
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world: int
+    backend: str
+
+
+def rank_info() -> RankInfo | None:
+    """This process's place in the default process group, or None outside one (or in a world of one)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world = dist.get_world_size()
+    if world < 2:
+        return None
+    return RankInfo(rank=dist.get_rank(), world=world, backend=str(dist.get_backend()))
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a ``DistributedDataParallel`` (or ``DataParallel``) wrapper; other models as they are."""
+    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    while isinstance(model, wrappers):
+        model = model.module
+    return model
+
+
+def ignored_parameters(model: nn.Module) -> set[str]:
+    """Names (as in the unwrapped module) of parameters a DDP wrapper leaves unsynchronised on purpose."""
+    names = getattr(model, "parameters_to_ignore", None)
+    return {str(n) for n in names} if isinstance(model, nn.parallel.DistributedDataParallel) and names else set()
+
+
+def merge_step(step: int, every: int) -> bool:
+    """Whether ranks exchange statistics after ``step``: steps 0, 1, 2, 4, 8, ... below ``every``, then
+    every ``every`` steps. The same answer on every rank: it depends on the global step alone."""
+    if step < every:
+        return step == 0 or (step & (step - 1)) == 0
+    return step % every == 0
+
+
+class AgreedSchedule(Schedule):
+    """``Schedule`` whose sampled steps are the same on every rank.
+
+    The auto schedule picks its interval from timings measured on this rank; here those timings only
+    make a ``proposal``. The interval in force is ``agreed``: the largest proposal of all ranks, set at
+    each merge step (``agree``), so no rank samples more than its budget allows and all sample the same
+    steps. The warm-up, the bursts (a learning rate that rises, a flag raised on some rank) and the cap
+    of a quarter of the steps run so far depend on the step alone.
+    """
+
+    def __init__(self, every: int | None = None, **kwargs):
+        super().__init__(every, **kwargs)
+        self.proposal = 2
+        self.agreed = 2
+
+    def _auto_interval(self, step: int) -> int:
+        self.proposal = super()._auto_interval(step)
+        if step + 1 < self.warmup:
+            return 1
+        return int(min(max(self.agreed, 1), self.max_every, max(1, (step + 1) // 4)))
+
+    def agree(self, interval: int) -> None:
+        self.agreed = max(1, int(interval))
+
+
+def destroy(group) -> None:
+    """Release a group this process made (local for gloo; nothing to do once the default group is gone)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group(group)
+        except (RuntimeError, ValueError):
+            pass
+
+
+class SideChannel:
+    """A gloo group of its own for the merge, with a timeout (see the module docstring)."""
+
+    def __init__(self, info: RankInfo, timeout: float):
+        self.info = info
+        self.timeout = float(timeout)
+        self.failure: str | None = None
+        self.exchanges = 0
+        try:
+            self.group = torch.distributed.new_group(backend="gloo",
+                                                     timeout=datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as exc:  # no gloo in this build, or a rank that never came
+            self.group = None
+            self._fail(f"no side group ({exc})")
+
+    @property
+    def open(self) -> bool:
+        return self.group is not None and self.failure is None
+
+    def exchange(self, packet: np.ndarray, flag: int, proposal: int) -> tuple[list[np.ndarray] | None, int, int] | None:
+        """The merge collectives: returns (packets of every rank on rank 0, else None; the flag of any rank;
+        the agreed interval), or None when the channel is closed or this exchange failed."""
+        if not self.open:
+            return None
+        dist = torch.distributed
+        try:
+            votes = torch.tensor([int(flag), int(proposal)], dtype=torch.int64)
+            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group)
+            mine = torch.from_numpy(np.ascontiguousarray(packet, dtype=np.float64))
+            gathered = [torch.empty_like(mine) for _ in range(self.info.world)] if self.info.rank == 0 else None
+            dist.gather(mine, gathered, dst=0, group=self.group)
+        except RuntimeError as exc:  # a timeout, or a rank that died: the files carry the run from here
+            why = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self._fail(f"merge {self.exchanges + 1} failed: {why[:160]}")
+            return None
+        self.exchanges += 1
+        packets = [g.numpy() for g in gathered] if gathered is not None else None
+        return packets, int(votes[0]), int(votes[1])
+
+    def _fail(self, why: str) -> None:
+        self.failure = why
+        warnings.warn(f"NeuralDbg rank {self.info.rank}: {why}; statistics of this rank go to its own file only",
+                      RuntimeWarning, stacklevel=3)

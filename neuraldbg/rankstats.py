@@ -1,0 +1,225 @@
+"""Extraction for the comparison across ranks: what one rank measures of itself, with no collective.
+
+- every step, from a forward pre-hook on the model: a fingerprint of the batch (float64 sum and sum of
+  squares of its tensors, combined: equal batches give equal fingerprints, whatever the order of their
+  samples) and the RMS of its first floating-point tensor; both stay on the device until the merge;
+- at merge steps only: a gradient hook on every parameter for the rank's own (local) gradient, before
+  the all-reduce averages it, projected on fixed sign patterns (summed over the passes of an
+  accumulated step: projections are linear); after the optimizer step, per layer a signed checksum of
+  the weights, their norm and the same projections of the gradient after the all-reduce, and a few
+  channels of each BatchNorm's running statistics. All of it reaches the host in one transfer (``row``).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from .layers import LayerInfo
+from .ranktrace import BN_SLOTS, PHASES, PROJECTIONS, TAIL, RankLayout, bn_channels
+from .stats import PARAM_SAMPLE, param_view
+from .trace import NonFiniteOrigin
+
+# At most this many tensors of a batch enter its fingerprint.
+FINGERPRINT_TENSORS = 4
+
+_SIGNS: dict[torch.device, torch.Tensor] = {}
+
+
+def _signs(device: torch.device) -> torch.Tensor:
+    """Fixed pseudo-random +-1 patterns (the same on every rank), (1 + PROJECTIONS, PARAM_SAMPLE): the first
+    weighs the checksum's elements, the others the gradient projections."""
+    if device not in _SIGNS:
+        g = torch.Generator().manual_seed(20240613)
+        signs = torch.randint(0, 2, (1 + PROJECTIONS, PARAM_SAMPLE), generator=g, dtype=torch.float64) * 2 - 1
+        _SIGNS[device] = signs.to(device)
+    return _SIGNS[device]
+
+
+def _project(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """(PROJECTIONS,) float64: a strided view of ``t`` projected on the gradient sign patterns."""
+    v = param_view(t)[0].to(torch.float64)
+    return (_signs(v.device)[1:, :v.numel()] * v).sum(dim=1).to(dev)
+
+
+def fingerprint(args, kwargs) -> torch.Tensor | None:
+    """(fingerprint, RMS) of a batch as a float64 device tensor; None when it holds no tensor.
+    Each tensor adds its sum and its sum of squares, weighed by its place, so that a constant tensor
+    (a mask of ones) cannot make different batches look the same."""
+    leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.numel() > 0]
+    if not leaves:
+        return None
+    dev = leaves[0].device
+    first = next((i for i, t in enumerate(leaves) if t.is_floating_point()), -1)
+    fp = torch.zeros((), dtype=torch.float64, device=dev)
+    rms = torch.full((), float("nan"), dtype=torch.float64, device=dev)
+    for k, t in enumerate(leaves[:FINGERPRINT_TENSORS]):
+        t = t.detach()
+        if t.is_sparse:
+            t = t.to_dense()
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        if not t.is_floating_point():
+            t = t.to(torch.float64)  # token ids, masks: small next to the model's own tensors
+        s = torch.sum(t, dtype=torch.float64).to(dev)
+        sq = torch.linalg.vector_norm(t, dtype=torch.float64).to(dev) ** 2
+        fp = fp + (k + 1) * s + (k + 1.5) * 3.14159 * sq
+        if k == first:
+            rms = torch.sqrt(sq / t.numel())
+    return torch.stack([fp, rms])
+
+
+class RankProbe:
+    """Hooks and per-merge measurements of one rank (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, layers: list[LayerInfo], modules: list[nn.Module],
+                 step_of: Callable[[], int], is_merge_step: Callable[[int], bool], hook_on: nn.Module | None = None):
+        self.model = model
+        self.hook_on = model if hook_on is None else hook_on  # a compiled model's wrapper: hooked outside the graph
+        self.layers = layers
+        self.step_of = step_of
+        self.is_merge_step = is_merge_step
+        index = {id(m): i for i, m in enumerate(modules)}
+        seen: set[int] = set()
+        self.params: list[tuple[str, nn.Parameter, int]] = []
+        for name, m in model.named_modules():
+            for pname, p in m.named_parameters(recurse=False):
+                if id(p) in seen or id(m) not in index:
+                    continue
+                seen.add(id(p))
+                self.params.append((f"{name}.{pname}" if name else pname, p, index[id(m)]))
+        bn = []
+        self._bn_modules = []
+        for i, m in enumerate(modules):
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and getattr(m, "running_mean", None) is not None:
+                picks = bn_channels(int(m.running_mean.numel()))
+                bn.append((i, int(m.running_mean.numel()), picks))
+                self._bn_modules.append((m, torch.tensor(picks, dtype=torch.long)))
+        self.layout = RankLayout(n_layers=len(layers), bn=tuple(bn))
+        self._owner = torch.tensor([o for _, _, o in self.params], dtype=torch.long)
+        self._has_params = np.zeros(len(layers), dtype=bool)
+        self._has_params[[o for _, _, o in self.params]] = True
+        self._batches: list[tuple[int, torch.Tensor]] = []
+        self._fp_step = -1
+        self.passes = 0
+        self._local: list[tuple[int, torch.Tensor]] = []   # (param index, projections of a local gradient)
+        self._grad_handles: list = []
+        self._handle = None
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def attach(self) -> None:
+        if self._handle is None:
+            self._handle = self.hook_on.register_forward_pre_hook(self._on_forward, with_kwargs=True)
+
+    def detach(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self._drop_grad_hooks()
+
+    def _on_forward(self, module, args, kwargs):
+        if not torch.is_grad_enabled():
+            return None  # evaluation passes are not training batches
+        step = self.step_of()
+        if step != self._fp_step:  # the first forward pass of a step: its batch
+            self._fp_step = step
+            self.passes = 0
+            fp = fingerprint(args, kwargs)
+            if fp is not None:
+                self._batches.append((step, fp))
+            if self.is_merge_step(step):
+                self._add_grad_hooks()
+        self.passes += 1
+        return None
+
+    def _add_grad_hooks(self) -> None:
+        self._drop_grad_hooks()
+        self._local = []
+        for j, (_, p, _) in enumerate(self.params):
+            if p.requires_grad:
+                self._grad_handles.append(p.register_hook(self._make_grad_hook(j)))
+
+    def _make_grad_hook(self, j: int):
+        def hook(g):
+            if g is not None and not g.is_sparse:
+                self._local.append((j, _project(g.detach(), g.device)))
+            return None
+        return hook
+
+    def _drop_grad_hooks(self) -> None:
+        for h in self._grad_handles:
+            h.remove()
+        self._grad_handles.clear()
+
+    # -- measurements ----------------------------------------------------------------------------
+    def drain_batches(self) -> tuple[np.ndarray, np.ndarray]:
+        """Steps and (fingerprint, RMS) rows of the batches since the last drain, in one transfer."""
+        items, self._batches = self._batches, []
+        if not items:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, 2))
+        dev = items[0][1].device
+        values = torch.stack([v.to(dev) for _, v in items]).cpu().numpy().astype(np.float64)
+        return np.array([s for s, _ in items], dtype=np.int64), values
+
+    def row(self, nonfinite: NonFiniteOrigin | None) -> np.ndarray:
+        """This rank's row after a merge step's optimizer step (see ``RankLayout``)."""
+        lay, n = self.layout, len(self.layers)
+        parts: list[torch.Tensor] = []
+        dev = self.params[0][1].device if self.params else torch.device("cpu")
+        owner = self._owner.to(dev)
+        if self.params:
+            views = [param_view(p)[0] for _, p, _ in self.params]
+            check = torch.stack([(v.to(torch.float64) * _signs(v.device)[0, :v.numel()]).sum().to(dev) for v in views])
+            sq = torch.stack([torch.linalg.vector_norm(v, dtype=torch.float64).to(dev) ** 2 for v in views])
+            parts += [_per_layer(check, owner, n), _per_layer(sq, owner, n).sqrt()]
+            parts.append(self._projections(self._local, owner, n, dev))
+            grads = [(j, _project(p.grad.detach(), dev)) for j, (_, p, _) in enumerate(self.params)
+                     if p.grad is not None and not p.grad.is_sparse]
+            parts.append(self._projections(grads, owner, n, dev))
+        else:
+            parts.append(torch.full(((2 + 2 * PROJECTIONS) * n,), float("nan"), dtype=torch.float64, device=dev))
+        for which in ("running_mean", "running_var"):
+            for m, picks in self._bn_modules:
+                buf = getattr(m, which)
+                vals = torch.full((BN_SLOTS,), float("nan"), dtype=torch.float64, device=dev)
+                vals[:len(picks)] = buf.detach()[picks.to(buf.device)].to(device=dev, dtype=torch.float64)
+                parts.append(vals)
+        host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
+        row = np.full(lay.length, np.nan)
+        row[:len(host)] = host
+        for name, _ in RankLayout.BLOCKS:
+            lay.block(row, name)[..., ~self._has_params] = np.nan
+        if nonfinite is not None:
+            names = [l.name for l in self.layers]
+            tail = {"nonfinite_step": nonfinite.step,
+                    "nonfinite_phase": PHASES.index(nonfinite.phase) if nonfinite.phase in PHASES else len(PHASES) - 1,
+                    "nonfinite_layer": names.index(nonfinite.layer) if nonfinite.layer in names else -1}
+            for k, v in tail.items():
+                row[lay.length - len(TAIL) + TAIL.index(k)] = v
+        row[lay.length - len(TAIL) + TAIL.index("passes")] = self.passes
+        self._drop_grad_hooks()
+        self._local = []
+        return row
+
+    @staticmethod
+    def _projections(items: list[tuple[int, torch.Tensor]], owner: torch.Tensor, n: int, dev) -> torch.Tensor:
+        """(PROJECTIONS * n,): per layer, the summed projections of its parameters' gradients (NaN for a
+        layer with none, e.g. no gradient hook fired)."""
+        out = torch.full((PROJECTIONS, n), float("nan"), dtype=torch.float64, device=dev)
+        if items:
+            idx = owner[[j for j, _ in items]].to(dev)
+            vals = torch.stack([v.to(dev) for _, v in items], dim=1)            # (PROJECTIONS, k)
+            summed = torch.zeros((PROJECTIONS, n), dtype=torch.float64, device=dev).index_add_(1, idx, vals)
+            seen = torch.zeros(n, dtype=torch.bool, device=dev)
+            seen[idx] = True
+            out = torch.where(seen, summed, out)
+        return out.reshape(-1)
+
+
+def _per_layer(values: torch.Tensor, owner: torch.Tensor, n: int) -> torch.Tensor:
+    out = torch.zeros(n, dtype=torch.float64, device=values.device)
+    out.index_add_(0, owner.to(values.device), values.to(torch.float64))
+    return out
