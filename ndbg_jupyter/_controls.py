@@ -65,6 +65,7 @@ class ThresholdControls:
         title = widgets.HTML("<b>Thresholds</b> (re-analyse the recorded trace)")
         self.widget = widgets.VBox([title, *self.sliders.values(), self.reset])
         self.widget.add_class("ndbg-thresholds")
+        self.show_group("ranks", False)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -78,6 +79,12 @@ class ThresholdControls:
     def reset_defaults(self) -> None:
         self._base = Thresholds()
         self._set_values(self._base, notify=True)
+
+    def show_group(self, group: str, visible: bool) -> None:
+        """Show or hide the sliders of one group of thresholds (``ranks``: only for multi-process runs)."""
+        for f in slider_fields():
+            if f.metadata.get("group", "") == group:
+                self.sliders[f.name].layout.display = "" if visible else "none"
 
     def set_enabled(self, enabled: bool) -> None:
         for w in (*self.sliders.values(), self.reset):

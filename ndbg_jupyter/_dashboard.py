@@ -19,7 +19,8 @@ from neuraldbg.schedule import Throttle
 from ._chart import Chart
 from ._controls import ThresholdControls
 from ._grid import HealthGrid
-from ._panel import panel_html
+from ._panel import CONFIDENT, panel_html
+from ._ranks import RankSelector
 
 # Share of wall time the live dashboard may use: after an update that took t seconds, the next
 # one waits at least t * (1 / _SHARE - 1).
@@ -87,10 +88,12 @@ class Dashboard:
         self.panel = widgets.HTML(layout=widgets.Layout(flex="1 1 28em", min_width="24em"))
         self.panel.add_class("ndbg-panel")
         self.controls = ThresholdControls(self._thresholds_changed)
+        self.ranks = RankSelector(self._rank_changed)
         self.status = widgets.HTML()
         header = widgets.HTML(f"<b>NeuralDbg</b> &middot; {html.escape(title)}" if title else "<b>NeuralDbg</b>")
         body = widgets.HBox([self.grid.widget, self.panel], layout=widgets.Layout(flex_flow="row wrap"))
-        self.root = _Root([header, self.progress, self.chart.widget, body, self.controls.widget, self.status])
+        self.root = _Root([header, self.progress, self.ranks.widget, self.chart.widget, body, self.controls.widget,
+                           self.status])
         self.root.add_class("ndbg-dashboard")
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -102,6 +105,7 @@ class Dashboard:
         self._last_rate_point = (dbg.step, self._t0)
         self.controls.set_thresholds(dbg.thresholds)
         self.controls.set_enabled(False)  # the kernel is busy while training: sliders act afterwards
+        self.ranks.update(dbg)
         self.root.text = "NeuralDbg: watching..."
         self.refresh(chart=True)
 
@@ -112,14 +116,21 @@ class Dashboard:
         self._final()
 
     def show(self, dbg, outcome: str = "loaded") -> None:
-        """Show a session that is not training (loaded from a file, or an earlier run)."""
+        """Show a session that is not training (loaded from a file, or an earlier run). A merged
+        multi-process run opens on the rank where its top hypothesis starts."""
         self.dbg = dbg
         self.state = outcome
+        if len(getattr(dbg, "ranks", None) or []) > 1:
+            top = [h for h in dbg.explain() if h.confidence >= CONFIDENT and h.rank is not None]
+            if top:
+                dbg.view_rank(top[0].rank)
         self._final()
 
     def _final(self) -> None:
         self.controls.set_thresholds(self.dbg.thresholds)
         self.controls.set_enabled(True)
+        self.ranks.update(self.dbg)
+        self.controls.show_group("ranks", len(getattr(self.dbg, "ranks", None) or []) > 1)
         self.refresh(chart=True)
         try:
             self.root.text = self.dbg.report()
@@ -162,6 +173,8 @@ class Dashboard:
         self.grid.update(self._layers(), health)
         self.panel.value = panel_html(hypotheses, step=dbg.step, finished=self.state != "watching",
                                       measured=measured)
+        if self.ranks.visible:
+            self.ranks.update(dbg)  # the ranks flagged follow the thresholds
 
     def _layers(self):
         trace = self.dbg.trace
@@ -190,6 +203,16 @@ class Dashboard:
             now = self._t_end if self._t_end is not None else self.clock()
             parts.append(f"{_elapsed(now - self._t0)} elapsed")
         return '<div style="font:13px var(--jp-ui-font-family,sans-serif)">' + " &middot; ".join(parts) + "</div>"
+
+    def _rank_changed(self, rank: int) -> None:
+        if self.dbg is None:
+            return
+        try:
+            self.dbg.view_rank(rank)
+            self.refresh(chart=True)
+            self.root.text = self.dbg.report()
+        except Exception as e:  # noqa: BLE001 - shown in the dashboard, not raised into a comm handler
+            self.status.value = f'<span style="color:#c62828">rank view failed: {html.escape(repr(e))}</span>'
 
     # -- thresholds -------------------------------------------------------------------------------
     def thresholds_view(self) -> widgets.VBox:

@@ -37,10 +37,14 @@ def hypothesis_html(rank: int, hyp) -> str:
     evidence = list(getattr(hyp, "evidence", None) or [])
     fix = str(getattr(hyp, "suggestion", "") or "")
     where = {"": "the model as a whole", "input": "the input data"}.get(layer, f"<code>{html.escape(layer)}</code>")
+    on_rank = getattr(hyp, "rank", None)
+    if on_rank is not None:
+        where += f" on rank {int(on_rank)}"
     weak = confidence < CONFIDENT
     parts = [
         f'<div class="ndbg-hyp{" ndbg-weak" if weak else ""}" data-cause="{html.escape(cause)}"'
         f' data-layer="{html.escape(layer)}" data-confidence="{confidence:.3f}"'
+        + (f' data-rank="{int(on_rank)}"' if on_rank is not None else "") +
         f' style="{_BOX};border-left:4px solid {"#bdbdbd" if weak else "#c62828"};background:#fafafa">',
         f'<div><b>{rank}. {html.escape(cause.replace("_", " "))}</b> in {where}'
         + (f", from step {int(step)}" if step is not None else "") + f" &nbsp; {_bar(confidence)}</div>",

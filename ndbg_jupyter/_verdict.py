@@ -24,6 +24,8 @@ def hypotheses_text(hypotheses) -> str:
         lines = []
     for i, h in enumerate(hypotheses, 1):
         layer = {"": "the model as a whole", "input": "the input data"}.get(h.layer, f"`{h.layer}`")
+        if getattr(h, "rank", None) is not None:
+            layer += f" on rank {h.rank}"
         weak = " (weak)" if float(h.confidence) < CONFIDENT else ""
         lines.append(f"{i}. {value_of(h.cause)} in {layer}, from step {h.step}: "
                      f"confidence {float(h.confidence):.0%}{weak}")

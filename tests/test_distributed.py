@@ -212,3 +212,38 @@ def test_bad_run_directories_raise_one_clear_error(tmp_path):
     _session(None, 0).save(tmp_path / "rank00001.ndbg")
     with pytest.raises(ValueError, match="stays in its run directory"):
         NeuralDbg.load(tmp_path).save(tmp_path / "x.ndbg")
+
+
+# -- the notebook --------------------------------------------------------------------------------
+
+def test_dashboard_of_a_merged_run_selects_ranks(two):
+    from ndbg_jupyter._dashboard import Dashboard
+
+    dbg = NeuralDbg.load(two / "nan_rank1")
+    dash = Dashboard()
+    dash.show(dbg, "loaded")
+    sel = dash.ranks.widget
+    assert dash.ranks.visible and [v for _, v in sel.options] == [0, 1]
+    assert sel.value == 1 and "\u26a0" in dict((v, k) for k, v in sel.options)[1]  # opens where the NaN starts
+    assert 'data-cause="non_finite"' in dash.panel.value and 'data-rank="1"' in dash.panel.value
+    assert dash.controls.sliders["replica_divergence"].layout.display == ""
+    sel.value = 0  # the user picks rank 0: its layers, the same verdict
+    assert dbg.rank == 0 and dash.status.value == ""
+    assert 'data-rank="1"' in dash.panel.value and "ranks: 2 of 2 ranks" in dash.root.text
+
+    single = Dashboard()
+    single.show(NeuralDbg.load(two / "nan_rank1" / "rank00001.ndbg"), "loaded")
+    assert not single.ranks.visible and single.controls.sliders["replica_divergence"].layout.display == "none"
+
+
+def test_magic_loads_a_run_directory(two):
+    from IPython.testing.globalipapp import get_ipython
+    from IPython.utils.capture import capture_output
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "ndbg_jupyter")
+    with capture_output() as io:
+        ip.run_line_magic("neuraldbg", f'load "{two / "desync"}"')
+    loaded = ip.user_ns["_ndbg"]
+    assert loaded.ranks == [0, 1]
+    assert "replica_divergence in `fc2` on rank 1" in io.stdout
