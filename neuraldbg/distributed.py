@@ -34,13 +34,17 @@ class RankInfo:
     backend: str
 
 
-def rank_info() -> RankInfo | None:
-    """This process's place in the default process group, or None outside one (or in a world of one)."""
+def rank_info(required: bool = False) -> RankInfo | None:
+    """This process's place in the default process group; None outside one, or in a world of one unless
+    ``required`` (then a missing process group is a ValueError)."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
+        if required:
+            raise ValueError("distributed=True needs a torch.distributed process group: call "
+                             "torch.distributed.init_process_group first")
         return None
     world = dist.get_world_size()
-    if world < 2:
+    if world < 2 and not required:
         return None
     return RankInfo(rank=dist.get_rank(), world=world, backend=str(dist.get_backend()))
 

@@ -29,7 +29,8 @@ class NeuralDbg:
     ``update_interval`` seconds of ``clock``; the notebook dashboard uses it), ``after_step``
     (called with the session after every step, unthrottled; keep it cheap).
 
-    Multi-process runs (a ``torch.distributed`` process group exists; ``distributed=False`` opts out):
+    Multi-process runs (a ``torch.distributed`` process group of two or more exists; ``distributed=False``
+    opts out, ``distributed=True`` opts in even in a world of one):
     every rank records with the same schedule, ranks exchange statistics every ``merge_every`` steps over
     a gloo group of their own (``merge_timeout`` seconds at most), and each rank writes
     ``run_dir/rank00000.ndbg`` (its own rank) when watching stops, at merges (at most every
@@ -55,7 +56,7 @@ class NeuralDbg:
         self._after_step = after_step
         self._run = None
         self._view = None
-        info = rank_info() if distributed is not False else None
+        info = rank_info(required=distributed is True) if distributed is not False else None
         throttle = Throttle(update_interval, clock) if clock is not None else Throttle(update_interval)
         self._recorder: Recorder | None = Recorder(
             model, optimizer, every=every, capacity=capacity,

@@ -1,0 +1,139 @@
+"""The pieces of multi-rank watching, in this process: the merge cadence, the agreed schedule, batch
+fingerprints, and one rank's recording on a real one-process gloo group (checked against plain torch)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ddp_workers import free_port
+from neuraldbg import NeuralDbg
+from neuraldbg.distributed import AgreedSchedule, merge_step
+from neuraldbg.rankstats import _signs, fingerprint
+from neuraldbg.ranktrace import RankLayout
+from neuraldbg.stats import param_view
+
+
+def test_merge_steps_depend_on_the_step_alone():
+    assert [s for s in range(70) if merge_step(s, 25)] == [0, 1, 2, 4, 8, 16, 25, 50]
+    assert [s for s in range(40) if merge_step(s, 10)] == [0, 1, 2, 4, 8, 10, 20, 30]
+
+
+class Clock:
+    def __init__(self, sampled_cost: float):
+        self.t, self.cost, self.sampled = 0.0, sampled_cost, False
+
+    def __call__(self):
+        self.t += self.cost if self.sampled else 1.0
+        return self.t
+
+
+def test_agreed_schedule_samples_the_same_steps_whatever_each_rank_measures():
+    clocks = [Clock(1.05), Clock(3.0)]  # sampling is cheap on one rank, expensive on the other
+    scheds = [AgreedSchedule(clock=c) for c in clocks]
+    sampled = [[], []]
+    for step in range(400):
+        for i, (s, c) in enumerate(zip(scheds, clocks)):
+            c.sampled = s.should_sample(step)
+            if c.sampled:
+                sampled[i].append(step)
+            s.step_done(step, c.sampled)
+        if merge_step(step, 25):  # what the all-reduce does: the largest proposal wins
+            agreed = max(s.proposal for s in scheds)
+            for s in scheds:
+                s.agree(agreed)
+    assert sampled[0] == sampled[1]
+    assert scheds[0].proposal < scheds[1].proposal  # the timings did differ
+    assert len(sampled[0]) < 400 / 4  # and the interval follows the slower rank's budget
+
+
+def test_fingerprints_name_the_same_batch_and_tell_others_apart():
+    x, ids = torch.randn(32, 8), torch.randint(0, 100, (32, 12))
+    same = fingerprint((x[torch.randperm(32)],), {})  # the same samples in another order
+    assert torch.equal(fingerprint((x,), {}), same)
+    assert not torch.equal(fingerprint((x,), {})[0], fingerprint((x + 1e-3,), {})[0])
+    mask = torch.ones(32, 12, dtype=torch.long)  # a constant mask next to varying token ids
+    a = fingerprint((), {"input_ids": ids, "attention_mask": mask})
+    b = fingerprint((), {"input_ids": torch.randint(0, 100, (32, 12)), "attention_mask": mask})
+    assert a[0] != b[0] and torch.isnan(a[1])  # no floating-point tensor: no RMS
+    assert float(fingerprint((x,), {})[1]) == pytest.approx(float(x.pow(2).mean().sqrt()), rel=1e-6)
+    assert fingerprint((), {}) is None
+
+
+@pytest.fixture()
+def group(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _train(dbg_kwargs, steps: int = 30, nan_at: int | None = None, spike_at: int | None = None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    with NeuralDbg(ddp, optimizer=opt, **dbg_kwargs) as dbg:
+        for step in range(steps):
+            x = torch.randn(16, 6)
+            if step == nan_at:
+                x[0, 0] = float("nan")
+            opt.zero_grad()
+            loss = F.cross_entropy(ddp(x), torch.randint(0, 2, (16,)))
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss * (1e3 if step == spike_at else 1.0))
+    return dbg, model
+
+
+def test_one_rank_records_its_rows_batches_and_file(group, tmp_path):
+    dbg, model = _train(dict(distributed=True, run_dir=tmp_path, merge_every=10, checkpoint_interval=0.0),
+                        steps=21, spike_at=15)  # the last row, at step 20, sees the final weights
+    assert dbg.rank == 0 and dbg.trace.layer_names == ["0", "1", "2", "3"]  # the DDP wrapper, unwrapped
+    series = dbg.trace.ranks
+    assert list(series.rows.steps) == [0, 1, 2, 4, 8, 10, 20]
+    assert list(series.batches.steps) == list(range(21)) and np.isfinite(series.batches.data).all()
+    assert dbg.trace.meta["flagged_at"] == 20  # the loss spike at step 15, raised at the next merge
+    assert dbg._ranks.channel.exchanges == 7 and dbg._ranks.channel.failure is None
+    saved = NeuralDbg.load(tmp_path / "rank00000.ndbg")
+    assert saved.step == 21 and saved.trace.meta["world_size"] == 1
+    np.testing.assert_array_equal(saved.trace.ranks.rows.data, series.rows.data)
+    np.testing.assert_array_equal(saved.trace.ranks.batches.data, series.batches.data)
+    # the last row, against plain torch: weight checksums and norms, BatchNorm running statistics
+    lay: RankLayout = series.layout
+    row = series.rows.data[-1, 0]
+    signs = _signs(torch.device("cpu"))
+    for i, layer in [(0, model[0]), (3, model[3])]:
+        views = [param_view(p)[0].double() for p in layer.parameters()]
+        assert lay.block(row, "checksum")[i] == pytest.approx(sum(float((v * signs[0, :v.numel()]).sum()) for v in views))
+        assert lay.block(row, "wnorm")[i] == pytest.approx(float(torch.cat(views).norm()))
+    np.testing.assert_allclose(lay.bn_block(row, "mean")[0], model[1].running_mean.double().numpy())
+    np.testing.assert_allclose(lay.bn_block(row, "var")[0], model[1].running_var.double().numpy())
+    # in a world of one the all-reduce changes nothing: the gradient after it is the rank's own
+    np.testing.assert_allclose(lay.block(row, "grad_reduced"), lay.block(row, "grad_local"), rtol=1e-6)
+    assert np.isnan(lay.block(row, "checksum")[2])  # the ReLU holds no weights
+    assert all(h.confidence < 0.5 for h in dbg.explain())
+
+
+def test_a_nan_raises_the_flag_and_writes_the_file_at_once(group, tmp_path):
+    dbg, _ = _train(dict(distributed=True, run_dir=tmp_path, merge_every=10, checkpoint_interval=1e9), nan_at=12)
+    assert dbg.trace.meta["flag_written"] == 20
+    lay, rows = dbg.trace.ranks.layout, dbg.trace.ranks.rows
+    assert lay.tail(rows.data[-1, 0], "nonfinite_step") == 12
+    assert (tmp_path / "rank00000.ndbg").exists()
+
+
+def test_distributed_options_are_checked():
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="process group"):
+        NeuralDbg(model, distributed=True)
+    assert NeuralDbg(model).rank is None and NeuralDbg(model).ranks == []
+
+
+def test_merge_every_must_be_positive(group):
+    with pytest.raises(ValueError, match="merge_every"):
+        NeuralDbg(nn.Linear(2, 2), distributed=True, merge_every=0)
