@@ -8,8 +8,9 @@
   the ranks agree on one at merge steps);
 - ``SideChannel``: the exchange itself, over a separate gloo group with a timeout: a two-integer
   all-reduce (a flag: NaN/Inf or a loss spike on some rank; the sampling interval each rank proposes)
-  and a gather of fixed-size float64 tensors to rank 0. A collective that fails or times out disables
-  the channel on that rank; training goes on and the per-rank files carry the run.
+  and a gather of fixed-size float64 tensors to rank 0, both started without waiting and collected at
+  the next merge. A collective that fails or times out disables the channel on that rank; training goes
+  on and the per-rank files carry the run.
 
 Nothing here runs inside a hook: the exchange happens once per merge step, after the optimizer step.
 """
@@ -106,14 +107,34 @@ def destroy(group) -> None:
             pass
 
 
+_SOURCE = re.compile(r"^\[[^\]]*\]\s*")
+
+
+@dataclass
+class Exchange:
+    """What one merge brought back: every rank's packet (on rank 0 only), the flag of any rank, the agreed
+    sampling interval, and the step of the merge."""
+
+    packets: list[np.ndarray] | None
+    flag: int
+    interval: int
+    step: int
+
+
 class SideChannel:
-    """A gloo group of its own for the merge, with a timeout (see the module docstring)."""
+    """A gloo group of its own for the merge, with a timeout (see the module docstring).
+
+    ``post`` starts a merge's two collectives without waiting for them; ``collect`` waits for the merge
+    posted last (at the next merge step, by when it has long completed; at most ``timeout`` seconds).
+    Training never waits on a rank that is still finishing its step.
+    """
 
     def __init__(self, info: RankInfo, timeout: float):
         self.info = info
         self.timeout = float(timeout)
         self.failure: str | None = None
         self.exchanges = 0
+        self._pending = None
         try:
             self.group = torch.distributed.new_group(backend="gloo",
                                                      timeout=datetime.timedelta(seconds=self.timeout))
@@ -125,25 +146,43 @@ class SideChannel:
     def open(self) -> bool:
         return self.group is not None and self.failure is None
 
-    def exchange(self, packet: np.ndarray, flag: int, proposal: int) -> tuple[list[np.ndarray] | None, int, int] | None:
-        """The merge collectives: returns (packets of every rank on rank 0, else None; the flag of any rank;
-        the agreed interval), or None when the channel is closed or this exchange failed."""
-        if not self.open:
-            return None
+    def post(self, step: int, packet: np.ndarray, flag: int, proposal: int) -> None:
+        """Start the merge of ``step``: the all-reduce of (flag, proposed interval) and the gather of every
+        rank's ``packet`` (same size on every rank) to rank 0. Collect the previous one first."""
+        if not self.open or self._pending is not None:
+            return
         dist = torch.distributed
+        votes = torch.tensor([int(flag), int(proposal)], dtype=torch.int64)
+        mine = torch.from_numpy(np.array(packet, dtype=np.float64))
+        gathered = [torch.empty_like(mine) for _ in range(self.info.world)] if self.info.rank == 0 else None
         try:
-            votes = torch.tensor([int(flag), int(proposal)], dtype=torch.int64)
-            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group)
-            mine = torch.from_numpy(np.ascontiguousarray(packet, dtype=np.float64))
-            gathered = [torch.empty_like(mine) for _ in range(self.info.world)] if self.info.rank == 0 else None
-            dist.gather(mine, gathered, dst=0, group=self.group)
+            works = [dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True),
+                     dist.gather(mine, gathered, dst=0, group=self.group, async_op=True)]
+        except RuntimeError as exc:
+            self._failed(exc)
+            return
+        self._pending = (step, works, votes, mine, gathered)
+
+    def collect(self) -> Exchange | None:
+        """The merge posted last, once complete; None when there is none or it failed."""
+        if self._pending is None:
+            return None
+        step, works, votes, _, gathered = self._pending
+        self._pending = None
+        try:
+            for w in works:
+                w.wait(datetime.timedelta(seconds=self.timeout))
         except RuntimeError as exc:  # a timeout, or a rank that died: the files carry the run from here
-            why = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            self._fail(f"merge {self.exchanges + 1} failed: {why[:160]}")
+            self._failed(exc)
             return None
         self.exchanges += 1
         packets = [g.numpy() for g in gathered] if gathered is not None else None
-        return packets, int(votes[0]), int(votes[1])
+        return Exchange(packets=packets, flag=int(votes[0]), interval=int(votes[1]), step=step)
+
+    def _failed(self, exc: BaseException) -> None:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = _SOURCE.sub("", text)  # "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+        self._fail(f"merge {self.exchanges + 1} failed: {text[:160]}")
 
     def _fail(self, why: str) -> None:
         self.failure = why

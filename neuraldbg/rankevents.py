@@ -69,9 +69,9 @@ class GradScaleState(_State):
     SUMMED = "summed"
 
 
-# Fingerprints closer than this (relative) are the same batch: float64 sums of the same values can
-# differ in their last bits when reduced in another order.
-SAME_BATCH = 1e-12
+# Fingerprints closer than this (relative) are the same batch: float32 sums of the same values differ
+# in their last bits when reduced in another order; different batches differ by far more.
+SAME_BATCH = 1e-6
 
 
 @dataclass
@@ -253,7 +253,7 @@ def _repeated_batches(series: RankSeries, th: Thresholds) -> list[SemanticEvent]
         last: dict[float, int] = {}
         lags: list[tuple[int, int]] = []       # (step, distance to the same batch before it)
         for step, value in zip(s.tolist(), v.tolist()):
-            key = float(f"{value:.11g}")
+            key = float(f"{value:.6g}")
             if key in last:
                 lags.append((step, step - last[key]))
             last[key] = step

@@ -26,6 +26,11 @@ def _ranks_text(ranks: list[int], world: int) -> str:
     return "ranks " + ", ".join(str(r) for r in ranks[:-1]) + f" and {ranks[-1]}"
 
 
+def _verb(who: str, verb: str) -> str:
+    """``who`` and ``verb`` agreeing: "every rank sees", "ranks 0 and 2 see"."""
+    return f"{who} {verb}" if who.startswith("ranks ") else f"{who} {verb}s"
+
+
 def _with_rank(h: CausalHypothesis, rank: int | None) -> CausalHypothesis:
     h.rank = None if rank is None else int(rank)
     return h
@@ -86,7 +91,7 @@ def rule_duplicate_data(ctx: Context) -> list[CausalHypothesis]:
     repeated = [e for e in evs if e.after == BatchState.REPEATED]
     world = ctx.ranks.world
     rep_ranks = sorted({e.rank for e in repeated})
-    rep_text = (f"{_ranks_text(rep_ranks, world)} see{'s' if len(rep_ranks) == 1 else ''} the same batches in the same "
+    rep_text = (f"{_verb(_ranks_text(rep_ranks, world), 'see')} the same batches in the same "
                 f"order every {int(repeated[0].values['period'])} steps from step {repeated[0].step}: each epoch "
                 "repeats the one before") if repeated else ""
     if shared:
@@ -94,7 +99,8 @@ def rule_duplicate_data(ctx: Context) -> list[CausalHypothesis]:
         groups = ctx.ranks.shared or [tuple(range(world))]
         who = "; ".join(_ranks_text(list(g), world) for g in groups)
         copies = max(len(g) for g in groups)
-        chain = [f"{who} train on the same batches ({e.values['share']:.0%} of the steps compared) from step {e.step}",
+        chain = [f"{_verb(who, 'train')} on the same batches ({e.values['share']:.0%} of the steps compared) "
+                 f"from step {e.step}",
                  f"the all-reduce averages {copies} copies of the same gradient: {world} processes do the work of "
                  f"{world - sum(len(g) - 1 for g in groups)}, each epoch covers only part of the data"]
         if repeated:

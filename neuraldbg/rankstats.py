@@ -1,8 +1,8 @@
 """Extraction for the comparison across ranks: what one rank measures of itself, with no collective.
 
-- every step, from a forward pre-hook on the model: a fingerprint of the batch (float64 sum and sum of
-  squares of its tensors, combined: equal batches give equal fingerprints, whatever the order of their
-  samples) and the RMS of its first floating-point tensor; both stay on the device until the merge;
+- every step, from a forward pre-hook on the model: the sum and norm of the batch's tensors, kept on the
+  device until the merge, where they become a fingerprint (equal batches give equal fingerprints, and
+  the same samples in another order nearly equal ones) and the RMS of its first tensor;
 - at merge steps only: a gradient hook on every parameter for the rank's own (local) gradient, before
   the all-reduce averages it, projected on fixed sign patterns (summed over the passes of an
   accumulated step: projections are linear); after the optimizer step, per layer a signed checksum of
@@ -15,12 +15,15 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from .layers import LayerInfo
 from .ranktrace import BN_SLOTS, PHASES, PROJECTIONS, TAIL, RankLayout, bn_channels
-from .stats import PARAM_SAMPLE, param_view
+# Elements of each parameter (an evenly strided subset, as ``stats.param_view`` takes) that its checksum
+# and gradient projections read: enough to see replicas drift apart, a quarter of the norms' share.
+RANK_SAMPLE = 16384
 from .trace import NonFiniteOrigin
 
 # At most this many tensors of a batch enter its fingerprint.
@@ -30,46 +33,75 @@ _SIGNS: dict[torch.device, torch.Tensor] = {}
 
 
 def _signs(device: torch.device) -> torch.Tensor:
-    """Fixed pseudo-random +-1 patterns (the same on every rank), (1 + PROJECTIONS, PARAM_SAMPLE): the first
+    """Fixed pseudo-random +-1 patterns (the same on every rank), (1 + PROJECTIONS, RANK_SAMPLE): the first
     weighs the checksum's elements, the others the gradient projections."""
     if device not in _SIGNS:
         g = torch.Generator().manual_seed(20240613)
-        signs = torch.randint(0, 2, (1 + PROJECTIONS, PARAM_SAMPLE), generator=g, dtype=torch.float64) * 2 - 1
+        signs = torch.randint(0, 2, (1 + PROJECTIONS, RANK_SAMPLE), generator=g, dtype=torch.float64) * 2 - 1
         _SIGNS[device] = signs.to(device)
     return _SIGNS[device]
 
 
+def rank_view(t: torch.Tensor) -> torch.Tensor:
+    """At most ``RANK_SAMPLE`` evenly strided elements of ``t`` (a view, no copy)."""
+    flat = t.detach().reshape(-1)
+    return flat if flat.numel() <= RANK_SAMPLE else flat[::-(-flat.numel() // RANK_SAMPLE)]
+
+
 def _project(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     """(PROJECTIONS,) float64: a strided view of ``t`` projected on the gradient sign patterns."""
-    v = param_view(t)[0].to(torch.float64)
+    v = rank_view(t).to(torch.float64)
     return (_signs(v.device)[1:, :v.numel()] * v).sum(dim=1).to(dev)
 
 
-def fingerprint(args, kwargs) -> torch.Tensor | None:
-    """(fingerprint, RMS) of a batch as a float64 device tensor; None when it holds no tensor.
-    Each tensor adds its sum and its sum of squares, weighed by its place, so that a constant tensor
-    (a mask of ones) cannot make different batches look the same."""
+def batch_sums(args, kwargs) -> tuple[torch.Tensor, int] | None:
+    """Of the first ``FINGERPRINT_TENSORS`` tensors of a batch, each one's sum and norm (float32), as one
+    (2 * tensors,) device tensor, and the element count of the first
+    floating-point one (0: none, its RMS unknown). None when the batch holds no tensor. A few device
+    operations, no host transfer: ``fingerprints`` combines them on the host."""
     leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.numel() > 0]
     if not leaves:
         return None
+    leaves = leaves[:FINGERPRINT_TENSORS]
     dev = leaves[0].device
-    first = next((i for i, t in enumerate(leaves) if t.is_floating_point()), -1)
-    fp = torch.zeros((), dtype=torch.float64, device=dev)
-    rms = torch.full((), float("nan"), dtype=torch.float64, device=dev)
-    for k, t in enumerate(leaves[:FINGERPRINT_TENSORS]):
+    parts, numel = [], 0
+    for k, t in enumerate(leaves):
         t = t.detach()
         if t.is_sparse:
             t = t.to_dense()
         if t.is_complex():
             t = torch.view_as_real(t)
+        if k == 0 and t.is_floating_point():
+            numel = t.numel()
         if not t.is_floating_point():
-            t = t.to(torch.float64)  # token ids, masks: small next to the model's own tensors
-        s = torch.sum(t, dtype=torch.float64).to(dev)
-        sq = torch.linalg.vector_norm(t, dtype=torch.float64).to(dev) ** 2
-        fp = fp + (k + 1) * s + (k + 1.5) * 3.14159 * sq
-        if k == first:
-            rms = torch.sqrt(sq / t.numel())
-    return torch.stack([fp, rms])
+            t = t.to(torch.float32)  # token ids, masks: small next to the model's own tensors
+        parts += [torch.sum(t, dtype=torch.float32).to(dev), torch.linalg.vector_norm(t, dtype=torch.float32).to(dev)]
+    return torch.stack(parts), numel
+
+
+# how each tensor's sum and sum of squares weigh in a fingerprint: by its place, so that a constant
+# tensor (a mask of ones) cannot make different batches look the same
+_WEIGHTS = np.array([[k + 1.0, (k + 1.5) * np.pi] for k in range(FINGERPRINT_TENSORS)]).reshape(-1)
+
+
+def fingerprints(sums: np.ndarray, numel: np.ndarray) -> np.ndarray:
+    """(n, 2): fingerprint and RMS of the first tensor, from ``batch_sums`` of n batches. Equal batches give
+    equal fingerprints, whatever the order of their samples."""
+    sums = np.asarray(sums, dtype=np.float64).reshape(len(numel), -1)
+    squared = np.zeros((len(sums), len(_WEIGHTS)))
+    squared[:, :sums.shape[1]] = sums
+    squared[:, 1::2] **= 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rms = np.where(numel > 0, squared[:, 1] / np.maximum(numel, 1), np.nan) ** 0.5
+    return np.stack([squared @ _WEIGHTS, rms], axis=1)
+
+
+def fingerprint(args, kwargs) -> np.ndarray | None:
+    """(fingerprint, RMS) of one batch (see ``fingerprints``); None when it holds no tensor."""
+    got = batch_sums(args, kwargs)
+    if got is None:
+        return None
+    return fingerprints(got[0].cpu().numpy()[None], np.array([got[1]]))[0]
 
 
 class RankProbe:
@@ -102,7 +134,7 @@ class RankProbe:
         self._owner = torch.tensor([o for _, _, o in self.params], dtype=torch.long)
         self._has_params = np.zeros(len(layers), dtype=bool)
         self._has_params[[o for _, _, o in self.params]] = True
-        self._batches: list[tuple[int, torch.Tensor]] = []
+        self._batches: list[tuple[int, torch.Tensor, int]] = []   # (step, batch_sums)
         self._fp_step = -1
         self.passes = 0
         self._local: list[tuple[int, torch.Tensor]] = []   # (param index, projections of a local gradient)
@@ -127,9 +159,9 @@ class RankProbe:
         if step != self._fp_step:  # the first forward pass of a step: its batch
             self._fp_step = step
             self.passes = 0
-            fp = fingerprint(args, kwargs)
-            if fp is not None:
-                self._batches.append((step, fp))
+            got = batch_sums(args, kwargs)
+            if got is not None:
+                self._batches.append((step, *got))
             if self.is_merge_step(step):
                 self._add_grad_hooks()
         self.passes += 1
@@ -161,8 +193,10 @@ class RankProbe:
         if not items:
             return np.zeros(0, dtype=np.int64), np.zeros((0, 2))
         dev = items[0][1].device
-        values = torch.stack([v.to(dev) for _, v in items]).cpu().numpy().astype(np.float64)
-        return np.array([s for s, _ in items], dtype=np.int64), values
+        width = 2 * FINGERPRINT_TENSORS
+        sums = torch.stack([F.pad(v.to(dev), (0, width - len(v))) for _, v, _ in items]).cpu().double().numpy()
+        return (np.array([s for s, _, _ in items], dtype=np.int64),
+                fingerprints(sums, np.array([n for _, _, n in items], dtype=np.int64)))
 
     def row(self, nonfinite: NonFiniteOrigin | None) -> np.ndarray:
         """This rank's row after a merge step's optimizer step (see ``RankLayout``)."""
@@ -171,7 +205,7 @@ class RankProbe:
         dev = self.params[0][1].device if self.params else torch.device("cpu")
         owner = self._owner.to(dev)
         if self.params:
-            views = [param_view(p)[0] for _, p, _ in self.params]
+            views = [rank_view(p) for _, p, _ in self.params]
             check = torch.stack([(v.to(torch.float64) * _signs(v.device)[0, :v.numel()]).sum().to(dev) for v in views])
             sq = torch.stack([torch.linalg.vector_norm(v, dtype=torch.float64).to(dev) ** 2 for v in views])
             parts += [_per_layer(check, owner, n), _per_layer(sq, owner, n).sqrt()]

@@ -119,6 +119,18 @@ class RankSeries:
                 full[r] = v[i]
             self.batches.append(int(s), full)
 
+    def fill(self, rank: int, step: int, row: np.ndarray, steps: np.ndarray, batches: np.ndarray) -> None:
+        """Another rank's row at merge ``step`` and its batches at ``steps``, into rows and batches kept
+        already (those thinned away meanwhile are skipped)."""
+        at = np.nonzero(self.rows.steps == step)[0]
+        if len(at):
+            self.rows.data[at[-1], rank] = row
+        if len(steps) and self.batches.n:
+            have = self.batches.steps
+            idx = np.searchsorted(have, steps)
+            ok = (idx < len(have)) & (have[np.minimum(idx, len(have) - 1)] == steps)
+            self.batches.data[idx[ok], rank] = batches[ok]
+
     # -- reading ---------------------------------------------------------------------------------
     def ranks_with_rows(self) -> list[int]:
         known = np.isfinite(self.rows.data).any(axis=(0, 2)) if self.rows.n else np.zeros(self.world, bool)

@@ -6,9 +6,10 @@ After every step (the session's step-end callback, never inside a hook), at merg
 1. this rank's row and batch fingerprints since the last merge (``rankstats.RankProbe``) go into its own
    column of the trace's rank axis (``ranktrace.RankSeries``);
 2. over the side channel, one all-reduce agrees on a flag (NaN/Inf or a loss spike on some rank) and on
-   the sampling interval, and one gather brings every rank's row and fingerprints to rank 0;
+   the sampling interval, and one gather brings every rank's row and fingerprints to rank 0; both are
+   started without waiting, and collected at the next merge step;
 3. a raised flag starts a burst of sampled steps on every rank at the same step and writes every
-   rank's file at once.
+   rank's file (the rank that raised it writes its own at once).
 
 Each rank writes ``run_dir/rank00000.ndbg`` (its rank, five digits): at the first merge, then at most
 every ``checkpoint_interval`` seconds of merges, when a flag is raised or an exchange fails, when
@@ -69,6 +70,7 @@ class RankWatch:
         self._last_write = -math.inf
         self._loss_step = -1
         self._nonfinite_flagged = False
+        self.merges = 0                      # merges completed (collected) in this session
         self._prev_sigterm = None
         self._atexit = None
         self.window = self.merge_every + 1   # fingerprints one packet carries
@@ -92,8 +94,8 @@ class RankWatch:
     def attach(self) -> None:
         if self.run_dir is not None:
             os.makedirs(self.run_dir, exist_ok=True)
-        if self.channel is None:
-            self.channel = SideChannel(self.info, self.merge_timeout)
+            self._clear_stale()
+        self.channel = SideChannel(self.info, self.merge_timeout)  # made by every rank as it starts watching
         self.probe.attach()
         ref = weakref.ref(self)
         self._atexit = lambda: (ref() is not None and ref().write())
@@ -104,6 +106,19 @@ class RankWatch:
                 self._prev_sigterm = prev
                 signal.signal(signal.SIGTERM, self._on_sigterm)
 
+    def _clear_stale(self) -> None:
+        """A run directory used before: this rank's old file goes (a rank that dies before its first write
+        must not pass off an earlier run's trace as its own), and rank 0 removes those of ranks beyond the
+        world size."""
+        from .merge import rank_files
+
+        for r, path in rank_files(self.run_dir).items():
+            if r == self.info.rank or (self.info.rank == 0 and r >= self.info.world):
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+
     def detach(self) -> None:
         self.probe.detach()
         if self._atexit is not None:
@@ -113,17 +128,14 @@ class RankWatch:
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
                 signal.signal(signal.SIGTERM, self._prev_sigterm)
             self._prev_sigterm = None
-        self._drain_local()
-        self._note_channel()
-        self.write()
-
-    def close(self) -> None:
-        """Release the side group (after the last exchange of this session)."""
-        if self.channel is not None and self.channel.group is not None:
-            try:
+        if self.channel is not None:
+            self._apply(self.channel.collect(), self.trace.meta.get("step", 0))  # the last merge
+            self._note_channel()
+            if self.channel.group is not None:
                 distributed.destroy(self.channel.group)
-            finally:
                 self.channel.group = None
+        self._drain_local()
+        self.write()
 
     def _on_sigterm(self, signum, frame) -> None:
         self.write()
@@ -150,51 +162,52 @@ class RankWatch:
         if not distributed.merge_step(step, self.merge_every):
             return
         self._flush()  # the losses recorded so far, for the spike flag
+        if self.channel is not None:
+            self._apply(self.channel.collect(), step)  # the previous merge, complete by now
         row = self.probe.row(self.trace.nonfinite)
         steps, batches = self.probe.drain_batches()
         self.series.add_row(step, {self.info.rank: row})
+        self.series.add_batches(steps, {self.info.rank: batches})
         flag = self._flag()
-        packet = self._packet(row, steps, batches)
-        result = self.channel.exchange(packet, flag, self.schedule.proposal) if self.channel is not None else None
-        if result is None:
-            self.series.add_batches(steps, {self.info.rank: batches})
-            self._note_channel()
-            if self.channel is not None and self.channel.failure is not None and "merge_failed_at" not in self.trace.meta:
-                self.trace.meta["merge_failed_at"] = step
-                self.write()
-            elif self.clock() - self._last_write >= self.checkpoint_interval:
-                self.write()
-            return
-        packets, any_flag, interval = result
-        self.schedule.agree(interval)
-        if packets is not None:  # rank 0: every rank's row and batches
-            rows, values = {}, {}
-            for r, p in enumerate(packets):
-                rows[r], values[r] = self._unpack(p, steps)
-            rows[self.info.rank] = row
-            self.series.rows.data[-1][:] = np.stack([rows.get(r, np.full_like(row, np.nan))
-                                                     for r in range(self.info.world)])
-            values[self.info.rank] = batches
-            self.series.add_batches(steps, values)
-        else:
-            self.series.add_batches(steps, {self.info.rank: batches})
-        if any_flag:
-            self.schedule.burst(step + 1)
-            self.trace.meta.setdefault("flagged_at", step)
-        if any_flag and "flag_written" not in self.trace.meta:
+        if flag and "flag_written" not in self.trace.meta:  # this rank's own trouble: its file at once
             self.trace.meta["flag_written"] = step
+            self.write()
+        if self.channel is not None:
+            self.channel.post(step, self._packet(row, steps, batches), flag, self.schedule.proposal)
+        if self._note_channel():
             self.write()
         elif self.clock() - self._last_write >= self.checkpoint_interval:
             self.write()
+
+    def _apply(self, ex, step: int) -> None:
+        """What a completed merge brought: the agreed interval, a flag raised on some rank (a burst of
+        sampled steps on every rank, and every file written), and on rank 0 the other ranks' data."""
+        if ex is None:
+            return
+        self.merges += 1
+        self.schedule.agree(ex.interval)
+        if ex.flag:
+            self.trace.meta.setdefault("flagged_at", ex.step)
+            self.schedule.burst(step + 1)
+            if "flag_written" not in self.trace.meta:
+                self.trace.meta["flag_written"] = step
+                self.write()
+        if ex.packets is not None:
+            for r, packet in enumerate(ex.packets):
+                if r != self.info.rank:
+                    self.series.fill(r, ex.step, *self._unpack(packet))
 
     def _drain_local(self) -> None:
         steps, batches = self.probe.drain_batches()
         if len(steps):
             self.series.add_batches(steps, {self.info.rank: batches})
 
-    def _note_channel(self) -> None:
-        if self.channel is not None and self.channel.failure is not None:
-            self.trace.meta["merge_failure"] = self.channel.failure
+    def _note_channel(self) -> bool:
+        """Record a merge that failed, once; True the first time."""
+        if self.channel is None or self.channel.failure is None or "merge_failure" in self.trace.meta:
+            return False
+        self.trace.meta["merge_failure"] = self.channel.failure
+        return True
 
     def _flag(self) -> int:
         """1 when this rank saw its first NaN/Inf, or a loss spike, since the last merge."""
@@ -223,9 +236,9 @@ class RankWatch:
         fp[:k, 1:] = batches[-k:] if k else np.zeros((0, 2))
         return np.concatenate([row, fp.reshape(-1)])
 
-    def _unpack(self, packet: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A rank's row, and its batches at this rank's ``steps`` (NaN where it has none)."""
+    def _unpack(self, packet: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A rank's row, and the steps and (fingerprint, RMS) of its batches."""
         n = self.probe.layout.length
         row, fp = packet[:n], packet[n:].reshape(self.window, 3)
-        at = {int(s): v for s, v in zip(fp[:, 0], fp[:, 1:]) if np.isfinite(s)}
-        return row, np.array([at.get(int(s), (np.nan, np.nan)) for s in steps]).reshape(len(steps), 2)
+        ok = np.isfinite(fp[:, 0])
+        return row, fp[ok, 0].astype(np.int64), fp[ok, 1:]

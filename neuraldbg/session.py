@@ -42,8 +42,8 @@ class NeuralDbg:
                  thresholds: Thresholds | None = None, *, every: int | None = None, capacity: int = 2048,
                  on_step: Callable[["NeuralDbg"], None] | None = None, update_interval: float = 0.25,
                  clock: Clock | None = None, after_step: Callable[["NeuralDbg"], None] | None = None,
-                 run_dir: str | os.PathLike | None = None, distributed: bool | None = None, merge_every: int = 25,
-                 merge_timeout: float = 60.0, checkpoint_interval: float = 30.0):
+                 run_dir: str | os.PathLike | None = None, distributed: bool | None = None, merge_every: int = 50,
+                 merge_timeout: float = 300.0, checkpoint_interval: float = 30.0):
         if thresholds is not None and not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds must be a neuraldbg.Thresholds, got {type(thresholds).__name__}")
         self.thresholds = thresholds or Thresholds()

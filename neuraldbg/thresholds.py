@@ -52,19 +52,22 @@ class Thresholds:
     # -- ranks (multi-process runs) ----------------------------------------------------------------
     replica_divergence: float = _f(1e-5, "replica divergence", "log", 1e-9, 1e-1,
                                    "relative difference of a layer's weight checksum from the other ranks' above "
-                                   "which its replicas diverged (data-parallel replicas are bit-identical)", group="ranks")
+                                   "which its replicas diverged (data-parallel replicas are bit-identical)",
+                                   group="ranks")
     duplicate_batches: float = _f(0.5, "duplicate batches", "linear", 0.05, 1.0,
                                   "share of steps with the same batch on two ranks, or at a fixed distance on one "
                                   "rank (every epoch), for the data to be duplicated", group="ranks")
     rank_input_scale: float = _f(5.0, "rank input scale", "log", 1.5, 1e4,
-                                 "RMS of a rank's batches over the other ranks' (either way) above which its data "
+                                 "RMS of a rank's batches over the median rank's (either way) above which its data "
                                  "is out of scale", group="ranks")
     bn_rank_spread: float = _f(0.5, "BatchNorm rank spread", "log", 0.01, 10.0,
-                               "difference of BatchNorm running means across ranks, in running standard deviations "
-                               "(or of their log variances), above which the ranks normalise differently", group="ranks")
+                               "difference of BatchNorm running means across ranks, in running standard "
+                               "deviations (or of their log variances), above which the ranks normalise "
+                               "differently", group="ranks")
     grad_world_ratio: float = _f(1.25, "gradient world ratio", "log", 1.01, 100.0,
-                                 "gradient norm after the all-reduce over the ranks' mean own norm above which the "
-                                 "gradients were summed over ranks, not averaged (an average is at most 1)", group="ranks")
+                                 "gradient after the all-reduce over the mean of the ranks' own (an average gives "
+                                 "1, a sum the world size) above which it was summed over the ranks",
+                                 group="ranks")
     # -- events ------------------------------------------------------------------------------------
     persist: int = _f(2, "persistence", "linear", 1, 20,
                       "consecutive samples a state must hold before it becomes an event (hysteresis)")

@@ -12,9 +12,8 @@ from torch import nn
 from ddp_workers import free_port
 from neuraldbg import NeuralDbg
 from neuraldbg.distributed import AgreedSchedule, merge_step
-from neuraldbg.rankstats import _signs, fingerprint
+from neuraldbg.rankstats import _signs, fingerprint, rank_view
 from neuraldbg.ranktrace import RankLayout
-from neuraldbg.stats import param_view
 
 
 def test_merge_steps_depend_on_the_step_alone():
@@ -53,13 +52,13 @@ def test_agreed_schedule_samples_the_same_steps_whatever_each_rank_measures():
 def test_fingerprints_name_the_same_batch_and_tell_others_apart():
     x, ids = torch.randn(32, 8), torch.randint(0, 100, (32, 12))
     same = fingerprint((x[torch.randperm(32)],), {})  # the same samples in another order
-    assert torch.equal(fingerprint((x,), {}), same)
-    assert not torch.equal(fingerprint((x,), {})[0], fingerprint((x + 1e-3,), {})[0])
+    assert fingerprint((x,), {})[0] == pytest.approx(same[0], rel=1e-6)
+    assert fingerprint((x,), {})[0] != pytest.approx(fingerprint((x + 1e-2,), {})[0], rel=1e-5)
     mask = torch.ones(32, 12, dtype=torch.long)  # a constant mask next to varying token ids
     a = fingerprint((), {"input_ids": ids, "attention_mask": mask})
     b = fingerprint((), {"input_ids": torch.randint(0, 100, (32, 12)), "attention_mask": mask})
-    assert a[0] != b[0] and torch.isnan(a[1])  # no floating-point tensor: no RMS
-    assert float(fingerprint((x,), {})[1]) == pytest.approx(float(x.pow(2).mean().sqrt()), rel=1e-6)
+    assert a[0] != b[0] and np.isnan(a[1])  # no floating-point tensor first: no RMS
+    assert fingerprint((x,), {})[1] == pytest.approx(float(x.pow(2).mean().sqrt()), rel=1e-6)
     assert fingerprint((), {}) is None
 
 
@@ -98,7 +97,7 @@ def test_one_rank_records_its_rows_batches_and_file(group, tmp_path):
     assert list(series.rows.steps) == [0, 1, 2, 4, 8, 10, 20]
     assert list(series.batches.steps) == list(range(21)) and np.isfinite(series.batches.data).all()
     assert dbg.trace.meta["flagged_at"] == 20  # the loss spike at step 15, raised at the next merge
-    assert dbg._ranks.channel.exchanges == 7 and dbg._ranks.channel.failure is None
+    assert dbg._ranks.merges == 7 and "merge_failure" not in dbg.trace.meta
     saved = NeuralDbg.load(tmp_path / "rank00000.ndbg")
     assert saved.step == 21 and saved.trace.meta["world_size"] == 1
     np.testing.assert_array_equal(saved.trace.ranks.rows.data, series.rows.data)
@@ -108,7 +107,7 @@ def test_one_rank_records_its_rows_batches_and_file(group, tmp_path):
     row = series.rows.data[-1, 0]
     signs = _signs(torch.device("cpu"))
     for i, layer in [(0, model[0]), (3, model[3])]:
-        views = [param_view(p)[0].double() for p in layer.parameters()]
+        views = [rank_view(p).double() for p in layer.parameters()]
         assert lay.block(row, "checksum")[i] == pytest.approx(sum(float((v * signs[0, :v.numel()]).sum()) for v in views))
         assert lay.block(row, "wnorm")[i] == pytest.approx(float(torch.cat(views).norm()))
     np.testing.assert_allclose(lay.bn_block(row, "mean")[0], model[1].running_mean.double().numpy())
