@@ -28,6 +28,7 @@ test: venv
 
 bench: venv
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/distributed.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .coverage htmlcov
