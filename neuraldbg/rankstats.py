@@ -108,7 +108,8 @@ class RankProbe:
     """Hooks and per-merge measurements of one rank (see the module docstring)."""
 
     def __init__(self, model: nn.Module, layers: list[LayerInfo], modules: list[nn.Module],
-                 step_of: Callable[[], int], is_merge_step: Callable[[int], bool], hook_on: nn.Module | None = None):
+                 step_of: Callable[[], int], is_merge_step: Callable[[int], bool], hook_on: nn.Module | None = None,
+                 unsynced: set[str] = frozenset()):
         self.model = model
         self.hook_on = model if hook_on is None else hook_on  # a compiled model's wrapper: hooked outside the graph
         self.layers = layers
@@ -119,10 +120,11 @@ class RankProbe:
         self.params: list[tuple[str, nn.Parameter, int]] = []
         for name, m in model.named_modules():
             for pname, p in m.named_parameters(recurse=False):
-                if id(p) in seen or id(m) not in index:
+                qualified = f"{name}.{pname}" if name else pname
+                if id(p) in seen or id(m) not in index or qualified in unsynced:
                     continue
                 seen.add(id(p))
-                self.params.append((f"{name}.{pname}" if name else pname, p, index[id(m)]))
+                self.params.append((qualified, p, index[id(m)]))
         bn = []
         self._bn_modules = []
         for i, m in enumerate(modules):
@@ -140,6 +142,7 @@ class RankProbe:
         self._local: list[tuple[int, torch.Tensor]] = []   # (param index, projections of a local gradient)
         self._grad_handles: list = []
         self._handle = None
+        self.error: str | None = None          # the first measurement that failed (it is skipped, never raised)
 
     # -- hooks -----------------------------------------------------------------------------------
     def attach(self) -> None:
@@ -159,7 +162,11 @@ class RankProbe:
         if step != self._fp_step:  # the first forward pass of a step: its batch
             self._fp_step = step
             self.passes = 0
-            got = batch_sums(args, kwargs)
+            try:
+                got = batch_sums(args, kwargs)
+            except (RuntimeError, TypeError, ValueError) as exc:  # an input kind it cannot sum: no fingerprint
+                got = None
+                self._note(exc)
             if got is not None:
                 self._batches.append((step, *got))
             if self.is_merge_step(step):
@@ -177,9 +184,16 @@ class RankProbe:
     def _make_grad_hook(self, j: int):
         def hook(g):
             if g is not None and not g.is_sparse:
-                self._local.append((j, _project(g.detach(), g.device)))
+                try:
+                    self._local.append((j, _project(g.detach(), g.device)))
+                except (RuntimeError, TypeError) as exc:
+                    self._note(exc)
             return None
         return hook
+
+    def _note(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
     def _drop_grad_hooks(self) -> None:
         for h in self._grad_handles:
@@ -199,7 +213,17 @@ class RankProbe:
                 fingerprints(sums, np.array([n for _, _, n in items], dtype=np.int64)))
 
     def row(self, nonfinite: NonFiniteOrigin | None) -> np.ndarray:
-        """This rank's row after a merge step's optimizer step (see ``RankLayout``)."""
+        """This rank's row after a merge step's optimizer step (see ``RankLayout``); NaN where a measurement
+        failed (noted in ``error``), so that the ranks' exchanges stay in step."""
+        try:
+            return self._row(nonfinite)
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            self._note(exc)
+            self._drop_grad_hooks()
+            self._local = []
+            return np.full(self.layout.length, np.nan)
+
+    def _row(self, nonfinite: NonFiniteOrigin | None) -> np.ndarray:
         lay, n = self.layout, len(self.layers)
         parts: list[torch.Tensor] = []
         dev = self.params[0][1].device if self.params else torch.device("cpu")

@@ -77,12 +77,14 @@ class RankWatch:
 
     @classmethod
     def for_session(cls, dbg, info: RankInfo, *, run_dir, merge_every: int, merge_timeout: float,
-                    checkpoint_interval: float) -> "RankWatch":
-        """The rank side of a ``NeuralDbg`` session that is about to watch (its recorder exists)."""
+                    checkpoint_interval: float, unsynced: set[str] = frozenset()) -> "RankWatch":
+        """The rank side of a ``NeuralDbg`` session that is about to watch (its recorder exists).
+        ``unsynced``: names of parameters each rank keeps its own (left out of the comparison)."""
         rec = dbg._recorder
         every = int(merge_every)
         probe = RankProbe(rec.inner, rec.layers, rec.modules, step_of=lambda: rec.step,
-                          is_merge_step=lambda s: distributed.merge_step(s, every), hook_on=rec.model)
+                          is_merge_step=lambda s: distributed.merge_step(s, every), hook_on=rec.model,
+                          unsynced=unsynced)
         return cls(info, rec.trace, probe, rec.schedule, save=dbg.save, run_dir=run_dir, merge_every=every,
                    merge_timeout=merge_timeout, checkpoint_interval=checkpoint_interval, flush=rec.flush_losses)
 
@@ -174,6 +176,8 @@ class RankWatch:
             self.write()
         if self.channel is not None:
             self.channel.post(step, self._packet(row, steps, batches), flag, self.schedule.proposal)
+        if self.probe.error is not None:
+            self.trace.meta.setdefault("rank_stats_error", self.probe.error)
         if self._note_channel():
             self.write()
         elif self.clock() - self._last_write >= self.checkpoint_interval:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import fileformat
-from .distributed import AgreedSchedule, rank_info, unwrap
+from .distributed import AgreedSchedule, ignored_parameters, rank_info, unwrap
 from .recorder import Recorder
 from .schedule import Clock, Schedule, Throttle
 from .thresholds import Thresholds
@@ -47,6 +47,7 @@ class NeuralDbg:
         if thresholds is not None and not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds must be a neuraldbg.Thresholds, got {type(thresholds).__name__}")
         self.thresholds = thresholds or Thresholds()
+        unsynced = ignored_parameters(model)  # parameters a DDP wrapper leaves to each rank on purpose
         model = unwrap(model)  # a DDP wrapper: the module inside, so that names carry no "module." prefix
         self.model = model
         self.optimizer = optimizer
@@ -70,7 +71,8 @@ class NeuralDbg:
             from .rankwatch import RankWatch
 
             self._ranks = RankWatch.for_session(self, info, run_dir=run_dir, merge_every=merge_every,
-                                                merge_timeout=merge_timeout, checkpoint_interval=checkpoint_interval)
+                                                merge_timeout=merge_timeout, checkpoint_interval=checkpoint_interval,
+                                                unsynced=unsynced)
 
     @classmethod
     def _from_trace(cls, trace: Trace, thresholds: Thresholds | None = None) -> "NeuralDbg":

@@ -108,6 +108,19 @@ def healthy(rank, world, run_dir):
     train(rank, world, run_dir)
 
 
+def healthy_bn(rank, world, run_dir):
+    """BatchNorm without SyncBatchNorm, DDP's default buffer broadcast, every rank the same kind of data."""
+    train(rank, world, run_dir, model=Net(bn=True))
+
+
+def unsynced_by_design(rank, world, run_dir):
+    """A per-rank parameter DDP is told to leave alone: it differs across ranks, by design."""
+    model = Net()
+    model.fc2.rank_scale = nn.Parameter(torch.full((1,), 1.0 + rank), requires_grad=False)
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ["fc2.rank_scale"])
+    train(rank, world, run_dir, model=model)
+
+
 def nan_rank1(rank, world, run_dir):
     """Rank 1 gets a sample of zeros at step 30: `norm` divides 0 by 0 there, on that rank only."""
     def zero_sample(step, ddp, x):
@@ -184,7 +197,7 @@ def killed(rank, world, run_dir):
         pass  # the collective with the dead rank fails; NeuralDbg has written this rank's file
 
 
-SCENARIOS = {f.__name__: f for f in (healthy, nan_rank1, desync, no_sampler, no_set_epoch, bad_shard, bn_ranks,
+SCENARIOS = {f.__name__: f for f in (healthy, healthy_bn, unsynced_by_design, nan_rank1, desync, no_sampler, no_set_epoch, bad_shard, bn_ranks,
                                      summed_grads, timeout, killed)}
 
 

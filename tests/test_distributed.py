@@ -19,7 +19,7 @@ from ddp_workers import STEPS, Net, launch
 from neuraldbg import Cause, NeuralDbg
 from neuraldbg.hypothesis import CONFIDENT
 
-TWO = ["healthy", "nan_rank1", "desync", "no_sampler", "no_set_epoch", "bad_shard", "bn_ranks", "summed_grads",
+TWO = ["healthy", "healthy_bn", "unsynced_by_design", "nan_rank1", "desync", "no_sampler", "no_set_epoch", "bad_shard", "bn_ranks", "summed_grads",
        "timeout"]
 THREE = ["desync", "bad_shard", "killed"]
 
@@ -65,6 +65,12 @@ def test_healthy_run_is_quiet_and_every_rank_records_the_same_steps(two):
     # the DDP wrapper was watched: layer names as in the module inside it, no "module." prefix
     assert t0.layer_names == [n for n, m in Net().named_modules() if n and not list(m.children())]
     assert "ranks: 2 of 2 ranks" in dbg.report()
+
+
+@pytest.mark.parametrize("name", ["healthy_bn", "unsynced_by_design"])
+def test_healthy_runs_of_other_kinds_are_quiet(two, name):
+    dbg = NeuralDbg.load(two / name)
+    assert dbg.step == STEPS and all(h.confidence < CONFIDENT for h in dbg.explain()), dbg.report()
 
 
 def test_nan_on_one_rank_is_named_on_that_rank_then_every_rank(two):

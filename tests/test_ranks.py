@@ -136,3 +136,26 @@ def test_distributed_options_are_checked():
 def test_merge_every_must_be_positive(group):
     with pytest.raises(ValueError, match="merge_every"):
         NeuralDbg(nn.Linear(2, 2), distributed=True, merge_every=0)
+
+
+def test_a_compiled_model_records_as_a_rank_without_recompiling(group, tmp_path):
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    model = torch.compile(net, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    graphs = []
+    with NeuralDbg(model, optimizer=opt, distributed=True, run_dir=tmp_path, merge_every=4) as dbg:
+        for _ in range(24):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(8, 6)), torch.randint(0, 2, (8,))).backward()
+            opt.step()
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[-1] == graphs[3] > 0
+    series = dbg.trace.ranks
+    assert list(series.batches.steps) == list(range(24)) and dbg.trace.layer_names == ["0", "1", "2"]
+    row = series.rows.data[-1, 0]
+    assert np.isfinite(series.layout.block(row, "grad_local")[..., [0, 2]]).all()  # the hooks fired
+    assert "rank_stats_error" not in dbg.trace.meta
