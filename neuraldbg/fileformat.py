@@ -24,7 +24,7 @@ import struct
 import numpy as np
 
 from .layers import LayerInfo
-from .ranktrace import RankSeries
+from .ranktrace import LAYOUT_VERSION, RankSeries
 from .trace import GLOBAL_COLUMNS, BoundedSeries, NonFiniteOrigin, Trace
 from .stats import N_STATS
 
@@ -105,7 +105,8 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
             _fail(path, "corrupt header")
         body = size - _PREFIX.size - hlen
         try:
-            ranked = header.get("ranks") is not None
+            ranks = header.get("ranks")
+            ranked = isinstance(ranks, dict) and ranks.get("version") == LAYOUT_VERSION
             arrays = _read_arrays(f, header, _PREFIX.size + hlen, body, _ARRAYS + (_RANK_ARRAYS if ranked else ()))
             layers = [LayerInfo.from_dict(d) for d in header["layers"]]
             n_stats = int(header["n_stats"])
@@ -123,7 +124,9 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
                           loss=BoundedSeries.from_arrays(arrays["loss_steps"], arrays["loss"], lcap),
                           nonfinite=NonFiniteOrigin.from_dict(header["nonfinite"]) if header.get("nonfinite") else None,
                           meta=dict(header.get("meta") or {}),
-                          ranks=RankSeries.from_arrays(header["ranks"], arrays, len(layers)) if ranked else None)
+                          ranks=RankSeries.from_arrays(ranks, arrays, len(layers)) if ranked else None)
+            if ranks is not None and not ranked:  # another version's rank statistics: the rest stands
+                trace.meta["ranks_skipped"] = "rank statistics of another format version"
         except ValueError as exc:
             if "not a readable NeuralDbg trace" in str(exc):
                 raise

@@ -173,35 +173,36 @@ def _onsets(codes: np.ndarray, persist: int) -> list[tuple[int, int]]:
 # -- replicas --------------------------------------------------------------------------------------
 
 def _reference(values: np.ndarray, scale: np.ndarray, tol: float) -> np.ndarray:
-    """Per (row, layer), the rank whose value most ranks share within ``tol * scale`` (ties: lowest rank).
-    ``values``: (T, W, L)."""
-    diff = np.abs(values[:, :, None, :] - values[:, None, :, :])           # (T, W, W, L)
-    close = diff <= tol * np.nan_to_num(scale, nan=0.0)[:, None, None, :]
-    votes = np.where(np.isfinite(values), close.sum(axis=2), -1)            # (T, W, L)
-    return np.argmax(votes, axis=1)                                          # (T, L): first maximum
+    """Per layer, the rank whose value most ranks share within ``tol * scale`` (ties: the lowest rank).
+    ``values``: (W, L) at one row."""
+    close = np.abs(values[:, None, :] - values[None, :, :]) <= tol * np.nan_to_num(scale, nan=0.0)[None, None, :]
+    votes = np.where(np.isfinite(values), close.sum(axis=1), -1)            # (W, L)
+    return np.argmax(votes, axis=0)                                          # (L,): the first maximum
 
 
 def _replicas(series: RankSeries, names: list[str], th: Thresholds) -> list[SemanticEvent]:
     lay, data, steps = series.layout, series.rows.data, series.rows.steps
-    ck, wn = lay.block(data, "checksum"), lay.block(data, "wnorm")
+    ck, wn = lay.block(data, "checksum"), lay.block(data, "wnorm")          # (T, W, L)
     red = lay.block(data, "grad_reduced")                                   # (T, W, P, L)
-    with np.errstate(invalid="ignore"):
-        wmax = np.fmax.reduce(np.nan_to_num(wn, nan=-np.inf), axis=1)
-    ref = _reference(ck, np.where(np.isfinite(wmax), wmax, np.nan), th.replica_divergence)
-    take = lambda a: np.take_along_axis(a, ref[:, None, :], axis=1)         # noqa: E731 - (T, 1, L)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(take(wn) > 0, take(wn), np.nan)
-        rel = np.abs(ck - take(ck)) / scale                                  # (T, W, L)
-        red_ref = np.take_along_axis(red, ref[:, None, None, :], axis=1)
-        gscale = np.sqrt(np.nanmean(red_ref ** 2, axis=2))
-        grel = np.nanmax(np.abs(red - red_ref), axis=2) / np.where(gscale > 0, gscale, np.nan)
+    t_rows, w, n = ck.shape
+    rel, grel, refs = np.zeros((t_rows, w, n)), np.zeros((t_rows, w, n)), np.zeros((t_rows, n), dtype=int)
+    cols = np.arange(n)
+    for t in range(t_rows):  # one row at a time: (W, W, L) comparisons, whatever the run's length
+        wmax = np.nanmax(np.where(np.isfinite(wn[t]), wn[t], np.nan), axis=0)
+        ref = _reference(ck[t], wmax, th.replica_divergence)
+        refs[t] = ref
+        scale = wn[t][ref, cols]
+        rel[t] = np.abs(ck[t] - ck[t][ref, cols]) / np.where(scale > 0, scale, np.nan)
+        red_ref = red[t][ref, :, cols].T                                    # (P, L)
+        gscale = np.sqrt(np.nanmean(red_ref ** 2, axis=0))
+        grel[t] = np.nanmax(np.abs(red[t] - red_ref[None]), axis=1) / np.where(gscale > 0, gscale, np.nan)
     out = []
     for r in range(series.world):
         codes = (np.nan_to_num(rel[:, r], nan=0.0) > th.replica_divergence).astype(np.int8)
         for i, l in _onsets(codes, 1):
             out.append(_event(steps[i], names[l], RankSignal.REPLICA, ReplicaState.SYNCED, ReplicaState.DIVERGED, r,
                               divergence=rel[i, r, l], grad_divergence=np.nan_to_num(grel[i, r, l], nan=0.0),
-                              reference_rank=ref[i, l]))
+                              reference_rank=refs[i, l]))
     return out
 
 
@@ -303,11 +304,13 @@ def _batchnorm(series: RankSeries, names: list[str], th: Thresholds) -> list[Sem
         return []
     data, steps = series.rows.data, series.rows.steps
     mean, var = lay.bn_block(data, "mean"), lay.bn_block(data, "var")           # (T, W, B, S)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sd = np.sqrt(np.nanmean(var, axis=1, keepdims=True))                      # (T, 1, B, S)
-        dm = (mean[:, :, None] - mean[:, None, :]) / sd[:, :, None]               # (T, W, W, B, S)
-        lv = np.log(var[:, :, None] / var[:, None, :])
-        dist = np.sqrt(np.nanmean(np.maximum(dm ** 2, lv ** 2), axis=-1))         # (T, W, W, B)
+    t_rows, w, b, _ = mean.shape
+    dist = np.full((t_rows, w, w, b), np.nan)
+    for t in range(t_rows):  # rank against rank, one row at a time
+        sd = np.sqrt(np.nanmean(var[t], axis=0))                                 # (B, S)
+        dm = (mean[t][:, None] - mean[t][None, :]) / sd                          # (W, W, B, S)
+        lv = np.log(var[t][:, None] / var[t][None, :])
+        dist[t] = np.sqrt(np.nanmean(np.maximum(dm ** 2, lv ** 2), axis=-1))
     known = np.isfinite(dist)
     spread = np.where(known, dist, -np.inf).max(axis=(1, 2))                       # (T, B)
     codes = (spread > th.bn_rank_spread).astype(np.int8)
@@ -316,7 +319,7 @@ def _batchnorm(series: RankSeries, names: list[str], th: Thresholds) -> list[Sem
         d = np.where(known[i, :, :, j], dist[i, :, :, j], np.nan)
         per_rank = np.nanmean(d, axis=1)
         # with three ranks or more, the one furthest from the others; of two, neither
-        rank = int(np.nanargmax(per_rank)) if series.world > 2 and np.isfinite(per_rank).sum() > 2 else None
+        rank = int(np.nanargmax(per_rank)) if w > 2 and np.isfinite(per_rank).sum() > 2 else None
         out.append(_event(steps[i], names[lay.bn[j][0]], RankSignal.BN_RANKS, BnRankState.MATCHED,
                           BnRankState.DIFFERENT, rank, spread=spread[i, j]))
     return out

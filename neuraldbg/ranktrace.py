@@ -33,6 +33,9 @@ TAIL = ("nonfinite_step", "nonfinite_phase", "nonfinite_layer", "passes")
 # Phases of a NaN/Inf origin, coded in a row (the order in which a phase explains the next).
 PHASES = ("input", "forward", "loss", "backward", "weights", "unknown")
 
+# The layout of a row; a file whose rank section has another is read without it.
+LAYOUT_VERSION = 1
+
 ROW_CAPACITY = 256
 BATCH_CAPACITY = 4096
 MAX_CAPACITY = 1 << 20   # what a file may declare (a larger one is not a trace this writes)
@@ -138,7 +141,7 @@ class RankSeries:
 
     # -- files -----------------------------------------------------------------------------------
     def header(self) -> dict:
-        return {"layout": self.layout.to_dict(), "world": self.world, "rank": self.rank,
+        return {"version": LAYOUT_VERSION, "layout": self.layout.to_dict(), "world": self.world, "rank": self.rank,
                 "row_capacity": self.rows.capacity, "batch_capacity": self.batches.capacity}
 
     def arrays(self) -> dict[str, np.ndarray]:

@@ -73,6 +73,7 @@ class RankWatch:
         self.merges = 0                      # merges completed (collected) in this session
         self._prev_sigterm = None
         self._atexit = None
+        self._started = False                # watched before: a resumed session keeps its file
         self.window = self.merge_every + 1   # fingerprints one packet carries
 
     @classmethod
@@ -94,9 +95,10 @@ class RankWatch:
 
     # -- life cycle ------------------------------------------------------------------------------
     def attach(self) -> None:
-        if self.run_dir is not None:
+        if self.run_dir is not None and not self._started:
             os.makedirs(self.run_dir, exist_ok=True)
             self._clear_stale()
+        self._started = True
         self.channel = SideChannel(self.info, self.merge_timeout)  # made by every rank as it starts watching
         self.probe.attach()
         ref = weakref.ref(self)

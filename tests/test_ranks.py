@@ -159,3 +159,22 @@ def test_a_compiled_model_records_as_a_rank_without_recompiling(group, tmp_path)
     row = series.rows.data[-1, 0]
     assert np.isfinite(series.layout.block(row, "grad_local")[..., [0, 2]]).all()  # the hooks fired
     assert "rank_stats_error" not in dbg.trace.meta
+
+
+def test_the_rank_section_of_a_file_is_checked_or_skipped(group, tmp_path, monkeypatch):
+    import neuraldbg.ranktrace as ranktrace
+    from neuraldbg import fileformat
+
+    dbg, _ = _train(dict(distributed=True, merge_every=10), steps=12)
+    trace = dbg.trace
+    monkeypatch.setattr(ranktrace, "LAYOUT_VERSION", 2)  # a later version's rank statistics
+    fileformat.save(trace, tmp_path / "later.ndbg")
+    monkeypatch.undo()
+    later, _ = fileformat.load(tmp_path / "later.ndbg")
+    assert later.ranks is None and "ranks_skipped" in later.meta and later.stats.n == trace.stats.n
+    good = trace.ranks
+    trace.ranks = ranktrace.RankSeries(ranktrace.RankLayout(n_layers=3), good.world, good.rank)
+    fileformat.save(trace, tmp_path / "bad.ndbg")  # a layout that does not match the layers
+    with pytest.raises(ValueError, match="not a readable NeuralDbg trace.*rank layout"):
+        fileformat.load(tmp_path / "bad.ndbg")
+    trace.ranks = good
