@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import datetime
 import re
+import statistics
 import warnings
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,25 +78,32 @@ class AgreedSchedule(Schedule):
     """``Schedule`` whose sampled steps are the same on every rank.
 
     The auto schedule picks its interval from timings measured on this rank; here those timings only
-    make a ``proposal``. The interval in force is ``agreed``: the largest proposal of all ranks, set at
-    each merge step (``agree``), so no rank samples more than its budget allows and all sample the same
-    steps. The warm-up, the bursts (a learning rate that rises, a flag raised on some rank) and the cap
-    of a quarter of the steps run so far depend on the step alone.
+    make a ``proposal``: the median of the intervals they gave at the last few sampled steps (one noisy
+    timing must not set the interval until the next merge). The interval in force is ``agreed``: the
+    largest proposal of all ranks, set at each merge step (``agree``), so no rank samples more than its
+    budget allows and all sample the same steps. The warm-up, the bursts (a learning rate that rises, a
+    flag raised on some rank) and the cap of a quarter of the steps run so far depend on the step alone.
     """
 
     def __init__(self, every: int | None = None, **kwargs):
         super().__init__(every, **kwargs)
-        self.proposal = 2
-        self.agreed = 2
+        self.proposal = 0           # 0: nothing measured yet
+        self.agreed = 0             # 0: nothing agreed yet, the interval follows the step count
+        self._proposals: deque[int] = deque(maxlen=9)
 
     def _auto_interval(self, step: int) -> int:
-        self.proposal = super()._auto_interval(step)
         if step + 1 < self.warmup:
             return 1
-        return int(min(max(self.agreed, 1), self.max_every, max(1, (step + 1) // 4)))
+        if self._plain and self._sampled:  # a step of each kind timed: a proposal of this rank's own
+            self._proposals.append(super()._auto_interval(step))
+            self.proposal = int(statistics.median(self._proposals))
+        interval = self.agreed if self.agreed > 0 else max(2, (step + 1) // 8)
+        return int(min(interval, self.max_every, max(1, (step + 1) // 4)))
 
     def agree(self, interval: int) -> None:
-        self.agreed = max(1, int(interval))
+        """The largest proposal of all ranks (0: none made one yet)."""
+        if int(interval) > 0:
+            self.agreed = int(interval)
 
 
 def destroy(group) -> None:

@@ -95,7 +95,7 @@ def join(per: dict[int, Analysis], ev: RankEvidence, present: list[int]) -> list
         h.confidence = max(x.confidence for _, _, x in items)
         h.rank = rank
         if from_nan:
-            h.chain.append(_spread_of_nan(ev, rank, present))
+            h.chain.append(_spread_of_nan(ev, rank))
         elif rank is not None:
             later = sorted(r for r in onsets if r != rank)
             h.chain.append(f"then {_ranks_text(later)} from step {min(onsets[r] for r in later)}" if later
@@ -107,7 +107,7 @@ def join(per: dict[int, Analysis], ev: RankEvidence, present: list[int]) -> list
     return [h for _, _, h in out]
 
 
-def _spread_of_nan(ev: RankEvidence, rank: int, present: list[int]) -> str:
+def _spread_of_nan(ev: RankEvidence, rank: int) -> str:
     others = sorted(r for r in range(ev.world) if r != rank)
     seen = {r: ev.origins[r] for r in others if r in ev.origins}
     if not others:

@@ -53,7 +53,9 @@ def train(run_dir: str, fault: str = "none", steps: int = 60, device: str = "cpu
     y = (X @ torch.randn(20, generator=g) > 0).long()
     data = TensorDataset(X, y)
     if fault == "no_sampler":
-        sampler, loader = None, DataLoader(data, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+        # every rank shuffles the whole data set alike: the same batches everywhere
+        sampler = None
+        loader = DataLoader(data, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
     else:
         sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
         loader = DataLoader(data, batch_size=32, sampler=sampler)

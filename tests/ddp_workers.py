@@ -197,8 +197,8 @@ def killed(rank, world, run_dir):
         pass  # the collective with the dead rank fails; NeuralDbg has written this rank's file
 
 
-SCENARIOS = {f.__name__: f for f in (healthy, healthy_bn, unsynced_by_design, nan_rank1, desync, no_sampler, no_set_epoch, bad_shard, bn_ranks,
-                                     summed_grads, timeout, killed)}
+SCENARIOS = {f.__name__: f for f in (healthy, healthy_bn, unsynced_by_design, nan_rank1, desync, no_sampler,
+                                     no_set_epoch, bad_shard, bn_ranks, summed_grads, timeout, killed)}
 
 
 def _group(rank: int, world: int, port: int, scenarios: list[str], root: str) -> None:

@@ -19,8 +19,8 @@ from ddp_workers import STEPS, Net, launch
 from neuraldbg import Cause, NeuralDbg
 from neuraldbg.hypothesis import CONFIDENT
 
-TWO = ["healthy", "healthy_bn", "unsynced_by_design", "nan_rank1", "desync", "no_sampler", "no_set_epoch", "bad_shard", "bn_ranks", "summed_grads",
-       "timeout"]
+TWO = ["healthy", "healthy_bn", "unsynced_by_design", "nan_rank1", "desync", "no_sampler", "no_set_epoch",
+       "bad_shard", "bn_ranks", "summed_grads", "timeout"]
 THREE = ["desync", "bad_shard", "killed"]
 
 

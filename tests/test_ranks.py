@@ -108,7 +108,8 @@ def test_one_rank_records_its_rows_batches_and_file(group, tmp_path):
     signs = _signs(torch.device("cpu"))
     for i, layer in [(0, model[0]), (3, model[3])]:
         views = [rank_view(p).double() for p in layer.parameters()]
-        assert lay.block(row, "checksum")[i] == pytest.approx(sum(float((v * signs[0, :v.numel()]).sum()) for v in views))
+        checksum = sum(float((v * signs[0, :v.numel()]).sum()) for v in views)
+        assert lay.block(row, "checksum")[i] == pytest.approx(checksum)
         assert lay.block(row, "wnorm")[i] == pytest.approx(float(torch.cat(views).norm()))
     np.testing.assert_allclose(lay.bn_block(row, "mean")[0], model[1].running_mean.double().numpy())
     np.testing.assert_allclose(lay.bn_block(row, "var")[0], model[1].running_var.double().numpy())
