@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddp_workers import STEPS, Net, launch
+from jupyter_cells import ip  # noqa: F401 - a fixture
 from neuraldbg import Cause, NeuralDbg
 from neuraldbg.hypothesis import CONFIDENT
 
@@ -242,12 +243,9 @@ def test_dashboard_of_a_merged_run_selects_ranks(two):
     assert not single.ranks.visible and single.controls.sliders["replica_divergence"].layout.display == "none"
 
 
-def test_magic_loads_a_run_directory(two):
-    from IPython.testing.globalipapp import get_ipython
+def test_magic_loads_a_run_directory(two, ip):
     from IPython.utils.capture import capture_output
 
-    ip = get_ipython()
-    ip.run_line_magic("load_ext", "ndbg_jupyter")
     with capture_output() as io:
         ip.run_line_magic("neuraldbg", f'load "{two / "desync"}"')
     loaded = ip.user_ns["_ndbg"]
