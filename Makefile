@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_PIN)" -e ".[jupyter,test]"
+	$(PIP) install -q "$(TORCH_PIN)" -e ".[jupyter,test,browser,lightning,transformers]"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -20,6 +20,8 @@ lab: venv
 	$(VENV)/bin/jupyter lab --allow-root notebooks/01_quickstart.ipynb
 
 test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest --cov --cov-report=term
 	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env notebooks/
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-current-env \

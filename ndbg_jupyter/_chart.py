@@ -1,24 +1,46 @@
-"""The chart: loss curve and gradient flow, drawn off-screen (Agg) into a PNG for an Image widget.
+"""The chart: loss curve and gradient flow, rendered as SVG text (crisp at any width and pixel density).
 
-The figure and its artists are made once; a redraw only swaps their data and renders a PNG.
-Gradient flow is a heatmap of log10 RMS(d loss / d output) per layer (rows, input at the top) over
-steps (columns): vanishing gradients read as a dark band spreading from the top, exploding ones as
-a bright one.
+``render_chart(view, rows)`` is the one place that draws: a read-only trace view and the grid's rows
+in, SVG markup out; no widget, no state. The ``Chart`` widget only decides when to call it.
+
+Gradient flow is a heatmap of log10 RMS(d loss / d output) over steps (columns), one row per row of
+the health grid (a folded group is the median of its layers), every row labelled, input at the top:
+vanishing gradients read as a dark band spreading from the top, exploding ones as a bright one. The
+cells are a small PNG inside the SVG, scaled without smoothing; text and axes are vector. Colours of
+text and axes follow the notebook's theme (``currentColor``).
 """
 from __future__ import annotations
 
-import io
+import base64
+import html
+import math
+import struct
+import warnings
+import zlib
+from collections.abc import Sequence
 
 import ipywidgets as widgets
-import matplotlib
-import matplotlib.ticker
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
-from neuraldbg import Stat
+from neuraldbg import Stat, TraceView
+from neuraldbg.formatting import number
+
+from ._grid import Row
 
 _COLUMNS = 240  # heatmap resolution along steps
+_LOSS_POINTS = 400  # the loss curve keeps each bin's lowest and highest value beyond this many points
+
+# magma, sampled at 9 stops
+_STOPS = np.array([[0, 0, 4], [28, 16, 68], [79, 18, 123], [129, 37, 129], [181, 54, 122], [229, 80, 100],
+                   [251, 135, 97], [254, 194, 135], [252, 253, 191]], dtype=float)
+_LUT = np.stack([np.interp(np.linspace(0, 8, 256), np.arange(9), _STOPS[:, c]) for c in range(3)], axis=1)
+_ZERO = (21, 101, 192)  # a gradient of exactly zero: the grid's "vanishing" blue
+
+_FONT = "font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:11px"
+_MONO = "var(--jp-code-font-family,monospace)"
+_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+        'style="max-width:100%;height:auto;color:var(--jp-ui-font-color1,#212121);' + _FONT + '" '
+        'role="img" aria-label="{label}">')
 
 
 def gradient_flow(steps: np.ndarray, grad_rms: np.ndarray, columns: int = _COLUMNS, end: int | None = None):
@@ -26,9 +48,9 @@ def gradient_flow(steps: np.ndarray, grad_rms: np.ndarray, columns: int = _COLUM
 
     Returns (matrix layers x columns, first step, last step); each column holds the latest sample
     at or before its step, so thinned (sparser) old samples keep their place on the time axis.
-    A zero gradient becomes -inf (drawn in the colour for "below the scale"), a layer not measured
-    NaN (drawn as background). ``end``: the last step of the run (the loss curve's), when it is
-    later than the last sample; the columns up to it hold the last sample, so both charts share the axis.
+    A zero gradient becomes -inf (drawn in the colour for zero), a layer not measured NaN (drawn as
+    background). ``end``: the last step of the run (the loss curve's), when it is later than the
+    last sample; the columns up to it hold the last sample, so both charts share the axis.
     """
     if len(steps) == 0:
         return np.full((grad_rms.shape[1] if grad_rms.ndim == 2 else 0, 1), np.nan), 0, 1
@@ -40,94 +62,239 @@ def gradient_flow(steps: np.ndarray, grad_rms: np.ndarray, columns: int = _COLUM
     return logged[idx].T, lo, max(hi, lo + 1)
 
 
-class Chart:
-    """An ``ipywidgets.Image`` showing the loss and the gradient flow of a trace."""
+def row_flow(view: TraceView, rows: Sequence[Row], end: int) -> tuple[np.ndarray, int, int]:
+    """The gradient-flow matrix with one line per grid row: a group's line is the median of its layers."""
+    index = {l.name: i for i, l in enumerate(view.layers)}
+    rms = view.stat(Stat.GRAD_RMS)
+    matrix, lo, hi = gradient_flow(view.steps, rms, end=end)
+    out = np.full((len(rows), matrix.shape[1]), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a group with no measured layer: NaN, as it should
+        for r, row in enumerate(rows):
+            cols = [index[m] for m in row.members if m in index]
+            if cols:
+                out[r] = np.nanmedian(matrix[cols], axis=0) if len(cols) > 1 else matrix[cols[0]]
+    return out, lo, hi
 
-    def __init__(self, width: float = 9.0, height: float = 3.0, dpi: int = 80):
-        self.widget = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
-        self.widget.add_class("ndbg-chart")
-        self._size = (width, height, dpi)
-        self._fig = None
-        self._key = None
+
+# -- drawing helpers ---------------------------------------------------------------------------------
+
+def png(rgba: np.ndarray) -> bytes:
+    """An RGBA uint8 array (height, width, 4) as PNG bytes."""
+    h, w, _ = rgba.shape
+    raw = np.concatenate([np.zeros((h, 1), np.uint8), rgba.reshape(h, w * 4)], axis=1).tobytes()
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 6, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+
+
+def colours(matrix: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """RGBA for a log10 matrix: magma over its finite range, blue for zero (-inf), clear for NaN."""
+    finite = matrix[np.isfinite(matrix)]
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if vmax - vmin < 1e-6:
+        vmin, vmax = vmin - 0.5, vmax + 0.5
+    rgba = np.zeros((*matrix.shape, 4), np.uint8)
+    ok = np.isfinite(matrix)
+    k = np.clip(((matrix[ok] - vmin) / (vmax - vmin) * 255).round(), 0, 255).astype(int)
+    rgba[ok, :3] = _LUT[k]
+    rgba[ok, 3] = 255
+    zero = np.isneginf(matrix)
+    rgba[zero, :3] = _ZERO
+    rgba[zero, 3] = 255
+    return rgba, vmin, vmax
+
+
+def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo] if math.isfinite(lo) else []
+    raw = (hi - lo) / max(n - 1, 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _t(x: float) -> str:
+    return f"{x:.1f}".rstrip("0").rstrip(".")
+
+
+def _text(x: float, y: float, s: str, anchor: str = "start", extra: str = "") -> str:
+    return f'<text x="{_t(x)}" y="{_t(y)}" text-anchor="{anchor}" fill="currentColor"{extra}>{html.escape(s)}</text>'
+
+
+def _shorten(s: str, chars: int) -> str:
+    """``s`` in at most ``chars`` characters, cut in the middle (a layer's block and its leaf both stay)."""
+    if len(s) <= chars:
+        return s
+    head = (chars - 1) // 2
+    return s[:head] + "\u2026" + s[len(s) - (chars - 1 - head):]
+
+
+def _x_axis(x0: float, x1: float, y: float, lo: int, hi: int) -> list[str]:
+    out = [f'<line x1="{_t(x0)}" y1="{_t(y)}" x2="{_t(x1)}" y2="{_t(y)}" stroke="currentColor" stroke-opacity="0.5"/>']
+    for s in _nice_ticks(lo, hi, 5):
+        x = x0 + (s - lo) / max(hi - lo, 1) * (x1 - x0)
+        out.append(f'<line x1="{_t(x)}" y1="{_t(y)}" x2="{_t(x)}" y2="{_t(y + 4)}" stroke="currentColor" '
+                   f'stroke-opacity="0.5"/>')
+        out.append(_text(x, y + 15, f"{s:g}", "middle"))
+    out.append(_text((x0 + x1) / 2, y + 28, "step", "middle", ' fill-opacity="0.75"'))
+    return out
+
+
+# -- the two panels ----------------------------------------------------------------------------------
+
+def loss_svg(view: TraceView, end: int, width: int = 360, height: int = 230) -> str:
+    left, right, top, bottom = 54, 12, 24, 40
+    x0, x1, y0, y1 = left, width - right, top, height - bottom
+    steps, loss = view.loss_steps.astype(float), view.loss.astype(float)
+    ok = np.isfinite(loss)
+    parts = [_SVG.format(cls="ndbg-loss", w=width, h=height, label="loss over steps")]
+    finite = loss[ok]
+    log = bool(len(finite) and (finite > 0).all() and finite.max() / max(finite.min(), 1e-300) > 100)
+    parts.append(_text(4, 14, "loss" + (" (log scale)" if log else ""), extra=' font-weight="bold"'))
+    if not len(finite):
+        parts.append(_text(width / 2, height / 2, "no loss recorded (%%neuraldbg --loss NAME)", "middle",
+                           ' fill-opacity="0.6"'))
+        parts.append("</svg>")
+        return "".join(parts)
+    f = np.log10 if log else (lambda v: v)
+    lo_v, hi_v = float(f(finite.min())), float(f(finite.max()))
+    if hi_v - lo_v < 1e-12:
+        lo_v, hi_v = lo_v - 0.5, hi_v + 0.5
+    pad = (hi_v - lo_v) * 0.05
+    lo_v, hi_v = lo_v - pad, hi_v + pad
+    span = max(end, 1)
+
+    def px(s):
+        return x0 + s / span * (x1 - x0)
+
+    def py(v):
+        return y1 - (f(v) - lo_v) / (hi_v - lo_v) * (y1 - y0)
+
+    # y ticks
+    ticks = ([10.0 ** k for k in range(math.ceil(lo_v), math.floor(hi_v) + 1)] if log
+             else _nice_ticks(lo_v, hi_v, 5))
+    if log and len(ticks) < 2:
+        ticks = [10 ** v for v in _nice_ticks(lo_v, hi_v, 4)]
+    for v in ticks:
+        y = py(v)
+        parts.append(f'<line x1="{x0}" y1="{_t(y)}" x2="{x1}" y2="{_t(y)}" stroke="currentColor" '
+                     f'stroke-opacity="0.12"/>')
+        parts.append(_text(x0 - 5, y + 4, number(v), "end"))
+    parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="currentColor" stroke-opacity="0.5"/>')
+    parts += _x_axis(x0, x1, y1, 0, span)
+    # the curve: NaN/Inf losses break it; long runs keep each bin's extremes
+    idx = np.arange(len(loss))
+    if len(idx) > 2 * _LOSS_POINTS:
+        bins = np.linspace(0, len(loss), _LOSS_POINTS + 1).astype(int)
+        keep = []
+        for a, b in zip(bins[:-1], bins[1:]):
+            seg = np.arange(a, b)
+            good = seg[ok[a:b]]
+            if len(good):
+                keep += sorted({int(good[np.argmin(loss[good])]), int(good[np.argmax(loss[good])])})
+            else:
+                keep.append(a)
+        idx = np.array(keep)
+    path, pen = [], False
+    for i in idx:
+        if not ok[i]:
+            pen = False
+            continue
+        path.append(f"{'L' if pen else 'M'}{_t(px(steps[i]))} {_t(py(loss[i]))}")
+        pen = True
+    parts.append(f'<path class="ndbg-loss-curve" d="{" ".join(path)}" fill="none" stroke="#1e88e5" '
+                 f'stroke-width="1.5" stroke-linejoin="round"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def flow_svg(view: TraceView, rows: Sequence[Row], end: int, width: int = 560) -> str:
+    """The gradient-flow heatmap, one labelled line per grid row."""
+    n = max(len(rows), 1)
+    row_h = max(13.0, min(26.0, 160.0 / n))
+    label_w, right, top, bottom = 190, 70, 24, 40
+    x0, x1, y0 = label_w, width - right, top
+    y1 = y0 + n * row_h
+    height = int(math.ceil(max(y1 + bottom, y0 + max(y1 - y0, 40) + 34)))
+    matrix, lo, hi = row_flow(view, rows, end)
+    rgba, vmin, vmax = colours(matrix if len(rows) else np.full((1, 1), np.nan))
+    uri = "data:image/png;base64," + base64.b64encode(png(rgba)).decode("ascii")
+    parts = [_SVG.format(cls="ndbg-flow", w=width, h=height, label="gradient flow per grid row over steps"),
+             _text(4, 14, "gradient flow: log10 RMS(dL/d output), one line per grid row", extra=' font-weight="bold"'),
+             f'<image class="ndbg-flow-cells" x="{x0}" y="{y0}" width="{x1 - x0}" height="{_t(y1 - y0)}" '
+             f'preserveAspectRatio="none" image-rendering="optimizeSpeed" style="image-rendering:pixelated" '
+             f'href="{uri}"/>',
+             f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{_t(y1 - y0)}" fill="none" stroke="currentColor" '
+             f'stroke-opacity="0.3"/>']
+    chars = int((label_w - 10) / 6.6)
+    for r, row in enumerate(rows):
+        y = y0 + (r + 0.5) * row_h + 3.5
+        label = _shorten(row.key, chars)
+        tip = f"{row.key} ({len(row.members)} layers, median)" if row.group else row.key
+        weight = ' font-weight="bold"' if row.group else ""
+        parts.append(f'<text class="ndbg-flow-label" data-row="{html.escape(row.key)}" x="{x0 - 6}" y="{_t(y)}" '
+                     f'text-anchor="end" fill="currentColor" font-family="{_MONO}" font-size="10.5"{weight}>'
+                     f"<title>{html.escape(tip)}</title>{html.escape(label)}</text>")
+    parts += _x_axis(x0, x1, y1, lo, hi)
+    # colour bar: magma over the range, ticks at whole powers of ten
+    bar_x, bar_w = x1 + 8, 10
+    bar = np.repeat(_LUT[::-1][np.linspace(0, 255, 64).astype(int)][:, None, :], 1, axis=1)
+    bar_png = np.concatenate([bar, np.full((64, 1, 1), 255)], axis=2).astype(np.uint8)
+    bar_uri = "data:image/png;base64," + base64.b64encode(png(bar_png)).decode("ascii")
+    bar_h = max(y1 - y0, 40)
+    parts.append(f'<image x="{bar_x}" y="{y0}" width="{bar_w}" height="{_t(bar_h)}" preserveAspectRatio="none" '
+                 f'href="{bar_uri}"/>')
+    powers = list(range(math.ceil(vmin), math.floor(vmax) + 1))
+    every = max(1, math.ceil(len(powers) * 14 / bar_h))  # labels 14 px apart at least
+    ticks = [(k, f"1e{k}") for k in powers[::-1][::every]]
+    if len(ticks) < 2:  # less than a decade: the two ends
+        ticks = [(vmax, number(10 ** vmax)), (vmin, number(10 ** vmin))]
+    for k, label in ticks:
+        y = y0 + (vmax - k) / (vmax - vmin) * bar_h
+        parts.append(_text(bar_x + bar_w + 3, min(max(y + 4, y0 + 8), y0 + bar_h), label))
+    parts.append(f'<rect x="{bar_x}" y="{_t(y0 + bar_h + 6)}" width="{bar_w}" height="8" fill="rgb{_ZERO}"/>')
+    parts.append(_text(bar_x + bar_w + 3, y0 + bar_h + 14, "zero"))
+    parts.append(f'<rect x="{bar_x}" y="{_t(y0 + bar_h + 20)}" width="{bar_w}" height="8" fill="none" '
+                 f'stroke="currentColor" stroke-opacity="0.4"/>')
+    parts.append(f'<text x="{bar_x + bar_w + 3}" y="{_t(y0 + bar_h + 28)}" fill="currentColor">'
+                 "<title>not measured</title>n/a</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_chart(view: TraceView, rows: Sequence[Row]) -> str:
+    """The whole chart as HTML text (two inline SVGs that wrap on a narrow page)."""
+    loss_steps, steps = view.loss_steps, view.steps
+    end = max(int(loss_steps[-1]) if len(loss_steps) else 0, int(steps[-1]) if len(steps) else 0)
+    return ('<div class="ndbg-chart" style="display:flex;flex-flow:row wrap;gap:8px;align-items:flex-start">'
+            + loss_svg(view, end) + flow_svg(view, rows, end) + "</div>")
+
+
+class Chart:
+    """An ``ipywidgets.HTML`` showing ``render_chart`` of a session; redrawn only when the trace or the
+    rows changed."""
+
+    def __init__(self) -> None:
+        self.widget = widgets.HTML(layout=widgets.Layout(max_width="100%"))
+        self.widget.add_class("ndbg-chart-box")
+        self._key: tuple | None = None
         self.renders = 0
 
-    def _make(self) -> None:
-        width, height, dpi = self._size
-        fig = Figure(figsize=(width, height), dpi=dpi)  # fixed margins: a layout engine costs more than a draw
-        FigureCanvasAgg(fig)
-        self._ax_loss, self._ax_grad = fig.subplots(1, 2, width_ratios=(1, 1.3))
-        fig.subplots_adjust(left=0.07, right=0.97, bottom=0.16, top=0.9, wspace=0.32)
-        self._ax_loss.set_title("loss", fontsize=10)
-        self._ax_loss.set_xlabel("step", fontsize=9)
-        (self._line,) = self._ax_loss.plot([], [], lw=1.2, color="#1565c0")
-        self._no_loss = self._ax_loss.text(0.5, 0.5, "no loss recorded\n(%%neuraldbg --loss NAME)", ha="center",
-                                           va="center", transform=self._ax_loss.transAxes, color="#757575")
-        self._ax_grad.set_title("gradient flow: log10 RMS(dL/d output)", fontsize=10)
-        self._ax_grad.set_xlabel("step", fontsize=9)
-        cmap = matplotlib.colormaps["magma"].with_extremes(bad="#eeeeee", under="#000000")
-        self._image = self._ax_grad.imshow(np.full((1, 1), np.nan), aspect="auto", interpolation="nearest",
-                                           cmap=cmap, extent=(0, 1, 0.5, -0.5))
-        bar = fig.colorbar(self._image, ax=self._ax_grad, pad=0.01, extend="min")
-        bar.locator = matplotlib.ticker.MaxNLocator(4)
-        bar.ax.tick_params(labelsize=8)
-        for ax in (self._ax_loss, self._ax_grad):
-            ax.tick_params(labelsize=8)
-            ax.locator_params(nbins=5)  # few tick labels: text is most of the drawing time
-        self._fig = fig
-
-    def update(self, trace, layer_order: list[int]) -> bool:
-        """Redraw from ``trace`` when it has new data; ``layer_order``: trace rows, top to bottom.
-        Returns whether a new PNG was rendered."""
-        key = (trace.loss.n, trace.loss.steps[-1] if trace.loss.n else -1,
-               trace.stats.n, trace.stats.steps[-1] if trace.stats.n else -1, tuple(layer_order))
+    def update(self, view: TraceView, rows: Sequence[Row]) -> bool:
+        """Redraw when ``view`` has new data or the rows changed; returns whether it rendered."""
+        key = (view.version, tuple(rows))
         if key == self._key:
             return False
         self._key = key
-        if self._fig is None:
-            self._make()
-        end = max(int(trace.loss.steps[-1]) if trace.loss.n else 0, int(trace.stats.steps[-1]) if trace.stats.n else 0)
-        self._draw_loss(trace, end)
-        self._draw_grad(trace, layer_order, end)
-        buf = io.BytesIO()
-        self._fig.canvas.print_png(buf)
-        self.widget.value = buf.getvalue()
+        self.widget.value = render_chart(view, rows)
         self.renders += 1
         return True
 
     def close(self) -> None:
-        """Let go of the figure (a retired dashboard redraws nothing)."""
-        self._fig = None
+        """Forget what was drawn (a retired dashboard redraws nothing)."""
         self._key = None
-
-    def _draw_loss(self, trace, end: int) -> None:
-        ax, steps, loss = self._ax_loss, trace.loss.steps, trace.loss.data.astype(float)
-        self._line.set_data(steps, loss)
-        self._no_loss.set_visible(len(steps) == 0)
-        finite = loss[np.isfinite(loss)]
-        if len(finite):
-            positive = bool((finite > 0).all())
-            spread = finite.max() / max(finite.min(), 1e-300) if positive else 0.0
-            ax.set_yscale("log" if positive and spread > 100 else "linear")
-            ax.relim()
-            ax.autoscale_view()
-        ax.set_xlim(0, max(end, 1))
-
-    def _draw_grad(self, trace, layer_order: list[int], end: int) -> None:
-        names = [trace.layers[i].name or "(model)" for i in layer_order]
-        data = trace.stats.data
-        rms = data[:, layer_order, int(Stat.GRAD_RMS)] if len(layer_order) else np.zeros((len(data), 0))
-        matrix, lo, hi = gradient_flow(trace.stats.steps, rms, end=end)
-        n = max(len(layer_order), 1)
-        finite = matrix[np.isfinite(matrix)]
-        if finite.size:
-            vmin, vmax = float(finite.min()), float(finite.max()) + 1e-6
-            self._image.set_clim(vmin, vmax)
-            matrix = np.where(np.isneginf(matrix), vmin - 1.0, matrix)  # zero: below the scale
-        self._image.set_data(matrix if matrix.size else np.full((1, 1), np.nan))
-        self._image.set_extent((lo, hi, n - 0.5, -0.5))
-        ax = self._ax_grad
-        if len(names) <= 12:
-            ax.set_yticks(range(len(names)), names, fontsize=7)
-        else:
-            ticks = np.linspace(0, len(names) - 1, 6).round().astype(int)
-            ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=7)

@@ -1,8 +1,11 @@
-"""Threshold sliders, generated from the ``Thresholds`` field metadata, and a reset button.
+"""Threshold sliders, generated from the ``Thresholds`` field metadata, and a reset button, in a
+"Thresholds" section that starts collapsed.
 
-Each numeric field whose metadata names a ``scale`` gets a slider: logarithmic for norms and
-ratios, linear for fractions. Moving one calls ``on_change`` with the new ``Thresholds``; the
-dashboard re-runs the analysis on the recorded trace (the model is not touched).
+Each numeric field whose metadata names a ``scale`` gets a slider over its documented range:
+logarithmic for norms and ratios, linear for fractions. A slider is labelled with the field's name,
+as ``reanalyze(name=...)``, ``%%neuraldbg --name`` and ``%config`` spell it, and says what it means
+on hover. Moving one calls ``on_change`` with the new ``Thresholds``; the dashboard re-runs the
+analysis on the recorded trace (the model is not touched).
 """
 from __future__ import annotations
 
@@ -30,9 +33,10 @@ def slider_fields() -> list[dataclasses.Field]:
 def _slider(f: dataclasses.Field, value) -> widgets.Widget:
     md = f.metadata
     lo, hi = float(md["min"]), float(md["max"])
-    common = dict(description=str(md.get("label", f.name.replace("_", " "))), tooltip=str(md.get("doc", "")),
-                  continuous_update=False, style={"description_width": "14em"},
-                  layout=widgets.Layout(width="34em"))
+    tip = f"{f.name}: {md.get('doc', '')} (from {lo:g} to {hi:g}; default {f.default})"
+    common = dict(description=f.name, tooltip=tip,
+                  continuous_update=False, style={"description_width": "11.5em"},
+                  layout=widgets.Layout(width="32em", max_width="100%"))
     if md.get("scale") == "log" and lo > 0:
         lmin, lmax = math.log10(lo), math.log10(hi)
         s = widgets.FloatLogSlider(value=value, base=10, min=lmin, max=lmax, step=(lmax - lmin) / 200,
@@ -62,8 +66,12 @@ class ThresholdControls:
         self._moved: dict[str, float] = {}  # values set by the user since the last set/reset
         for name, s in self.sliders.items():
             s.observe(lambda change, name=name: self._changed(name, change["new"]), names="value")
-        title = widgets.HTML("<b>Thresholds</b> (re-analyse the recorded trace)")
-        self.widget = widgets.VBox([title, *self.sliders.values(), self.reset])
+        hint = widgets.HTML('<span style="color:var(--jp-ui-font-color2,#616161)">Each slider re-analyses the '
+                            "recorded run (no retraining); the same names work in "
+                            "<code>_ndbg.reanalyze(name=value)</code> and <code>%%neuraldbg --name VALUE</code>."
+                            "</span>")
+        body = widgets.VBox([hint, *self.sliders.values(), self.reset])
+        self.widget = widgets.Accordion(children=[body], titles=("Thresholds",), selected_index=None)
         self.widget.add_class("ndbg-thresholds")
         self.show_group("ranks", False)
 
@@ -85,6 +93,10 @@ class ThresholdControls:
         for f in slider_fields():
             if f.metadata.get("group", "") == group:
                 self.sliders[f.name].layout.display = "" if visible else "none"
+
+    def expand(self, is_open: bool = True) -> None:
+        """Open (or close) the collapsed "Thresholds" section."""
+        self.widget.selected_index = 0 if is_open else None
 
     def set_enabled(self, enabled: bool) -> None:
         for w in (*self.sliders.values(), self.reset):

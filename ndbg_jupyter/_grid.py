@@ -1,35 +1,61 @@
 """The health grid: one row per watched layer, activation and gradient state as colour and label.
 
-Models with more than ``fold_above`` layers fold into their parent modules: a folded row shows the
-worst state of its members and unfolds on demand. The widgets are built once per layer layout;
-updates only change HTML values.
+Columns have a header and the states a legend (each explained on hover); a name or a type too long
+for its column ends in an ellipsis and shows in full on hover. Models with more than ``fold_above``
+layers fold into their parent modules (``blocks.0`` .. ``blocks.11``): a folded row shows the worst
+state of its members and unfolds on click. The widgets are built once per layer layout; updates only
+change HTML values. ``rows()`` is what the chart's gradient-flow heatmap draws, row for row.
 """
 from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import ipywidgets as widgets
 
-from ._states import NONFINITE, look, value_of, worst
+from neuraldbg.formatting import number
 
-_ROW_STYLE = ("display:grid;grid-template-columns:minmax(10em,1fr) 9em 7em 7em 4.5em;gap:4px;"
-              "align-items:center;font:12px/1.6 var(--jp-code-font-family,monospace);padding:0 2px")
-_CHIP = ("display:inline-block;min-width:6em;text-align:center;border-radius:3px;padding:0 4px;"
-         "color:#fff;background:{colour}")
+from ._states import NONFINITE, UNKNOWN, chip, legend_html, look, value_of, worst
+
+_FONT = "font:12px/1.7 var(--jp-code-font-family,monospace);color:var(--jp-ui-font-color1,inherit)"
+_COLUMNS = "grid-template-columns:minmax(6em,1fr) minmax(4em,10em) 6.8em 6.8em 5.4em;column-gap:4px"
+_ROW = f"display:grid;{_COLUMNS};align-items:center;{_FONT};padding:0 2px;min-height:1.7em"
+_CELL = "overflow:hidden;text-overflow:ellipsis;white-space:nowrap;min-width:0"
+_MUTED = "color:var(--jp-ui-font-color2,#616161)"
+GUTTER = "calc(1.8em + 4px)"   # room for the unfold button, so every row's columns line up
+_INDENT = "calc(2.8em + 4px)"  # the members of an unfolded group
+
+_HEADINGS = (
+    ("layer", "the module's name in model.named_modules(); hover one for the numbers behind its states"),
+    ("type", "the module's class"),
+    ("activation", "what the layer's output looks like at the latest sample: normal, saturated, dead or anomalous"),
+    ("gradient", "how the gradient reaching the layer compares with the layers after it: healthy, vanishing or "
+                 "exploding"),
+    ("NaN/Inf", "marked when the output or its gradient holds NaN or Inf at the latest sample"),
+)
 
 
 @dataclass(frozen=True)
 class Group:
     """A row of the grid: one layer, or a parent module folding several layers."""
 
-    key: str               # qualified name of the layer or of the parent module
+    key: str               # qualified name of the layer or of the parent module ("a..b" for merged ones)
     members: tuple[str, ...]
 
     @property
     def foldable(self) -> bool:
         return len(self.members) > 1
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row as shown: ``key`` (its ``data-layer``), whether it is a group's header, and the layers it covers."""
+
+    key: str
+    members: tuple[str, ...]
+    group: bool = False
 
 
 def fold(names: list[str], max_rows: int) -> list[Group]:
@@ -53,7 +79,20 @@ def _group_at(names: list[str], depth: int) -> list[Group]:
     members: dict[str, list[str]] = {}
     for n in names:
         members.setdefault(".".join(n.split(".")[:depth]), []).append(n)
-    return [Group(k, tuple(v)) for k, v in members.items()]
+    return [Group(_span(k, v, depth), tuple(v)) for k, v in members.items()]
+
+
+def _span(key: str, members: list[str], depth: int) -> str:
+    """A container of repeated numbered blocks reads as its range: ``blocks`` holding the layers of
+    ``blocks.0`` .. ``blocks.11`` is ``blocks.0..11`` (a container of numbered layers keeps its name)."""
+    blocks = []
+    for m in members:
+        parts = m.split(".")
+        if len(parts) <= depth + 1 or not parts[depth].isdigit():
+            return key
+        blocks.append(int(parts[depth]))
+    lo, hi = min(blocks), max(blocks)
+    return f"{key}.{lo}..{hi}" if hi > lo else key
 
 
 def _chunk(groups: list[Group], max_rows: int) -> list[Group]:
@@ -66,31 +105,51 @@ def _chunk(groups: list[Group], max_rows: int) -> list[Group]:
     return out
 
 
-def _chip(state_value: str, title: str = "") -> str:
-    lk = look(state_value)
-    return f'<span style="{_CHIP.format(colour=lk.colour)}" title="{html.escape(title)}">{lk.label}</span>'
+def _prefix(group: Group) -> str:
+    """The module path every member of a group starts with (``blocks.3``; ``""`` for merged groups)."""
+    parts = [m.split(".") for m in group.members]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    if len(common) == min(len(p) for p in parts):  # a member is the prefix itself: keep one level above
+        common = common[:-1]
+    return ".".join(common)
 
 
-def row_html(name: str, type_name: str, health) -> str:
-    """The HTML of one layer's row (``health`` may be None before the layer has been measured)."""
+def header_html() -> str:
+    cells = "".join(f'<span style="{_CELL}" title="{html.escape(tip)}">{name}</span>' for name, tip in _HEADINGS)
+    return (f'<div class="ndbg-row ndbg-head" style="{_ROW};padding-left:{GUTTER};font-weight:bold;{_MUTED};'
+            f'border-bottom:1px solid var(--jp-border-color2,#e0e0e0)">{cells}</div>')
+
+
+def _flag(nonfinite: bool) -> str:
+    return chip(NONFINITE, cls="ndbg-chip ndbg-nonfinite") if nonfinite else "<span></span>"
+
+
+def row_html(name: str, type_name: str, health, indent: str = GUTTER, parent: str = "") -> str:
+    """The HTML of one layer's row (``health`` may be None before the layer has been measured); under an
+    unfolded group (``parent``) the name is shown relative to it, in full on hover."""
     act = value_of(getattr(health, "act", None))
     grad = value_of(getattr(health, "grad", None))
     nonfinite = bool(getattr(health, "nonfinite", False))
-    flag = (f'<span style="{_CHIP.format(colour=NONFINITE.colour)};min-width:0">{NONFINITE.label}</span>'
-            if nonfinite else "")
-    label = html.escape(name or "(model)")
+    shown_name = name[len(parent) + 1:] if parent and name.startswith(parent + ".") else name
+    label = html.escape(shown_name or "(model)")
     numbers = getattr(health, "values", None) or {}
-    shown = [f"{k.replace('_', ' ')} {v:.3g}" for k, v in numbers.items()
+    shown = [f"{k.replace('_', ' ')} {number(v)}" for k, v in numbers.items()
              if isinstance(v, (int, float)) and math.isfinite(v)]
     title = html.escape("\n".join([name or "(model)", *shown]))  # the numbers the states were decided on
     return (f'<div class="ndbg-row" data-layer="{html.escape(name)}" data-act="{act}" data-grad="{grad}"'
-            f' data-nonfinite="{str(nonfinite).lower()}" style="{_ROW_STYLE}">'
-            f'<span title="{title}" style="overflow:hidden;text-overflow:ellipsis">{label}</span>'
-            f'<span style="color:#757575">{html.escape(type_name)}</span>'
-            f'{_chip(act, "activation")}{_chip(grad, "gradient")}{flag}</div>')
+            f' data-nonfinite="{str(nonfinite).lower()}" style="{_ROW};padding-left:{indent}">'
+            f'<span class="ndbg-name" style="{_CELL}" title="{title}">{label}</span>'
+            f'<span class="ndbg-type" style="{_CELL};{_MUTED}" title="{html.escape(type_name)}">'
+            f"{html.escape(type_name)}</span>"
+            f'{chip(look(act), f"activation of {name}")}{chip(look(grad), f"gradient of {name}")}'
+            f"{_flag(nonfinite)}</div>")
 
 
-def group_html(group: Group, health: dict, is_open: bool) -> str:
+def group_html(group: Group, health: dict, is_open: bool, indent: str = "0") -> str:
     """The header row of a foldable group: the worst activation and gradient state of its members."""
     hs = [health.get(m) for m in group.members]
     act = worst(getattr(h, "act", None) for h in hs)
@@ -100,22 +159,46 @@ def group_html(group: Group, health: dict, is_open: bool) -> str:
     unmeasured = sum(1 for h in hs if h is None)
     nonfinite = any(bool(getattr(h, "nonfinite", False)) for h in hs)
     cls = "ndbg-row ndbg-group" if is_open else "ndbg-row ndbg-fold"
-    summary = (f"{bad}/{len(hs)} unwell" if bad else f"{len(hs)} layers") + (f", {unmeasured} unseen" if unmeasured else "")
-    flag = (f'<span style="{_CHIP.format(colour=NONFINITE.colour)};min-width:0">{NONFINITE.label}</span>'
-            if nonfinite else "")
+    summary = f"{bad}/{len(hs)} unwell" if bad else f"{len(hs)} layers"
+    summary += f", {unmeasured} unseen" if unmeasured else ""
+    hint = "click to fold" if is_open else "click to unfold"
     return (f'<div class="{cls}" data-layer="{html.escape(group.key)}" data-act="{act}" data-grad="{grad}"'
-            f' data-nonfinite="{str(nonfinite).lower()}" style="{_ROW_STYLE};font-weight:bold">'
-            f'<span>{html.escape(group.key)}</span><span style="color:#757575;font-weight:normal;'
-            f'white-space:nowrap;overflow:hidden;text-overflow:ellipsis" title="{summary}">{summary}</span>'
-            f'{_chip(act, "worst activation state")}{_chip(grad, "worst gradient state")}{flag}</div>')
+            f' data-nonfinite="{str(nonfinite).lower()}" style="{_ROW};padding-left:{indent};font-weight:bold">'
+            f'<span class="ndbg-name" style="{_CELL}" title="{html.escape(group.key)}: {len(hs)} layers ({hint})">'
+            f"{html.escape(group.key)}</span>"
+            f'<span class="ndbg-type" style="{_CELL};{_MUTED};font-weight:normal" title="{summary}">{summary}</span>'
+            f'{chip(look(act) if act else UNKNOWN, f"worst activation state in {group.key}")}'
+            f'{chip(look(grad) if grad else UNKNOWN, f"worst gradient state in {group.key}")}{_flag(nonfinite)}</div>')
+
+
+def static_grid_html(groups: Sequence[Group], types: dict[str, str], health: dict) -> str:
+    """The whole grid as static HTML (an exported notebook): folded groups unfold on click, with no script."""
+    rows = [header_html()]
+    for g in groups:
+        if not g.foldable:
+            rows.append(row_html(g.key, types.get(g.key, ""), health.get(g.key)))
+            continue
+        head = group_html(g, health, is_open=False, indent=GUTTER)
+        head = head.replace(f"padding-left:{GUTTER}", "padding-left:0", 1)
+        members = "".join(row_html(m, types.get(m, ""), health.get(m), indent=_INDENT, parent=_prefix(g))
+                          for m in g.members)
+        rows.append(f'<details><summary style="list-style:none;cursor:pointer;display:flex;align-items:center">'
+                    f'<span style="width:{GUTTER};flex:none;text-align:center">\u25b8</span>'
+                    f'<span style="flex:1;min-width:0">{head}</span></summary>{members}</details>')
+    return f'<div class="ndbg-grid" style="min-width:30em">{"".join(rows)}{legend_html()}</div>'
 
 
 class HealthGrid:
-    """The grid widget. ``update(layers, health)`` with ``layers`` in display order."""
+    """The grid widget. ``update(layers, health)`` with ``layers`` (name and type_name) in display order;
+    ``on_fold`` is called after a group folds or unfolds (the chart follows the rows)."""
 
-    def __init__(self, fold_above: int = 40):
+    def __init__(self, fold_above: int = 40, on_fold: Callable[[], None] | None = None):
         self.fold_above = int(fold_above)
-        self.widget = widgets.VBox(layout=widgets.Layout(min_width="30em"))
+        self.on_fold = on_fold
+        self._head = widgets.HTML(header_html())
+        self._legend = widgets.HTML(legend_html())
+        self.widget = widgets.VBox([self._head, self._legend],
+                                   layout=widgets.Layout(min_width="30em", flex="1 1 34em"))
         self.widget.add_class("ndbg-grid")
         self._key: tuple | None = None
         self.groups: list[Group] = []
@@ -136,10 +219,10 @@ class HealthGrid:
         self.toggles.clear()
         if not any(g.foldable for g in self.groups):
             self._flat = widgets.HTML()
-            self.widget.children = [self._flat]
+            self.widget.children = [self._head, self._flat, self._legend]
             return
         self._flat = None
-        children = []
+        children: list[widgets.Widget] = [self._head]
         for g in self.groups:
             if not g.foldable:
                 body = widgets.HTML()
@@ -147,13 +230,15 @@ class HealthGrid:
                 children.append(body)
                 continue
             toggle = widgets.ToggleButton(value=False, description="\u25b8", tooltip=f"unfold {g.key}",
-                                          layout=widgets.Layout(width="2.2em", height="1.7em", padding="0"))
+                                          layout=widgets.Layout(width="1.8em", height="1.6em", padding="0"))
             toggle.add_class("ndbg-unfold")
             toggle.observe(lambda change, key=g.key: self._toggle(key, change["new"]), names="value")
-            header = widgets.HTML(layout=widgets.Layout(flex="1"))
-            body = widgets.HTML(layout=widgets.Layout(display="none", margin="0 0 0 2.6em"))
+            header = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+            body = widgets.HTML(layout=widgets.Layout(display="none"))
             self.toggles[g.key], self._headers[g.key], self._bodies[g.key] = toggle, header, body
-            children.append(widgets.VBox([widgets.HBox([toggle, header]), body]))
+            children.append(widgets.VBox([widgets.HBox([toggle, header], layout=widgets.Layout(align_items="center")),
+                                          body]))
+        children.append(self._legend)
         self.widget.children = children
 
     def _toggle(self, key: str, is_open: bool) -> None:
@@ -163,6 +248,8 @@ class HealthGrid:
             toggle.tooltip = f"{'fold' if is_open else 'unfold'} {key}"
             body.layout.display = "" if is_open else "none"
             self._fill_group(next(g for g in self.groups if g.key == key))
+        if self.on_fold is not None:
+            self.on_fold()
 
     def unfold(self, key: str, is_open: bool = True) -> None:
         """Open (or close) a folded group, as its toggle button does."""
@@ -188,8 +275,24 @@ class HealthGrid:
         is_open = self.toggles[g.key].value
         self._headers[g.key].value = group_html(g, self._health, is_open)
         # a closed group's members are rendered only when it opens
-        self._bodies[g.key].value = ("".join(row_html(m, self._types[m], self._health.get(m)) for m in g.members)
-                                     if is_open else "")
+        self._bodies[g.key].value = ("".join(row_html(m, self._types[m], self._health.get(m), indent=_INDENT,
+                                                      parent=_prefix(g)) for m in g.members) if is_open else "")
+
+    def rows(self) -> list[Row]:
+        """The rows as shown, top to bottom: a folded group is one row; an open one, its header then its members."""
+        out = []
+        for g in self.groups if self._flat is None else [Group(n, (n,)) for n in (self._key or ())]:
+            if not g.foldable:
+                out.append(Row(g.key, g.members))
+                continue
+            out.append(Row(g.key, g.members, group=True))
+            if self.toggles[g.key].value:
+                out.extend(Row(m, (m,)) for m in g.members)
+        return out
+
+    def static_html(self) -> str:
+        groups = self.groups if self._flat is None else [Group(n, (n,)) for n in (self._key or ())]
+        return static_grid_html(groups, self._types, self._health)
 
     def widgets_to_sync(self) -> list:
         return [self._flat] if self._flat is not None else list(self._headers.values()) + list(self._bodies.values())

@@ -1,9 +1,12 @@
 """``%%neuraldbg`` (watch a training cell) and ``%neuraldbg`` (work on the last session)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
 import keyword
 import numbers
+import re
 import time
 from dataclasses import dataclass
 
@@ -17,11 +20,12 @@ from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, TraitError, Unico
 from traitlets.config.configurable import Configurable
 
 from neuraldbg import NeuralDbg, Thresholds
+from neuraldbg.integrations import bind, session_scope, trainer_kind
 
-from ._namespace import model_candidates, optimizer_for
-from ._verdict import Verdict, thresholds_text
+from ._namespace import model_candidates, optimizer_for, trainer_candidates
+from ._outcome import verdict_text
 
-_CORE_FLAGS = {"model", "optimizer", "loss", "every", "no_live", "out"}
+_CORE_FLAGS = {"model", "optimizer", "trainer", "loss", "every", "no_live", "out"}
 
 
 def _threshold_flags(func):
@@ -49,6 +53,28 @@ def _parse(magic, line: str):
         return parse_argstring(magic, line)
     except ValueError as e:  # shlex: an unclosed quote or a trailing backslash
         raise UsageError(f"cannot parse the arguments {line!r}: {e}") from None
+    except UsageError as e:
+        raise UsageError(_suggest(str(e), magic.parser)) from None
+
+
+def _suggest(message: str, parser) -> str:
+    """argparse's message with the closest valid flag or command for each unrecognised one."""
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    if unknown:
+        for word in unknown.group(1).split():
+            flag = word.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6) if flag.startswith("-") else []
+            if close:
+                hints.append(f"{flag}: did you mean {close[0]}?")
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        valid = re.findall(r"'?([\w-]+)'?", choice.group(2))
+        close = difflib.get_close_matches(choice.group(1), valid, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"did you mean {close[0]}?")
+    return message + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _identifier(value: str, what: str) -> str:
@@ -69,6 +95,7 @@ class _Plan:
     loss: str
     out: str
     widgets: bool
+    trainer: object = None  # a Lightning or Hugging Face trainer the cell calls
 
 
 class _LossFeed:
@@ -128,6 +155,14 @@ class NeuralDbgMagics(Magics, Configurable):
             raise TraitError(f"{proposal['trait'].name} must be a positive integer, got {proposal['value']}")
         return proposal["value"]
 
+    @validate("thresholds")
+    def _check_thresholds(self, proposal):
+        try:
+            Thresholds(**proposal["value"])
+        except (TypeError, ValueError) as e:
+            raise TraitError(f"NeuralDbgMagics.thresholds: {e}") from None
+        return proposal["value"]
+
     @validate("out")
     def _check_out(self, proposal):
         if not proposal["value"].isidentifier():
@@ -141,6 +176,8 @@ class NeuralDbgMagics(Magics, Configurable):
     @argument("--optimizer", metavar="OPT", default=None,
               help="expression for the optimizer (steps are counted by it); default: the one optimizer "
                    "owning the model's parameters, if any")
+    @argument("--trainer", metavar="NAME", default=None,
+              help="a Lightning or Hugging Face trainer the cell trains with (default: the one the cell names)")
     @argument("--loss", metavar="NAME", default=None, help="variable recorded as the loss after each step")
     @argument("--every", metavar="N", type=int, default=None, help="full statistics every N steps")
     @argument("--no-live", action="store_true", help="no live dashboard: print the verdict as text at the end")
@@ -152,20 +189,41 @@ class NeuralDbgMagics(Magics, Configurable):
 
         The cell runs in your namespace as it would without the magic. The session goes into
         ``_ndbg`` (or VAR) however the cell ends. After it: ``%neuraldbg explain | report |
-        save PATH | load PATH | thresholds``.
+        save PATH | load PATH | thresholds``. A cell that calls ``trainer.fit(...)`` (PyTorch
+        Lightning) or ``trainer.train()`` (Hugging Face) is watched through the trainer's callbacks:
+        the trainer the cell names (or ``--trainer NAME``), or a ``NeuralDbgCallback()`` given to a
+        trainer made in the cell.
         """
-        plan = self._plan(_parse(self.neuraldbg_cell, line))
+        plan = self._plan(_parse(self.neuraldbg_cell, line), cell)
         self._run(plan, cell)
 
-    def _plan(self, args) -> _Plan:
+    def _trainer(self, args, cell: str):
+        """The framework trainer the cell trains with, if any."""
+        if args.trainer:
+            trainer = self._eval(args.trainer, "--trainer")
+            if trainer_kind(trainer) is None:
+                raise UsageError(f"--trainer {args.trainer!r} is a {type(trainer).__name__}, "
+                                 "not a PyTorch Lightning or Hugging Face Trainer")
+            return trainer
+        found = trainer_candidates(self.shell.user_ns, cell)
+        if len(found) > 1:
+            names = ", ".join(n for n, _ in found)
+            raise UsageError(f"the cell names several trainers ({names}): pick one, e.g. --trainer {found[0][0]}")
+        return found[0][1] if found else None
+
+    def _plan(self, args, cell: str = "") -> _Plan:
         ns = self.shell.user_ns
+        trainer = self._trainer(args, cell)
+        kind = trainer_kind(trainer) if trainer is not None else None
         if args.model:
             model = self._eval(args.model, "MODEL")
             if not isinstance(model, nn.Module):
                 raise UsageError(f"MODEL {args.model!r} is a {type(model).__name__}, not a torch.nn.Module")
             model_name = args.model
+        elif kind == "transformers":
+            model, model_name = trainer.model, f"{args.trainer or 'trainer'}.model"
         else:
-            found = model_candidates(ns)
+            found = model_candidates(ns, lightning=kind == "lightning")
             if not found:
                 raise UsageError("no torch.nn.Module in the namespace: create the model first, "
                                  "or name it: %%neuraldbg MODEL")
@@ -189,15 +247,18 @@ class NeuralDbgMagics(Magics, Configurable):
         if loss:
             _identifier(loss, "--loss")
         out = _identifier(args.out if args.out is not None else self.out, "--out")
-        overrides = dict(self.thresholds)
-        overrides.update({f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)
-                          if getattr(args, f.name, None) is not None})
+        flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)
+                 if getattr(args, f.name, None) is not None}
         try:
-            thresholds = Thresholds(**overrides)
-        except (TypeError, ValueError) as e:
-            raise UsageError(f"bad thresholds: {e}") from None
+            thresholds = Thresholds(**self.thresholds)
+        except (TypeError, ValueError) as e:  # set before the check existed, or by hand
+            raise UsageError(f"bad thresholds in %config NeuralDbgMagics.thresholds: {e}") from None
+        try:
+            thresholds = thresholds.replace(**flags)
+        except ValueError as e:
+            raise UsageError(f"bad threshold flag: {e}") from None
         widgets = self.live and not args.no_live and self._widgets_available()
-        return _Plan(model, model_name, optimizer, thresholds, every, loss, out, widgets)
+        return _Plan(model, model_name, optimizer, thresholds, every, loss, out, widgets, trainer)
 
     def _eval(self, expr: str, what: str):
         try:
@@ -244,7 +305,11 @@ class NeuralDbgMagics(Magics, Configurable):
                     self._keep(dash, handle)
                 except Exception as e:  # noqa: BLE001 - an older view's failure must not stop this cell
                     print(f"neuraldbg: could not retire an older dashboard: {type(e).__name__}: {e}")
-            result = self.shell.run_cell(cell)  # shows the user's traceback, displays the last value
+            with contextlib.ExitStack() as stack:  # trainers report to this session while the cell runs
+                stack.enter_context(session_scope(dbg))
+                if plan.trainer is not None:
+                    stack.enter_context(bind(plan.trainer, dbg))
+                result = self.shell.run_cell(cell)  # shows the user's traceback, displays the last value
         finally:
             dbg.stop()  # every way out: hooks removed
             feed.close()
@@ -264,12 +329,18 @@ class NeuralDbgMagics(Magics, Configurable):
         try:
             if dash is not None:
                 dash.finish(outcome)
-                if handle is not None:
-                    handle.update(dash.root)  # re-publish: its text form is now the verdict
+                self._show_static(dash)  # after the cell's own output, as a text verdict would be
                 return
-            print(Verdict(dbg, outcome).text())
+            print(verdict_text(dbg, outcome))
         except Exception as e:  # noqa: BLE001 - the user's own outcome was shown; say why ours is missing
             print(f"neuraldbg: could not analyse the run: {type(e).__name__}: {e}")
+
+    @staticmethod
+    def _show_static(dash, panel_only: bool = False) -> None:
+        """Display the dashboard's static companion (what exports and viewers without widgets show)."""
+        handle = display(dash.static_bundle(panel_only), raw=True, display_id=True)
+        if handle is not None:
+            dash.static_handles.append((handle, panel_only))
 
     # -- %neuraldbg -------------------------------------------------------------------------------
     @magic_arguments(name="neuraldbg")
@@ -293,7 +364,8 @@ class NeuralDbgMagics(Magics, Configurable):
             return self._load(path)
         dbg = self._current()
         if args.command == "explain":
-            display(Verdict(dbg, "explain"))
+            verdict = dbg.explain()  # Markdown, not HTML: a text export keeps it as text
+            display({"text/markdown": verdict.markdown(), "text/plain": verdict.text()}, raw=True)
         elif args.command == "report":
             print(dbg.report())
         elif args.command == "save":
@@ -326,12 +398,14 @@ class NeuralDbgMagics(Magics, Configurable):
             dash.show(dbg, "loaded")
             self.dashboard = dash
             self._keep(dash, display(dash.root, display_id=True))
+            self._show_static(dash)
         else:
-            print(Verdict(dbg, "loaded").text())
+            print(verdict_text(dbg, "loaded"))
 
     def _thresholds(self, dbg: NeuralDbg) -> None:
         if not self._widgets_available():
-            print(thresholds_text(dbg.thresholds))
+            print("Thresholds (change one with _ndbg.reanalyze(name=value), %%neuraldbg --name VALUE, or "
+                  "%config NeuralDbgMagics.thresholds = {'name': value}):\n" + dbg.thresholds.describe())
             return
         dash = self.dashboard
         if dash is None or dash.dbg is not dbg:
@@ -344,6 +418,7 @@ class NeuralDbgMagics(Magics, Configurable):
             for kept, handles in self._live:
                 if kept is dash:  # a second view of a kept dashboard: retired with it
                     handles.append(handle)
+        self._show_static(dash, panel_only=True)
 
     def _keep(self, dash, handle) -> None:
         """Track a new dashboard; beyond ``live_dashboards``, the oldest becomes a static copy."""
@@ -355,10 +430,9 @@ class NeuralDbgMagics(Magics, Configurable):
             if k is None:
                 break
             old, handles = self._live.pop(k)
-            text = old.root.text
-            snapshot = old.retire()
-            for h in handles:
-                h.update({"text/html": snapshot, "text/plain": text}, raw=True)
+            old.retire()
+            for h in handles:  # its static companions, below each view, now show in its place
+                h.update({"text/html": "", "text/plain": ""}, raw=True)
 
     def close(self) -> None:
         if self.session is not None and self.session.watching:

@@ -9,7 +9,7 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from ._panel import CONFIDENT
+from neuraldbg.hypothesis import CONFIDENT
 
 
 class RankSelector:

@@ -1,35 +1,56 @@
-"""How health states look: a colour, a short label and a severity for each state value.
+"""How health states look: a colour, a short label, a severity and what the state means, for each state value.
 
 States come from the hub as str-valued enums (``ActState``, ``GradState``); the view only reads
 their ``.value``, so a state the hub adds later still renders (grey, severity 1) instead of failing.
 """
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Look:
-    colour: str      # background of the state chip
+    colour: str      # background of the state chip (white text on it)
     label: str       # text on the chip
     severity: int    # 0 = fine; higher = worse; the worst state of a folded group is shown
+    meaning: str     # shown on hover, in the legend and on every chip
 
 
-UNKNOWN = Look("#9e9e9e", "—", 1)
+UNKNOWN = Look("#757575", "\u2014", 1, "not measured yet")
 
 LOOKS: dict[str, Look] = {
     # activation states
-    "normal": Look("#2e7d32", "normal", 0),
-    "saturated": Look("#ef6c00", "saturated", 2),
-    "dead": Look("#c62828", "dead", 3),
-    "anomalous": Look("#6a1b9a", "anomalous", 3),
+    "normal": Look("#2e7d32", "normal", 0, "activation normal: the output keeps a usable spread"),
+    "saturated": Look("#e65100", "saturated", 2,
+                      "activation saturated: more than saturated_fraction of the outputs of a sigmoid/tanh layer "
+                      "sit at their bounds, where their gradient is ~0"),
+    "dead": Look("#c62828", "dead", 3,
+                 "activation dead: more than dead_fraction of the units of a ReLU-family layer output 0 for every "
+                 "input, so no gradient flows through them"),
+    "anomalous": Look("#6a1b9a", "anomalous", 3,
+                      "activation anomalous: the output's spread grew more than activation_growth times since the "
+                      "start, or holds NaN/Inf"),
     # gradient states
-    "healthy": Look("#2e7d32", "healthy", 0),
-    "vanishing": Look("#1565c0", "vanishing", 2),
-    "exploding": Look("#c62828", "exploding", 3),
+    "healthy": Look("#2e7d32", "healthy", 0,
+                    "gradient healthy: the relative gradient of the layer is in line with the layers after it"),
+    "vanishing": Look("#1565c0", "vanishing", 2,
+                      "gradient vanishing: the relative gradient of the layer is below vanishing_ratio times that of "
+                      "the layers after it"),
+    "exploding": Look("#c62828", "exploding", 3,
+                      "gradient exploding: the relative gradient is above exploding_ratio times that of the layers "
+                      "after it, or of its own start"),
 }
 
-NONFINITE = Look("#000000", "NaN/Inf", 4)
+NONFINITE = Look("#212121", "NaN/Inf", 4, "NaN or Inf in the layer's output or its gradient at the latest sample")
+
+ACT_STATES = ("normal", "saturated", "dead", "anomalous")
+GRAD_STATES = ("healthy", "vanishing", "exploding")
+
+# white on the state's colour, with a thin edge that keeps a dark chip apart from a dark theme
+CHIP = ("display:block;text-align:center;border-radius:3px;padding:0 4px;color:#fff;white-space:nowrap;"
+        "overflow:hidden;text-overflow:ellipsis;font-weight:normal;box-shadow:inset 0 0 0 1px rgba(128,128,128,0.5);"
+        "background:{colour}")
 
 
 def value_of(state) -> str:
@@ -49,3 +70,26 @@ def worst(states) -> str:
     if not values:
         return ""
     return max(values, key=lambda v: LOOKS.get(v, UNKNOWN).severity)
+
+
+def chip(lk: Look, title: str = "", cls: str = "ndbg-chip") -> str:
+    """A state chip: its label on its colour, its meaning (and ``title``) on hover."""
+    tip = f"{title}\n{lk.meaning}" if title else lk.meaning
+    return (f'<span class="{cls}" style="{CHIP.format(colour=lk.colour)}" title="{html.escape(tip)}">'
+            f"{html.escape(lk.label)}</span>")
+
+
+def legend_html() -> str:
+    """Every state the grid can show, with its meaning on hover."""
+    def item(lk: Look) -> str:
+        box = "display:inline-block;min-width:5.5em;margin:0 3px 2px 0"
+        return f'<span style="{box}">{chip(lk, cls="ndbg-legend-chip")}</span>'
+
+    act = "".join(item(LOOKS[s]) for s in ACT_STATES)
+    grad = "".join(item(LOOKS[s]) for s in GRAD_STATES)
+    muted = "color:var(--jp-ui-font-color2,#616161)"
+    label = f"display:inline-block;width:5.5em;{muted}"
+    return (f'<div class="ndbg-legend" style="font:11px/1.6 var(--jp-ui-font-family,sans-serif);margin:4px 0 0 2px">'
+            f'<div><span style="{label}">activation</span>{act}</div>'
+            f'<div><span style="{label}">gradient</span>{grad}{item(NONFINITE)}{item(UNKNOWN)}</div>'
+            f'<div style="{muted}">hover a state for its meaning, a layer for the numbers behind it</div></div>')

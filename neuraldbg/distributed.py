@@ -143,7 +143,7 @@ class SideChannel:
         self.timeout = float(timeout)
         self.failure: str | None = None
         self.exchanges = 0
-        self._pending = None
+        self._pending: tuple | None = None
         try:
             self.group = torch.distributed.new_group(backend="gloo",
                                                      timeout=datetime.timedelta(seconds=self.timeout))

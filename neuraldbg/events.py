@@ -11,15 +11,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .formatting import number
 from .health import HealthTable, StateSeries
-from .states import ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
+from .states import _State, ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
 from .thresholds import Thresholds
 
 MAX_PER_SERIES = 16
 
-_STATE_OF = {Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState,
-             Signal.FINITE: FiniteState, Signal.UPDATE: UpdateState, Signal.INPUT: InputState,
-             Signal.LOSS: LossState}
+_STATE_OF: dict[Signal, type[_State]] = {
+    Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState, Signal.FINITE: FiniteState,
+    Signal.UPDATE: UpdateState, Signal.INPUT: InputState, Signal.LOSS: LossState}
 
 
 @dataclass
@@ -35,8 +36,8 @@ class SemanticEvent:
     step: int
     layer: str
     signal: Signal
-    before: object
-    after: object
+    before: _State
+    after: _State
     values: dict = field(default_factory=dict)
     end: int | None = None
     rank: int | None = None
@@ -51,19 +52,12 @@ class SemanticEvent:
             where += f" on rank {self.rank}"
         if self.signal == Signal.FINITE:
             return f"step {self.step}: " + (f"NaN/Inf appears in {where}" if self.bad else f"{where} is finite again")
-        nums = ", ".join(f"{k} {_fmt(v)}" for k, v in self.values.items())
+        nums = ", ".join(f"{k} {number(v)}" for k, v in self.values.items())
         text = f"step {self.step}: {self.signal} {self.before} -> {self.after} in {where}"
         return text + (f" ({nums})" if nums else "")
 
     def __str__(self) -> str:
         return self.describe()
-
-
-def _fmt(v: float) -> str:
-    if v != v:
-        return "n/a"
-    a = abs(v)
-    return f"{v:.3g}" if (a == 0 or 1e-3 <= a < 1e4) else f"{v:.2e}"
 
 
 def debounce(codes: np.ndarray, persist: int) -> np.ndarray:

@@ -5,7 +5,8 @@ Layout (all integers little-endian)::
     8 bytes   magic  b"NDBGTRC\\x00"
     4 bytes   format version (uint32), currently 1
     8 bytes   header length H (uint64)
-    H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "capacity" and "arrays",
+    H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "capacity", "stat_columns" (the
+              names of the statistics, in the order of the last axis of "stats") and "arrays",
               where each array is {"name", "dtype", "shape", "offset", "nbytes"}; a trace of one rank of
               a multi-process run adds "ranks" (see ``ranktrace``) and its ``rank_*`` arrays, which
               readers without them skip
@@ -13,7 +14,9 @@ Layout (all integers little-endian)::
 
 Reading checks every declared size against the file's real size before allocating anything,
 accepts only the numeric dtypes it writes, and raises ``ValueError`` with one line for any
-truncated, foreign or inconsistent file.
+truncated, foreign or inconsistent file. Statistics are matched by name: a column this version
+does not record is dropped, one the file lacks reads as not measured (NaN). Files written before
+"stat_columns" existed hold the thirteen columns of ``_V1_COLUMNS``.
 """
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ import numpy as np
 
 from .layers import LayerInfo
 from .ranktrace import LAYOUT_VERSION, RankSeries
+from .stats import N_STATS, Stat
 from .trace import GLOBAL_COLUMNS, BoundedSeries, NonFiniteOrigin, Trace
-from .stats import N_STATS
 
 MAGIC = b"NDBGTRC\x00"
 VERSION = 1
@@ -36,6 +39,10 @@ _MAX_HEADER = 64 * 1024 * 1024
 
 _ARRAYS = ("stats_steps", "stats", "globals", "loss_steps", "loss")
 _RANK_ARRAYS = ("rank_row_steps", "rank_rows", "rank_batch_steps", "rank_batches")  # present with "ranks"
+
+# The statistics of files without "stat_columns", in their order.
+_V1_COLUMNS = ("ACT_MEAN", "ACT_STD", "ACT_ABSMAX", "ACT_NONFINITE", "ACT_DEAD", "ACT_SATURATED", "GRAD_RMS",
+               "GRAD_ABSMAX", "GRAD_NONFINITE", "GRAD_DEAD", "W_NORM", "W_GRAD_NORM", "W_UPDATE_NORM")
 
 
 def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
@@ -60,7 +67,7 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "layers": [l.to_dict() for l in trace.layers],
         "nonfinite": trace.nonfinite.to_dict() if trace.nonfinite else None,
         "capacity": trace.capacity, "loss_capacity": trace.loss_capacity,
-        "n_stats": N_STATS, "global_columns": list(GLOBAL_COLUMNS),
+        "n_stats": N_STATS, "stat_columns": [s.name for s in Stat], "global_columns": list(GLOBAL_COLUMNS),
         "arrays": specs,
     }
     if trace.ranks is not None:
@@ -109,10 +116,13 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
             ranked = isinstance(ranks, dict) and ranks.get("version") == LAYOUT_VERSION
             arrays = _read_arrays(f, header, _PREFIX.size + hlen, body, _ARRAYS + (_RANK_ARRAYS if ranked else ()))
             layers = [LayerInfo.from_dict(d) for d in header["layers"]]
-            n_stats = int(header["n_stats"])
-            if n_stats != N_STATS or list(header["global_columns"]) != list(GLOBAL_COLUMNS):
+            columns = [str(c) for c in header.get("stat_columns", _V1_COLUMNS)]
+            if int(header["n_stats"]) != len(columns) or list(header["global_columns"]) != list(GLOBAL_COLUMNS):
                 _fail(path, "statistics columns differ from this version's")
             n = len(arrays["stats_steps"])
+            if arrays["stats"].shape != (n, len(layers), len(columns)):
+                _fail(path, "array shapes are inconsistent")
+            arrays["stats"] = _by_name(arrays["stats"], columns)
             if (arrays["stats"].shape != (n, len(layers), N_STATS)
                     or arrays["globals"].shape != (n, len(GLOBAL_COLUMNS))
                     or arrays["loss"].shape != arrays["loss_steps"].shape):
@@ -134,6 +144,17 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
         except (KeyError, TypeError, AttributeError, IndexError) as exc:
             _fail(path, f"missing or malformed field ({type(exc).__name__}: {exc})")
     return trace, trace.meta
+
+
+def _by_name(stats: np.ndarray, columns: list[str]) -> np.ndarray:
+    """The file's statistics in this version's column order; NaN (not measured) for those it lacks."""
+    if columns == [s.name for s in Stat]:
+        return stats
+    out = np.full((*stats.shape[:2], N_STATS), np.nan, dtype=stats.dtype)
+    for i, name in enumerate(columns):
+        if name in Stat.__members__:
+            out[:, :, int(Stat[name])] = stats[:, :, i]
+    return out
 
 
 def _read_arrays(f, header: dict, base: int, body: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:

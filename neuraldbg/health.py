@@ -238,7 +238,9 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     # the scale compounds from the input, or from the last normalisation layer that ran (it resets it;
     # one whose output is exactly zero, a zero-initialised gain, does not). Token ids have no scale:
     # there it compounds from the first weight layer's input
-    refs, ref, segment, seg, first_of_input = [], input_rms, [], 0, True
+    refs: list[np.ndarray] = []
+    segment: list[int] = []
+    ref, seg, first_of_input = input_rms, 0, True
     for i in by_order:
         if kinds[i] == Kind.NORM:
             r = rms[:, i]
@@ -270,7 +272,8 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
                     origin=origin, offset=offset, segment=segment, rscale=rscale,
-                    nonfinite=nonfinite, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1), growth=growth,
+                    nonfinite=nonfinite, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
+                    growth=growth,
                     has_params=np.array([l.n_params > 0 for l in layers], dtype=bool))
 
 
@@ -406,13 +409,21 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     upd_values = {"update_median": lambda r: float(np.median(ratios(r))) if len(ratios(r)) else float("nan"),
                   "update_max": lambda r: float(ratios(r).max()) if len(ratios(r)) else float("nan"),
                   "lr": _at(lr)}
+    # the run as a whole, whatever the thresholds: the largest update-to-weight ratio of each sample
+    largest = np.where(np.isfinite(ratio), ratio, -np.inf).max(axis=1, initial=-np.inf)
+    largest = largest[np.isfinite(largest)]
+    peak = float(largest.max()) if len(largest) else float("nan")
+    typical = float(np.median(largest)) if len(largest) else float("nan")
+    upd_by_state = {s: upd_values for s in UpdateState}
+    upd_by_state[UpdateState.TOO_LARGE] = {**upd_values, "update_peak": lambda r: peak}
+    upd_by_state[UpdateState.NEGLIGIBLE] = {**upd_values, "update_typical": lambda r: typical}
     mean, sd, absmax = g[:, col("input_mean")], g[:, col("input_std")], g[:, col("input_absmax")]
     inp = np.zeros(len(steps), dtype=np.int8)
     with np.errstate(invalid="ignore"):
         inp[np.fmax(np.abs(mean), sd) > th.input_scale] = InputState.UNSCALED.code
     inp[g[:, col("input_nonfinite")] > 0] = InputState.NONFINITE.code
     in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
-    return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], {s: upd_values for s in UpdateState}),
+    return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], upd_by_state),
             StateSeries(Signal.INPUT, steps, inp[:, None], ["input"], {s: in_values for s in InputState}, persist=1)]
 
 

@@ -128,7 +128,8 @@ def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def recurrent_scale(module: nn.Module) -> float | None:
     """The spread of a recurrent layer's hidden-to-hidden weights against PyTorch's default init
     (uniform in +-1/sqrt(hidden): std 1/sqrt(3 hidden)); the largest over its layers and directions.
-    1 at the default, ~1.7 for an orthogonal init of a plain RNN; far from 1, the state explodes or forgets through time."""
+    1 at the default, ~1.7 for an orthogonal init of a plain RNN; far from 1, the state explodes or forgets
+    through time."""
     if not isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
         return None
     hidden = getattr(module, "hidden_size", 0)

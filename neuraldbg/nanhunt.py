@@ -9,6 +9,7 @@ and random state are left untouched.
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 from torch import nn
@@ -72,14 +73,16 @@ def _innermost_last(fired: list[tuple[str, int]]) -> str:
 
 
 def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_grads: list | None,
-           step: int) -> NonFiniteOrigin:
-    """Replay one pass of ``module`` and return where NaN/Inf first appears."""
+           step: int, run: Callable[[nn.Module], object] | None = None) -> NonFiniteOrigin:
+    """Replay one pass of ``module`` and return where NaN/Inf first appears. ``run(copy)`` replays a
+    pass that is not the module's own forward (a training step computing its loss); by default the
+    copy is called with ``args`` and ``kwargs``."""
     for t in float_tensors((args, kwargs)):
         if _nonfinite(t):
             return NonFiniteOrigin(step, "input", "input", "the input batch contains NaN/Inf")
     try:
         replica = _copy_without_hooks(module)
-    except Exception as exc:  # a module that cannot be copied: say so rather than guess
+    except Exception as exc:  # noqa: BLE001 - a module that cannot be copied: say so rather than guess
         return NonFiniteOrigin(step, "", "unknown", f"could not replay the pass ({type(exc).__name__})")
     for p in replica.parameters():
         p.grad = None  # the copy starts from clean gradients, so only this pass's values are seen
@@ -129,7 +132,12 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
         if rng_state is not None:
             torch.set_rng_state(rng_state)
         with torch.enable_grad():
-            output = replica(*args, **kwargs)
+            try:
+                output = run(replica) if run is not None else replica(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a pass that cannot run outside its loop: say so, do not stop it
+                if found:
+                    return found[0]
+                return NonFiniteOrigin(step, "", "unknown", f"could not replay the pass ({type(exc).__name__})")
             if found:
                 return found[0]
             outs = [t for t in float_tensors(output) if t.requires_grad]

@@ -82,7 +82,8 @@ def join(per: dict[int, Analysis], ev: RankEvidence, present: list[int]) -> list
         at_first = [r for r in sorted(onsets) if onsets[r] == s0]
         from_nan = first is not None and (h.cause == Cause.NON_FINITE or (
             h.cause == Cause.DATA and first[1].phase in ("input", "loss") and h.step == first[1].step))
-        if from_nan:
+        rank: int | None
+        if from_nan and first is not None:
             rank = first[0]
         elif len(present) > 1 and len(at_first) < len(present):
             rank = at_first[0]
@@ -94,7 +95,7 @@ def join(per: dict[int, Analysis], ev: RankEvidence, present: list[int]) -> list
         h.chain = list(lead.chain)
         h.confidence = max(x.confidence for _, _, x in items)
         h.rank = rank
-        if from_nan:
+        if from_nan and rank is not None:
             h.chain.append(_spread_of_nan(ev, rank))
         elif rank is not None:
             later = sorted(r for r in onsets if r != rank)

@@ -226,7 +226,8 @@ def _shared_batches(series: RankSeries, th: Thresholds) -> tuple[list[SemanticEv
     linked = share >= th.duplicate_batches
     if not linked.any():
         return [], []
-    groups, seen = [], set()
+    groups: list[tuple[int, ...]] = []
+    seen: set[int] = set()
     for r in range(w):
         if r in seen or not linked[r].any():
             continue

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 
 from .causes import Cause
-from .events import SemanticEvent, _fmt
+from .events import SemanticEvent
+from .formatting import number as _fmt
 from .hypothesis import CausalHypothesis
-from .rankevents import BatchState, RankSignal
+from .rankevents import BatchState, RankEvidence, RankSignal
 from .rules import Context, _hyp, _layer_list, _loss_symptoms, _loss_text
 from .states import InputState, Signal, UpdateState
 
@@ -41,25 +42,30 @@ def _large_updates(ctx: Context, step: int) -> list[SemanticEvent]:
     return [e for e in ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE) if e.step >= step - ctx.th.persist]
 
 
-def _free(ctx: Context, signal: RankSignal) -> list[SemanticEvent]:
-    return [e for e in ctx.ranks.of(signal) if id(e) not in ctx.claimed]
+def _free(ev: RankEvidence, ctx: Context, signal: RankSignal) -> list[SemanticEvent]:
+    return [e for e in ev.of(signal) if id(e) not in ctx.claimed]
+
+
+def _ranks_of(events: list[SemanticEvent]) -> list[int]:
+    return sorted({e.rank for e in events if e.rank is not None})
 
 
 # -- one rank's data -------------------------------------------------------------------------------
 
 def rule_rank_data(ctx: Context) -> list[CausalHypothesis]:
-    if ctx.ranks is None:
+    ev = ctx.ranks
+    if ev is None:
         return []
-    evs = _free(ctx, RankSignal.RANK_INPUT)
+    evs = _free(ev, ctx, RankSignal.RANK_INPUT)
     if not evs:
         return []
     e = evs[0]
     r, v = e.rank, e.values
-    ranks = sorted({x.rank for x in evs})
-    own = ctx.free(Signal.INPUT, InputState.UNSCALED) if ctx.ranks.rank in ranks else []
+    ranks = _ranks_of(evs)
+    own = ctx.free(Signal.INPUT, InputState.UNSCALED) if ev.rank in ranks else []
     updates = _large_updates(ctx, e.step)
-    bn = _free(ctx, RankSignal.BN_RANKS)
-    chain = [f"the batches of {_ranks_text(ranks, ctx.ranks.world)} are {_fmt(v['ratio'])}x the scale of the other "
+    bn = _free(ev, ctx, RankSignal.BN_RANKS)
+    chain = [f"the batches of {_ranks_text(ranks, ev.world)} are {_fmt(v['ratio'])}x the scale of the other "
              f"ranks' (input RMS {_fmt(v['input_rms'])} against {_fmt(v['others_rms'])}) from step {e.step}"]
     if updates:
         chain.append(f"its gradients dominate the all-reduce: every replica takes updates of up to "
@@ -84,19 +90,20 @@ _SET_EPOCH = ("call sampler.set_epoch(epoch) at the start of every epoch (a Dist
 
 
 def rule_duplicate_data(ctx: Context) -> list[CausalHypothesis]:
-    if ctx.ranks is None:
+    ev = ctx.ranks
+    if ev is None:
         return []
-    evs = _free(ctx, RankSignal.BATCH)
+    evs = _free(ev, ctx, RankSignal.BATCH)
     shared = [e for e in evs if e.after == BatchState.SHARED]
     repeated = [e for e in evs if e.after == BatchState.REPEATED]
-    world = ctx.ranks.world
-    rep_ranks = sorted({e.rank for e in repeated})
+    world = ev.world
+    rep_ranks = _ranks_of(repeated)
     rep_text = (f"{_verb(_ranks_text(rep_ranks, world), 'see')} the same batches in the same "
                 f"order every {int(repeated[0].values['period'])} steps from step {repeated[0].step}: each epoch "
                 "repeats the one before") if repeated else ""
     if shared:
         e = shared[0]
-        groups = ctx.ranks.shared or [tuple(range(world))]
+        groups = ev.shared or [tuple(range(world))]
         who = "; ".join(_ranks_text(list(g), world) for g in groups)
         copies = max(len(g) for g in groups)
         chain = [f"{_verb(who, 'train')} on the same batches ({e.values['share']:.0%} of the steps compared) "
@@ -118,15 +125,16 @@ def rule_duplicate_data(ctx: Context) -> list[CausalHypothesis]:
 # -- replicas --------------------------------------------------------------------------------------
 
 def rule_replica_divergence(ctx: Context) -> list[CausalHypothesis]:
-    if ctx.ranks is None:
+    ev = ctx.ranks
+    if ev is None:
         return []
-    evs = _free(ctx, RankSignal.REPLICA)
+    evs = _free(ev, ctx, RankSignal.REPLICA)
     if not evs:
         return []
     step = evs[0].step
     onset = [e for e in evs if e.step == step]
     rank = onset[0].rank
-    ranks = sorted({e.rank for e in onset})
+    ranks = _ranks_of(onset)
     ref = int(onset[0].values.get("reference_rank", 0))
     names = list(dict.fromkeys(e.layer for e in onset))
     weight_layers = [n for n, l in ctx.layers.items() if l.n_params > 0]
@@ -134,7 +142,7 @@ def rule_replica_divergence(ctx: Context) -> list[CausalHypothesis]:
     where = f"all {len(names)} weight layers" if layer == "" else _layer_list(names)
     rel = max(e.values["divergence"] for e in onset)
     synced = all(e.values.get("grad_divergence", 0.0) <= ctx.th.replica_divergence for e in onset)
-    chain = [f"the weights of {where} on {_ranks_text(ranks, ctx.ranks.world)} differ from rank {ref}'s "
+    chain = [f"the weights of {where} on {_ranks_text(ranks, ev.world)} differ from rank {ref}'s "
              f"(relative {_fmt(rel)}) from step {step}"]
     if synced:
         chain.append("their gradients after the all-reduce are the same on every rank: the weights are changed "
@@ -157,9 +165,10 @@ def rule_replica_divergence(ctx: Context) -> list[CausalHypothesis]:
 # -- BatchNorm -------------------------------------------------------------------------------------
 
 def rule_batchnorm_ranks(ctx: Context) -> list[CausalHypothesis]:
-    if ctx.ranks is None:
+    ev = ctx.ranks
+    if ev is None:
         return []
-    evs = _free(ctx, RankSignal.BN_RANKS)
+    evs = _free(ev, ctx, RankSignal.BN_RANKS)
     if not evs:
         return []
     e = evs[0]
@@ -178,13 +187,14 @@ def rule_batchnorm_ranks(ctx: Context) -> list[CausalHypothesis]:
 # -- gradients and the world size ------------------------------------------------------------------
 
 def rule_world_size_scaling(ctx: Context) -> list[CausalHypothesis]:
-    if ctx.ranks is None:
+    ev = ctx.ranks
+    if ev is None:
         return []
-    evs = _free(ctx, RankSignal.GRAD_SCALE)
+    evs = _free(ev, ctx, RankSignal.GRAD_SCALE)
     if not evs:
         return []
     e = evs[0]
-    world = int(e.values.get("world", ctx.ranks.world))
+    world = int(e.values.get("world", ev.world) or ev.world)
     updates = _large_updates(ctx, e.step)
     chain = [f"the gradient after the all-reduce is {_fmt(e.values['ratio'])}x the mean of the ranks' own gradients "
              f"from step {e.step} (world size {world}): it is summed over the ranks, not averaged",

@@ -11,20 +11,22 @@
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import AbstractSet, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten
+from torch.utils.hooks import RemovableHandle
 
 from .layers import LayerInfo
 from .ranktrace import BN_SLOTS, PHASES, PROJECTIONS, TAIL, RankLayout, bn_channels
+from .trace import NonFiniteOrigin
+
 # Elements of each parameter (an evenly strided subset, as ``stats.param_view`` takes) that its checksum
 # and gradient projections read: enough to see replicas drift apart, a quarter of the norms' share.
 RANK_SAMPLE = 16384
-from .trace import NonFiniteOrigin
 
 # At most this many tensors of a batch enter its fingerprint.
 FINGERPRINT_TENSORS = 4
@@ -109,7 +111,7 @@ class RankProbe:
 
     def __init__(self, model: nn.Module, layers: list[LayerInfo], modules: list[nn.Module],
                  step_of: Callable[[], int], is_merge_step: Callable[[int], bool], hook_on: nn.Module | None = None,
-                 unsynced: set[str] = frozenset()):
+                 unsynced: AbstractSet[str] = frozenset()):
         self.model = model
         self.hook_on = model if hook_on is None else hook_on  # a compiled model's wrapper: hooked outside the graph
         self.layers = layers
@@ -126,11 +128,12 @@ class RankProbe:
                 seen.add(id(p))
                 self.params.append((qualified, p, index[id(m)]))
         bn = []
-        self._bn_modules = []
+        self._bn_modules: list[tuple[nn.Module, torch.Tensor]] = []
         for i, m in enumerate(modules):
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and getattr(m, "running_mean", None) is not None:
-                picks = bn_channels(int(m.running_mean.numel()))
-                bn.append((i, int(m.running_mean.numel()), picks))
+            running = getattr(m, "running_mean", None)
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and isinstance(running, torch.Tensor):
+                picks = bn_channels(int(running.numel()))
+                bn.append((i, int(running.numel()), picks))
                 self._bn_modules.append((m, torch.tensor(picks, dtype=torch.long)))
         self.layout = RankLayout(n_layers=len(layers), bn=tuple(bn))
         self._owner = torch.tensor([o for _, _, o in self.params], dtype=torch.long)
@@ -141,7 +144,7 @@ class RankProbe:
         self.passes = 0
         self._local: list[tuple[int, torch.Tensor]] = []   # (param index, projections of a local gradient)
         self._grad_handles: list = []
-        self._handle = None
+        self._handle: RemovableHandle | None = None
         self.error: str | None = None          # the first measurement that failed (it is skipped, never raised)
 
     # -- hooks -----------------------------------------------------------------------------------

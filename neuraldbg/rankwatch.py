@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 import weakref
-from typing import Callable
+from typing import AbstractSet, Any, Callable
 
 import numpy as np
 
@@ -71,14 +71,14 @@ class RankWatch:
         self._loss_step = -1
         self._nonfinite_flagged = False
         self.merges = 0                      # merges completed (collected) in this session
-        self._prev_sigterm = None
-        self._atexit = None
+        self._prev_sigterm: Any = None   # the SIGTERM handler before this session's
+        self._atexit: Callable[[], None] | None = None
         self._started = False                # watched before: a resumed session keeps its file
         self.window = self.merge_every + 1   # fingerprints one packet carries
 
     @classmethod
     def for_session(cls, dbg, info: RankInfo, *, run_dir, merge_every: int, merge_timeout: float,
-                    checkpoint_interval: float, unsynced: set[str] = frozenset()) -> "RankWatch":
+                    checkpoint_interval: float, unsynced: AbstractSet[str] = frozenset()) -> "RankWatch":
         """The rank side of a ``NeuralDbg`` session that is about to watch (its recorder exists).
         ``unsynced``: names of parameters each rank keeps its own (left out of the comparison)."""
         rec = dbg._recorder
@@ -102,8 +102,14 @@ class RankWatch:
         self.channel = SideChannel(self.info, self.merge_timeout)  # made by every rank as it starts watching
         self.probe.attach()
         ref = weakref.ref(self)
-        self._atexit = lambda: (ref() is not None and ref().write())
-        atexit.register(self._atexit)
+
+        def at_exit() -> None:
+            watch = ref()
+            if watch is not None:
+                watch.write()
+
+        self._atexit = at_exit
+        atexit.register(at_exit)
         if threading.current_thread() is threading.main_thread():
             prev = signal.getsignal(signal.SIGTERM)
             if prev not in (signal.SIG_IGN, None):
@@ -116,6 +122,8 @@ class RankWatch:
         world size."""
         from .merge import rank_files
 
+        if self.run_dir is None:
+            return
         for r, path in rank_files(self.run_dir).items():
             if r == self.info.rank or (self.info.rank == 0 and r >= self.info.world):
                 try:

@@ -67,8 +67,6 @@ class Recorder:
                  after_step: Callable[[], None] | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg watches a torch.nn.Module, got {type(model).__name__}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         self.model = model
         self.inner: nn.Module = getattr(model, "_orig_mod", model)  # torch.compile wrapper -> original
         self.compiled = self.inner is not model
@@ -102,9 +100,7 @@ class Recorder:
                 smallest[o] = p
         self._sentinels = list(smallest.values())
         if optimizer is not None:
-            owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-            if owned and not any(id(p) in owned for p in self.inner.parameters()):
-                raise ValueError("the optimizer does not own any parameter of the model")
+            self._check_optimizer(optimizer)
 
         self.trace = Trace(self.layers, capacity=capacity)
         self.trace.meta.update(model=type(self.inner).__name__, compiled=self.compiled,
@@ -115,6 +111,9 @@ class Recorder:
         self._sample_now = self.schedule.should_sample(0)
         self._handles: list = []
         self._layer_handles: list = []
+        self._opt_handles: list = []
+        self._explicit = False        # a pass begun by ``begin_pass``, its forward part not yet ended
+        self._replay_run: Callable | None = None  # how to replay the latest pass (None: the model's forward)
         self._next_order = 0
         self._pass_step = 0           # the step the latest forward pass belongs to
         self._seen_lr = self._lr(sync=False)  # the learning rate of the latest step, to see it rise
@@ -140,9 +139,7 @@ class Recorder:
         try:
             self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))
             self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True))
-            if self.optimizer is not None:
-                self._handles.append(self.optimizer.register_step_pre_hook(self._on_optimizer_pre))
-                self._handles.append(self.optimizer.register_step_post_hook(self._on_optimizer_post))
+            self._hook_optimizer()
             if self.compiled:  # permanent, excluded from the graph: no recompiles
                 for m, h in zip(self.modules, self._fwd_hooks):
                     self._handles.append(m.register_forward_hook(_disable_under_compile(h)))
@@ -153,11 +150,14 @@ class Recorder:
 
     def detach(self) -> None:
         """Remove every hook; safe to call more than once, from any exit path."""
-        for h in self._layer_handles + self._handles:
+        for h in self._layer_handles + self._handles + self._opt_handles:
             h.remove()
         self._layer_handles.clear()
         self._handles.clear()
+        self._opt_handles.clear()
         self._rec = None
+        self._explicit = False
+        self._replay_run = None
         if getattr(self.model, "_neuraldbg_watcher", None) is not None:
             try:
                 del self.model._neuraldbg_watcher
@@ -165,6 +165,32 @@ class Recorder:
                 pass
         self.flush_losses()
         self.attached = False
+
+    # -- optimizer ---------------------------------------------------------------------------------
+    def _check_optimizer(self, optimizer) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if owned and not any(id(p) in owned for p in self.inner.parameters()):
+            raise ValueError("the optimizer does not own any parameter of the model")
+
+    def _hook_optimizer(self) -> None:
+        if self.optimizer is not None:
+            self._opt_handles.append(self.optimizer.register_step_pre_hook(self._on_optimizer_pre))
+            self._opt_handles.append(self.optimizer.register_step_post_hook(self._on_optimizer_post))
+
+    def set_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Count steps by ``optimizer`` from now on, in place of any optimizer given before (one that a
+        training framework creates only once training begins)."""
+        self._check_optimizer(optimizer)
+        for h in self._opt_handles:
+            h.remove()
+        self._opt_handles.clear()
+        self.optimizer = optimizer
+        self.trace.meta["optimizer"] = type(optimizer).__name__
+        self._seen_lr = self._lr(sync=False)
+        if self.attached:
+            self._hook_optimizer()
 
     # -- loss --------------------------------------------------------------------------------------
     def record_loss(self, loss) -> None:
@@ -189,9 +215,29 @@ class Recorder:
             self.trace.add_loss(step, next(host) if isinstance(v, torch.Tensor) else v)
 
     # -- forward -----------------------------------------------------------------------------------
+    def begin_pass(self, args: tuple = (), kwargs: dict | None = None, run: Callable | None = None) -> None:
+        """A training pass starts that may not call the model's own forward (see ``NeuralDbg.begin_pass``)."""
+        if not self.attached or self._replaying:
+            return
+        self._close_layer_hooks()  # a pass begun and never ended (a skipped step)
+        self._explicit = True
+        self._start_pass(args, kwargs or {}, run)
+
+    def end_forward(self, outputs) -> None:
+        """The forward part of a pass begun by ``begin_pass`` is over; ``outputs`` go to the backward."""
+        if not self._explicit:
+            return
+        self._explicit = False
+        self._end_forward(outputs)
+
     def _on_forward_start(self, module, args, kwargs):
-        if self._replaying or not torch.is_grad_enabled():
+        if self._explicit or self._replaying or not torch.is_grad_enabled():
             return None  # evaluation passes under no_grad are neither steps nor statistics
+        self._start_pass(args, kwargs, None)
+        return None
+
+    def _start_pass(self, args, kwargs, run: Callable | None) -> None:
+        self._replay_run = run
         if self._pass_step != self.step:  # the first forward pass of a step (not a second, accumulated one)
             self._watch_lr()
         self._pass_step = self.step
@@ -207,14 +253,20 @@ class Recorder:
             if not self.compiled:
                 for m, h in zip(self.modules, self._fwd_hooks):
                     self._layer_handles.append(m.register_forward_hook(h))
-        return None
 
     def _on_forward_end(self, module, args, kwargs, output):
-        if self._replaying or not torch.is_grad_enabled():
+        if self._explicit or self._replaying or not torch.is_grad_enabled():
             return None
+        self._end_forward(output)
+        return None
+
+    def _close_layer_hooks(self) -> None:
         for h in self._layer_handles:
             h.remove()
         self._layer_handles.clear()
+
+    def _end_forward(self, output) -> None:
+        self._close_layer_hooks()
         if self._rec is not None:
             self._rec.forward_done = True
         # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
@@ -223,7 +275,6 @@ class Recorder:
         self._backward_queued = False
         for i, t in enumerate(self._out_leaves):
             t.register_hook(self._make_output_grad_hook(i))
-        return None
 
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         def hook(module, args, output):
@@ -291,15 +342,27 @@ class Recorder:
         self.passes += 1
         if self.trace.nonfinite is None:
             self._check_finite([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
-        rec = self._rec
-        if rec is not None and rec.params is None and self._params:
-            w = self._param_norms(self._params, self._owner_list)
-            with_grad = [(p.grad, o) for p, o in zip(self._params, self._owner_list)
-                         if p.grad is not None and not p.grad.is_sparse]
-            gn = self._param_norms([g for g, _ in with_grad], [o for _, o in with_grad])
-            rec.params = torch.stack([w, gn.to(w.device), torch.full_like(w, float("nan"))])
+        if self._rec is not None:
+            self._read_param_grads(self._rec)
         if self.optimizer is None:
             self._finish_step()
+
+    def read_gradients(self) -> None:
+        """Measure the parameter gradients as they are now, for the step in progress."""
+        if self.attached and self._rec is not None:
+            self._read_param_grads(self._rec)
+
+    def _read_param_grads(self, rec: _StepRecord) -> None:
+        """Per-layer weight and gradient norms of a sampled step. Every read replaces the last one, so
+        under gradient accumulation the step keeps the gradient of its whole window."""
+        if not self._params:
+            return
+        w = self._param_norms(self._params, self._owner_list) if rec.params is None else rec.params[0]
+        with_grad = [(p.grad, o) for p, o in zip(self._params, self._owner_list)
+                     if p.grad is not None and not p.grad.is_sparse]
+        gn = self._param_norms([g for g, _ in with_grad], [o for _, o in with_grad])
+        upd = torch.full_like(w, float("nan")) if rec.params is None else rec.params[2]
+        rec.params = torch.stack([w, gn.to(w.device), upd])
 
     def _check_finite(self, grads: list[torch.Tensor]) -> None:
         """The every-step check: one boolean read back to the host (the only per-step sync)."""
@@ -309,12 +372,14 @@ class Recorder:
             self._replaying = True
             try:
                 self.trace.nonfinite = nanhunt.locate(self.inner, args, kwargs, self._rng_state,
-                                                      list(self._out_grads), self._pass_step)
+                                                      list(self._out_grads), self._pass_step, run=self._replay_run)
             finally:
                 self._replaying = False
             self._last_inputs = None
 
     def _on_optimizer_pre(self, optimizer, args, kwargs):
+        if self._rec is None and self._sample_now:  # the step's forward runs inside optimizer.step (a closure)
+            self._rec = _StepRecord(len(self.layers))
         rec = self._rec
         if rec is not None and self._params:
             views = [param_view(p)[0] for p in self._params]
@@ -338,9 +403,7 @@ class Recorder:
     # -- step end ----------------------------------------------------------------------------------
     def _finish_step(self) -> None:
         rec, self._rec = self._rec, None
-        for h in self._layer_handles:
-            h.remove()
-        self._layer_handles.clear()
+        self._close_layer_hooks()
         if rec is not None:
             self._flush(rec)
         self.schedule.step_done(self.step, sampled=rec is not None)

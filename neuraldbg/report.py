@@ -3,16 +3,9 @@ from __future__ import annotations
 
 import re
 
+from .formatting import number
 from .hypothesis import CONFIDENT
-
-_MAX_EVIDENCE = 5
-
-
-def _fmt(v: float) -> str:
-    if v != v:
-        return "n/a"
-    a = abs(v)
-    return f"{v:.3g}" if (a == 0 or 1e-3 <= a < 1e4) else f"{v:.2e}"
+from .render import verdict_text
 
 
 def _loss_line(trace) -> str | None:
@@ -23,29 +16,14 @@ def _loss_line(trace) -> str | None:
     if len(ok) == 0:
         return f"loss: NaN from the first recorded step ({trace.loss.n} recorded)"
     first, last = float(v[0]), float(v[-1])
-    return (f"loss: {_fmt(first)} at step {int(trace.loss.steps[0])} -> {_fmt(last)} at step "
-            f"{int(trace.loss.steps[-1])} (best {_fmt(float(ok.min()))}, {trace.loss.n} recorded)")
-
-
-def render_hypothesis(hyp, rank: int | None = None) -> list[str]:
-    head = f"{rank}. " if rank is not None else ""
-    lines = [f"{head}{hyp.cause} in {hyp.where}, from step {hyp.step} (confidence {hyp.confidence:.2f})"]
-    if hyp.chain:
-        lines.append("   why:")
-        lines += [f"     {'->' if i else '*'} {c}" for i, c in enumerate(hyp.chain)]
-    if hyp.evidence:
-        lines.append("   evidence:")
-        lines += [f"     - {e.describe()}" for e in hyp.evidence[:_MAX_EVIDENCE]]
-        if len(hyp.evidence) > _MAX_EVIDENCE:
-            lines.append(f"     - ... and {len(hyp.evidence) - _MAX_EVIDENCE} more events")
-    if hyp.suggestion:
-        lines.append(f"   fix: {hyp.suggestion}")
-    return lines
+    return (f"loss: {number(first)} at step {int(trace.loss.steps[0])} -> {number(last)} at step "
+            f"{int(trace.loss.steps[-1])} (best {number(float(ok.min()))}, {trace.loss.n} recorded)")
 
 
 def render_report(analysis, trace=None, step: int | None = None, extra: list[str] | None = None) -> str:
-    """The verdict as text: the top cause, its chain, the numbers and the fix; then the others.
-    ``extra``: lines to show under the heading (the ranks of a multi-process run)."""
+    """The verdict as text: what was watched, the loss, then the verdict (the top cause, its chain,
+    the numbers and the fix; then the others). ``extra``: lines under the heading (the ranks of a
+    multi-process run)."""
     steps = step if step is not None else analysis.steps
     sampled = trace.stats.n if trace is not None else 0
     n_layers = len(trace.layers) if trace is not None else len(analysis.health)
@@ -53,22 +31,7 @@ def render_report(analysis, trace=None, step: int | None = None, extra: list[str
     loss = _loss_line(trace)
     if loss:
         lines.append(loss)
-    strong = [h for h in analysis.hypotheses if h.confidence >= CONFIDENT]
-    weak = [h for h in analysis.hypotheses if h.confidence < CONFIDENT]
-    if not strong:
-        lines.append(f"Verdict: healthy. No failure found in {steps} steps "
-                     f"(no hypothesis at confidence >= {CONFIDENT}).")
-    else:
-        top = strong[0]
-        lines.append(f"Verdict: {top.cause} in {top.where}, from step {top.step}.")
-        lines.append("")
-        for i, h in enumerate(strong, 1):
-            lines += render_hypothesis(h, i)
-            lines.append("")
-    if weak:
-        lines.append("Weak signals (below confidence 0.5):")
-        lines += [f"  - {h} : {h.chain[0] if h.chain else ''}" for h in weak[:5]]
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join(lines) + "\n" + verdict_text(analysis.hypotheses, steps)
 
 
 def _label(text: str) -> str:

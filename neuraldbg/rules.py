@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .causes import Cause
-from .events import SemanticEvent, _fmt
+from .events import SemanticEvent
+from .formatting import number as _fmt
 from .hypothesis import CausalHypothesis
 from .layers import Kind, LayerInfo
 from .patterns import Link, LinkKind
 from .states import ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
 from .thresholds import Thresholds
 from .trace import NonFiniteOrigin
+
+if TYPE_CHECKING:
+    from .rankevents import RankEvidence
 
 
 @dataclass
@@ -44,7 +48,7 @@ class Context:
     loss_fall: object = None  # analysis.LossFall: how far below zero a positive loss went, or None
     # the latest losses below the first ones on the loss's scale, and the z of their downward trend
     loss_trend: tuple = (math.nan, math.nan)
-    ranks: object = None  # rankevents.RankEvidence: the other ranks of a multi-process run, else None
+    ranks: RankEvidence | None = None  # the other ranks of a multi-process run, else None
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
@@ -207,7 +211,7 @@ def rule_data(ctx: Context) -> list[CausalHypothesis]:
         v = ev.values
         m, s, a = v.get("input_mean", math.nan), v.get("input_std", math.nan), v.get("input_absmax", math.nan)
         chain = [f"the input is not normalised: mean {_fmt(m)}, std {_fmt(s)}, values up to {_fmt(a)}"]
-        chain += [f"updates of up to {_fmt(e.values.get('update_max', math.nan))} x the weights per step from step "
+        chain += [f"updates of up to {_fmt(e.values.get('update_peak', math.nan))} x the weights per step from step "
                   f"{e.step}: the first layer's gradient scales with its input" for e in updates[:1]]
         chain += _symptoms_text([e for e in symptoms if e.signal != Signal.UPDATE])
         fix = (f"normalise the input: x = (x - {_fmt(m)}) / {_fmt(s)}" +
@@ -231,9 +235,10 @@ def _targets_out_of_reach(ctx: Context) -> list[CausalHypothesis]:
              and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE, Signal.UPDATE)]
     symptoms = list({id(e): e for e in updates + later}.values()) + _loss_symptoms(ctx)
     target = math.sqrt(abs(loss0))
-    chain = [f"the loss starts at {_fmt(loss0)}, while the outputs' RMS is {_fmt(rms)}: the targets are ~{_fmt(target)}, "
+    chain = [f"the loss starts at {_fmt(loss0)}, while the outputs' RMS is {_fmt(rms)}: "
+             f"the targets are ~{_fmt(target)}, "
              f"{_fmt(reach)}x out of the outputs' reach"]
-    chain += [f"updates of up to {_fmt(e.values.get('update_max', math.nan))} x the weights per step from step "
+    chain += [f"updates of up to {_fmt(e.values.get('update_peak', math.nan))} x the weights per step from step "
               f"{e.step}: the gradient scales with the error" for e in updates[:1]]
     chain += _symptoms_text([e for e in symptoms if e.signal != Signal.UPDATE])
     fix = (f"standardise the targets (y = (y - y.mean()) / y.std(), computed on the training set; invert it on "
@@ -303,7 +308,7 @@ def rule_dead(ctx: Context) -> list[CausalHypothesis]:
         if large and ctx.from_start(large[0]) and _amplified_at_start(ctx):
             continue  # the updates are large because the initial weights are: rule_initialization's case
         if not ctx.from_start(ev) and large:
-            u = large[0].values.get("update_max", math.nan)
+            u = large[0].values.get("update_peak", math.nan)
             chain = [f"updates of up to {_fmt(u)} x the weights per step (lr {lr}) from step {large[0].step}"] + chain
             if blocked:
                 chain.append(f"no gradient flows back through `{ev.layer}`: it vanishes in {_names(blocked)}")
@@ -345,7 +350,7 @@ def _saturated_by_updates(ctx: Context, events: list[SemanticEvent]) -> list[Cau
     gains = [e for e in ctx.free(Signal.GAIN, GainState.AMPLIFIES) if e.step > ctx.first_step]
     loss = _loss_symptoms(ctx)
     frac = max(e.values.get("saturated_fraction", 1.0) for e in events)
-    chain = [f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step "
+    chain = [f"updates of up to {_fmt(large[0].values.get('update_peak', math.nan))} x the weights per step "
              f"(lr {lr}) from step {large[0].step}",
              f"the weights grow until {frac:.0%} of the outputs of {_layer_list(names)} are pinned at their bounds "
              f"from step {min(e.step for e in events)}"]
@@ -367,7 +372,8 @@ def _saturated_by_init(ctx: Context, events: list[SemanticEvent]) -> list[Causal
     kinds = sorted({ctx.layers[n].type_name for n in sat})
     fracs = [e.values.get("saturated_fraction", math.nan) for e in events]
     first = min(e.step for e in events)
-    chain = [f"at step {first}, {_layer_list(weights)} start with weights too large for the {'/'.join(kinds)} after them"
+    chain = [f"at step {first}, {_layer_list(weights)} start with weights too large for the "
+             f"{'/'.join(kinds)} after them"
              + (f" (up to {_fmt(max(e.values.get('gain', 0.0) for e in gains))}x the scale (RMS) of their input)"
                 if gains else ""),
              f"{min(fracs):.0%}-{max(fracs):.0%} of the outputs of {_layer_list(sat)} are pinned at their bounds "
@@ -467,7 +473,7 @@ def rule_initialization(ctx: Context) -> list[CausalHypothesis]:
     updates = []
     if verb == "amplifies":  # outputs out of scale give gradients, and so updates, out of scale
         updates = [e for e in ctx.free(Signal.UPDATE, UpdateState.TOO_LARGE) if ctx.from_start(e)]
-        chain += [f"updates of up to {_fmt(e.values.get('update_max', math.nan))} x the weights per step "
+        chain += [f"updates of up to {_fmt(e.values.get('update_peak', math.nan))} x the weights per step "
                   f"from step {e.step}: the gradients are as out of scale as the outputs" for e in updates[:1]]
         symptoms += updates
     chain += _symptoms_text([e for e in symptoms if e.signal != Signal.UPDATE])
@@ -552,8 +558,8 @@ def rule_nonfinite(ctx: Context) -> list[CausalHypothesis]:
     if phase == "weights" or large or (diverging and not exploding) or overflow:
         chain = []
         if large:
-            chain.append(f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step "
-                         f"(lr {lr}) from step {large[0].step}")
+            chain.append(f"updates of up to {_fmt(large[0].values.get('update_peak', math.nan))} x the weights "
+                         f"per step (lr {lr}) from step {large[0].step}")
         chain += [_loss_text(e) for e in diverging[:1]]
         if blown:
             chain.append(f"activations blow up in {_names(blown)}")
@@ -639,7 +645,7 @@ def rule_exploding(ctx: Context) -> list[CausalHypothesis]:
     amp = max(v.get("attenuation", 0) or 0, v.get("grad_growth", 0) or 0)
     lr, lr10 = ctx.lr_text()
     if large:
-        top = _fmt(large[0].values.get("update_max", math.nan))
+        top = _fmt(large[0].values.get("update_peak", math.nan))
         chain = [f"updates of up to {top} x the weights per step (lr {lr})",
                  f"the gradient grows {_fmt(amp)}x in {_names(free)} from step {origin.step}"]
         chain += [_loss_text(e) for e in loss[:1]]
@@ -703,7 +709,7 @@ def rule_lr_high(ctx: Context) -> list[CausalHypothesis]:
     lr, lr10 = ctx.lr_text()
     chain = []
     if large:
-        chain.append(f"updates of up to {_fmt(large[0].values.get('update_max', math.nan))} x the weights per step "
+        chain.append(f"updates of up to {_fmt(large[0].values.get('update_peak', math.nan))} x the weights per step "
                      f"(lr {lr}) from step {large[0].step}")
     chain += [_loss_text(e) for e in loss[:1]]
     if large and loss:
@@ -734,8 +740,8 @@ def rule_lr_low(ctx: Context) -> list[CausalHypothesis]:
     ev = small[0]
     plateau = [e for e in ctx.loss_state(LossState.PLATEAU) if id(e) not in ctx.claimed]
     lr = ctx.lr
-    chain = [f"the largest update is {_fmt(ev.values.get('update_max', math.nan))} x the weights per step "
-             f"(lr {_fmt(lr)}) from step {ev.step}"]
+    chain = [f"updates are negligible from step {ev.step}: the largest is typically "
+             f"{_fmt(ev.values.get('update_typical', math.nan))} x the weights per step (lr {_fmt(lr)})"]
     chain += [_loss_text(e) for e in plateau[:1]]
     # a run too short for a plateau whose loss has not come down, or only by its batch noise: weights
     # that barely move are why (an lr at the start of an endless warm-up, a gradient clipped to ~0)
@@ -783,7 +789,8 @@ def _plateau_from_fading_gradient(ctx: Context, ev: SemanticEvent) -> list[Causa
     kinds = sorted({ctx.layers[n].type_name for n in bounded})
     fix = (f"replace the {'/'.join(kinds)} activations ({_layer_list(bounded, 3)}) by ReLU or GELU, or add "
            "BatchNorm/LayerNorm after each weight layer" if bounded else
-           "add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with nn.init.kaiming_normal_")
+           "add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with "
+           "nn.init.kaiming_normal_")
     return [_hyp(ctx, Cause.VANISHING_GRADIENTS, origin, onset, 0.6 + 0.1 * (len(weak) > 1), chain, [ev], fix)]
 
 

@@ -32,14 +32,14 @@ class Schedule:
         self.max_every = max_every
         self.remeasure = remeasure
         self.clock = clock
-        self.interval = 1 if every is None else self.every
+        self.interval: int = 1 if self.every is None else self.every
         self._next = 0
         self._plain: deque[float] = deque(maxlen=5)    # wall times of the last unsampled steps
         self._sampled: deque[float] = deque(maxlen=5)  # ... and of the last sampled ones
         self._in_a_row = 0                             # sampled steps since the last unsampled one
         self._burst_until = 0                          # steps before this one are all sampled
         self._last_burst = -(1 << 62)
-        self._t_last = None
+        self._t_last: float | None = None
 
     def resume(self) -> None:
         """Forget the time of the last step (watching resumes after a pause)."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 from torch import nn
@@ -13,6 +13,8 @@ from .recorder import Recorder
 from .schedule import Clock, Schedule, Throttle
 from .thresholds import Thresholds
 from .trace import Trace
+from .verdict import Verdict
+from .view import TraceView
 
 
 class NeuralDbg:
@@ -49,7 +51,7 @@ class NeuralDbg:
         self.thresholds = thresholds or Thresholds()
         unsynced = ignored_parameters(model)  # parameters a DDP wrapper leaves to each rank on purpose
         model = unwrap(model)  # a DDP wrapper: the module inside, so that names carry no "module." prefix
-        self.model = model
+        self.model: nn.Module | None = model
         self.optimizer = optimizer
         self._analysis = None
         self._analysis_key = None
@@ -105,7 +107,7 @@ class NeuralDbg:
         self.start()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         self.stop()
         return False  # never swallow the user's exception
 
@@ -129,7 +131,7 @@ class NeuralDbg:
             self._ranks.detach()  # writes this rank's file
 
     def _step_end(self) -> None:
-        if self._ranks is not None:
+        if self._ranks is not None and self._recorder is not None:
             self._ranks.step_done(self._recorder.step - 1)
         if self._after_step is not None:
             self._after_step(self)
@@ -143,6 +145,43 @@ class NeuralDbg:
         if self._recorder is None:
             raise RuntimeError("a loaded session records nothing")
         self._recorder.record_loss(loss)
+
+    # -- driven by a training framework --------------------------------------------------------------
+    def _live_recorder(self) -> Recorder:
+        if self._recorder is None:
+            raise RuntimeError("a loaded session watches no training")
+        return self._recorder
+
+    def set_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Count steps by ``optimizer`` from now on, in place of the one given before, if any: for an
+        optimizer created only once training begins (by a trainer). Call it before the first step."""
+        self._live_recorder().set_optimizer(optimizer)
+        self.optimizer = optimizer
+
+    def begin_pass(self, inputs=(), run: Callable[[nn.Module], object] | None = None) -> None:
+        """A training pass starts that does not go through the model's own forward (a training step that
+        calls the model's submodules, as a LightningModule's ``training_step`` may). ``inputs``: the batch
+        (checked for NaN/Inf, described as the input); ``run(copy)``: the same pass on a copy of the model,
+        returning its loss, to replay it when NaN/Inf must be located. Until ``end_forward``, calls of
+        the model's own forward are part of this pass.
+
+        >>> dbg.begin_pass(batch, run=lambda m: loss_of(m, batch))
+        >>> loss = loss_of(model, batch)
+        >>> dbg.end_forward(loss); loss.backward(); opt.step()
+        """
+        self._live_recorder().begin_pass((inputs,), {}, run)
+
+    def end_forward(self, outputs) -> None:
+        """The forward part of the pass begun by ``begin_pass`` is over; ``outputs`` (the loss, or the
+        tensors the backward starts from) are watched through the backward pass."""
+        self._live_recorder().end_forward(outputs)
+
+    def read_gradients(self) -> None:
+        """Measure the parameter gradients now, for the step in progress, in place of what the backward
+        pass measured: for a loop that unscales gradients after backward (mixed precision). Call it after
+        the step's last backward and before gradients are clipped or zeroed. By default the gradients are
+        read at the end of each backward pass (the last one of a step counts)."""
+        self._live_recorder().read_gradients()
 
     @property
     def step(self) -> int:
@@ -183,6 +222,12 @@ class NeuralDbg:
 
         return from_trace(self._trace, self.step)
 
+    @property
+    def view(self) -> TraceView:
+        """A read-only view of what was recorded: layers in forward order, sampled statistics, loss (of the
+        rank in view, for a merged multi-process run)."""
+        return TraceView(self.trace)
+
     def _notify(self) -> None:
         if self._on_step is not None:
             self._on_step(self)
@@ -211,9 +256,10 @@ class NeuralDbg:
             return self._analysis
         return self._analysis.view(self._view if self._run is not None else run.present[0])
 
-    def explain(self):
-        """Ranked causal hypotheses, best first; [] when nothing is wrong."""
-        return list(self.analysis().hypotheses)
+    def explain(self) -> Verdict:
+        """Ranked causal hypotheses, best first; ``[]`` when nothing is wrong. A ``Verdict``: a list
+        that prints as one line (``healthy after 300 steps``) and shows as the panel in a notebook."""
+        return Verdict(self.analysis().hypotheses, steps=self.step)
 
     @property
     def events(self):
@@ -224,8 +270,10 @@ class NeuralDbg:
         """The latest health of every watched layer, by name."""
         return dict(self.analysis().health)
 
-    def reanalyze(self, thresholds: Thresholds | None = None, **changes):
-        """Re-run the analysis on the stored trace with new thresholds (no retraining)."""
+    def reanalyze(self, thresholds: Thresholds | None = None, **changes: float) -> Verdict:
+        """Re-run the analysis on the stored trace with new thresholds (no retraining):
+        ``dbg.reanalyze(dead_fraction=0.9)`` or ``dbg.reanalyze(Thresholds(...))``. An unknown name or a
+        value out of its range raises ``ValueError`` and leaves the session's thresholds as they were."""
         if thresholds is None:
             thresholds = self.thresholds
         if not isinstance(thresholds, Thresholds):

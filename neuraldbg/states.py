@@ -6,6 +6,9 @@ each enum is the healthy state, code 0.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TypeVar
+
+S = TypeVar("S", bound="_State")
 
 
 class _State(str, Enum):
@@ -21,7 +24,7 @@ class _State(str, Enum):
         return self.code == 0
 
     @classmethod
-    def of(cls, code: int) -> "_State":
+    def of(cls: type[S], code: int) -> S:
         return list(cls)[int(code)]
 
 

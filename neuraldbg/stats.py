@@ -6,6 +6,7 @@ per sampled step.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 
 import torch
@@ -22,18 +23,16 @@ class Stat(IntEnum):
                         # (measured on ReLU-family, smooth-activation and custom modules)
     ACT_SATURATED = 5   # fraction of outputs within SATURATION_MARGIN of a bound (bounded activations only)
     GRAD_RMS = 6        # root-mean-square of d(loss)/d(output)
-    GRAD_ABSMAX = 7     # largest |d(loss)/d(output)|
-    GRAD_NONFINITE = 8  # 1.0 when the output gradient holds any NaN or Inf, else 0.0
-    GRAD_DEAD = 9       # fraction of units whose output gradient is zero for every sample
-    W_NORM = 10         # L2 norm of the layer's own parameters        } exact up to PARAM_SAMPLE
-    W_GRAD_NORM = 11    # L2 norm of their gradients (NaN when frozen)  } elements per tensor,
-    W_UPDATE_NORM = 12  # L2 norm of the optimizer step's change        } estimated beyond
+    GRAD_NONFINITE = 7  # 1.0 when the output gradient holds any NaN or Inf, else 0.0
+    W_NORM = 8          # L2 norm of the layer's own parameters        } exact up to PARAM_SAMPLE
+    W_GRAD_NORM = 9     # L2 norm of their gradients (NaN when frozen)  } elements per tensor,
+    W_UPDATE_NORM = 10  # L2 norm of the optimizer step's change        } estimated beyond
 
 
 N_STATS = len(Stat)
 FORWARD_STATS = (Stat.ACT_MEAN, Stat.ACT_STD, Stat.ACT_ABSMAX, Stat.ACT_NONFINITE, Stat.ACT_DEAD,
                  Stat.ACT_SATURATED)
-GRAD_STATS = (Stat.GRAD_RMS, Stat.GRAD_ABSMAX, Stat.GRAD_NONFINITE, Stat.GRAD_DEAD)
+GRAD_STATS = (Stat.GRAD_RMS, Stat.GRAD_NONFINITE)
 PARAM_STATS = (Stat.W_NORM, Stat.W_GRAD_NORM, Stat.W_UPDATE_NORM)
 
 # A bounded unit counts as saturated when its output lies within this fraction of the
@@ -99,26 +98,20 @@ def forward_stats_batch(x: torch.Tensor, unit_dim: int | None,
     return torch.stack([mean, std, absmax, nonfinite, dead_frac, saturated], dim=1).float()
 
 
-def grad_stats_batch(gr: torch.Tensor, unit_dim: int | None) -> torch.Tensor:
-    """Rows [rms, absmax, nonfinite, frac_units_with_zero_gradient] for a stack of G same-shaped
-    output gradients (G, *shape): a (G, 4) float32 tensor. ``nonfinite`` is 1.0 on any NaN/Inf."""
+def grad_stats_batch(gr: torch.Tensor, unit_dim: int | None = None) -> torch.Tensor:
+    """Rows [rms, nonfinite] for a stack of G same-shaped output gradients (G, *shape): a (G, 2)
+    float32 tensor. ``nonfinite`` is 1.0 on any NaN/Inf (read off the norm: no extra pass).
+    ``unit_dim`` is accepted for symmetry with ``forward_stats_batch``; gradients are reduced whole."""
     gr = _as_float(gr)
     g = gr.shape[0]
     flat = gr.reshape(g, -1)
     n = flat.shape[1]
     if n == 0:
-        return torch.full((g, 4), float("nan"), device=gr.device)
+        return torch.full((g, 2), float("nan"), device=gr.device)
     norm = torch.linalg.vector_norm(flat, dim=1)
     rms = norm / (n ** 0.5)
-    if unit_dim is not None:
-        mx, mn = _per_unit(gr, unit_dim)
-        absmax = torch.maximum(mx.amax(dim=1), -mn.amin(dim=1))
-        dead = ((mx == 0) & (mn == 0)).float().mean(dim=1)
-    else:
-        absmax = torch.linalg.vector_norm(flat, ord=_INF, dim=1)
-        dead = _nan_like(norm, g)
-    nonfinite = (~torch.isfinite(norm) | ~torch.isfinite(absmax)).float()
-    return torch.stack([rms, absmax, nonfinite, dead], dim=1).float()
+    nonfinite = (~torch.isfinite(norm)).float()
+    return torch.stack([rms, nonfinite], dim=1).float()
 
 
 def forward_stats(x: torch.Tensor, unit_dim: int | None,
@@ -127,8 +120,8 @@ def forward_stats(x: torch.Tensor, unit_dim: int | None,
     return forward_stats_batch(x.unsqueeze(0), unit_dim, bounds, dead)[0]
 
 
-def grad_stats(g: torch.Tensor, unit_dim: int | None) -> torch.Tensor:
-    """``grad_stats_batch`` for one gradient: a (4,) tensor."""
+def grad_stats(g: torch.Tensor, unit_dim: int | None = None) -> torch.Tensor:
+    """``grad_stats_batch`` for one gradient: a (2,) tensor."""
     return grad_stats_batch(g.unsqueeze(0), unit_dim)[0]
 
 
@@ -136,6 +129,7 @@ def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
     """``ord``-norm of each tensor, as one 1-D float32 tensor (one fused kernel where available)."""
     if not tensors:
         return torch.zeros(0)
+    out: Sequence[torch.Tensor]
     try:
         out = torch._foreach_norm(tensors, ord)
     except (RuntimeError, TypeError):  # mixed devices or dtypes

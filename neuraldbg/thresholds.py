@@ -1,12 +1,18 @@
 """Decision thresholds: every number the analysis compares a statistic against, and nothing else.
 
 The defaults are ratios and fractions, so they hold across widths, depths, batch sizes and loss
-scales. Each field's metadata (label, scale, min, max, doc) is enough to build a slider for it.
+scales. Each field's metadata (label, scale, min, max, doc) is enough to build a slider for it, and
+its ``min``..``max`` is the documented range: a value outside it, or a name that is not a field,
+raises one ``ValueError`` wherever it comes from (the API, the magic's flags, ``%config``, a file).
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _f(default, label: str, scale: str, lo, hi, doc: str, group: str = ""):
@@ -14,9 +20,12 @@ def _f(default, label: str, scale: str, lo, hi, doc: str, group: str = ""):
                                             "group": group})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Thresholds:
-    """What counts as unhealthy. Change one with ``dbg.reanalyze(name=value)``."""
+    """What counts as unhealthy. Change one with ``dbg.reanalyze(name=value)``.
+
+    ``Thresholds(dead_fraction=0.9)``: the named fields, the defaults for the others.
+    """
 
     # -- activations -------------------------------------------------------------------------------
     dead_fraction: float = _f(0.6, "dead units", "linear", 0.05, 1.0,
@@ -26,7 +35,8 @@ class Thresholds:
     activation_growth: float = _f(1e3, "activation growth", "log", 3.0, 1e6,
                                   "growth of a layer's output spread since the first sample that is anomalous")
     layer_gain: float = _f(10.0, "layer gain", "log", 2.0, 1e3,
-                           "output/input scale (RMS) ratio of a weight layer (either way) that points at its init scale")
+                           "output/input scale (RMS) ratio of a weight layer (either way) that points at its "
+                           "init scale")
     # -- gradients ---------------------------------------------------------------------------------
     vanishing_ratio: float = _f(1e-4, "gradient attenuation", "log", 1e-8, 0.3,
                                 "relative weight gradient of a layer vs the layers after it, below which it vanished")
@@ -72,13 +82,78 @@ class Thresholds:
     persist: int = _f(2, "persistence", "linear", 1, 20,
                       "consecutive samples a state must hold before it becomes an event (hysteresis)")
 
-    def replace(self, **changes) -> "Thresholds":
-        return dataclasses.replace(self, **changes)
+    def __init__(self, **values: float) -> None:
+        self.check_names(values)
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _checked(f, values.get(f.name, f.default)))
 
-    def to_dict(self) -> dict:
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def check_names(cls, names) -> None:
+        """Raise one ``ValueError`` naming the unknown ones, the closest valid name and all valid names."""
+        valid = cls.names()
+        unknown = [n for n in names if n not in valid]
+        if not unknown:
+            return
+        hints = []
+        for n in unknown:
+            close = difflib.get_close_matches(str(n), valid, n=1, cutoff=0.5)
+            hints.append(f"{n!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(f"unknown threshold{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                         f"valid names: {', '.join(valid)}")
+
+    @classmethod
+    def range_of(cls, name: str) -> tuple[float, float]:
+        """The documented range of a threshold (both ends allowed)."""
+        cls.check_names([name])
+        md = next(f.metadata for f in dataclasses.fields(cls) if f.name == name)
+        return md["min"], md["max"]
+
+    def replace(self, **changes: float) -> "Thresholds":
+        self.check_names(changes)
+        return Thresholds(**{**self.to_dict(), **changes})
+
+    def changed(self) -> dict[str, float]:
+        """The thresholds that differ from the defaults, by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default}
+
+    def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Thresholds":
-        names = {f.name for f in dataclasses.fields(cls)}
+    def from_dict(cls, d: dict[str, Any]) -> "Thresholds":
+        """From a saved dict: names this version does not know (a file from another version) are left out;
+        a known name with a value out of its range raises ``ValueError``."""
+        names = set(cls.names())
         return cls(**{k: v for k, v in d.items() if k in names})
+
+    def describe(self) -> str:
+        """One line per threshold: its name (as ``reanalyze``, ``%%neuraldbg --name`` and the sliders spell
+        it), value, documented range and meaning."""
+        lines = []
+        for f in dataclasses.fields(self):
+            md = f.metadata
+            lines.append(f"  {f.name} = {getattr(self, f.name)!r}   # {md['min']:g}..{md['max']:g}: {md['doc']}")
+        return "\n".join(lines)
+
+
+def _checked(f: dataclasses.Field, value: Any) -> float:
+    """``value`` as the field's type, within its documented range; else one ``ValueError``."""
+    md = f.metadata
+    lo, hi = md["min"], md["max"]
+    whole = isinstance(f.default, int)
+    what = "a whole number" if whole else "a number"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{f.name} must be {what} from {lo:g} to {hi:g}, got {value!r}")
+    v = float(value)
+    if whole and v.is_integer():
+        v = int(v)
+    elif whole or not math.isfinite(v):
+        raise ValueError(f"{f.name} must be {what} from {lo:g} to {hi:g}, got {value!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{f.name} must be from {lo:g} to {hi:g} ({md['doc']}), got {value!r}")
+    return v

@@ -7,11 +7,15 @@ sparser: a 1M-step run costs the same memory as a 10k-step one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .layers import LayerInfo
 from .stats import N_STATS
+
+if TYPE_CHECKING:
+    from .ranktrace import RankSeries
 
 
 class BoundedSeries:
@@ -93,12 +97,13 @@ class Trace:
     layers: list[LayerInfo]
     capacity: int = 2048
     loss_capacity: int = 8192
-    stats: BoundedSeries = None          # rows of shape (n_layers, N_STATS)
-    globals: BoundedSeries = None        # rows of shape (len(GLOBAL_COLUMNS),), same steps as stats
-    loss: BoundedSeries = None           # rows of shape (), one per recorded loss
+    # made in __post_init__ when not given (their shapes come from the layer table)
+    stats: BoundedSeries = None  # type: ignore[assignment]    # rows of shape (n_layers, N_STATS)
+    globals: BoundedSeries = None  # type: ignore[assignment]  # rows of (len(GLOBAL_COLUMNS),), steps as stats
+    loss: BoundedSeries = None  # type: ignore[assignment]     # rows of shape (), one per recorded loss
     nonfinite: NonFiniteOrigin | None = None
     meta: dict = field(default_factory=dict)
-    ranks: object = None                 # ranktrace.RankSeries: the rank axis of a multi-process run
+    ranks: RankSeries | None = None      # the rank axis of a multi-process run
 
     def __post_init__(self):
         if self.stats is None:
@@ -123,7 +128,7 @@ class Trace:
 
     def execution_order(self) -> list[LayerInfo]:
         """Layers seen in a forward pass, in the order they ran (unseen layers are left out)."""
-        return sorted((l for l in self.layers if l.order is not None), key=lambda l: l.order)
+        return sorted((l for l in self.layers if l.order is not None), key=lambda l: -1 if l.order is None else l.order)
 
     def layer(self, name: str) -> LayerInfo:
         for l in self.layers:

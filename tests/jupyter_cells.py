@@ -108,7 +108,6 @@ def synthetic_session(path, n_layers: int = 50, n_steps: int = 2000, dead: int |
         row[:, Stat.ACT_NONFINITE] = 0.0
         row[1::2, Stat.ACT_DEAD] = 0.1
         row[:, Stat.GRAD_RMS] = depth_scale * 1e-2 * (1 + 0.1 * rng.random(n_layers))
-        row[:, Stat.GRAD_ABSMAX] = row[:, Stat.GRAD_RMS] * 4
         row[:, Stat.GRAD_NONFINITE] = 0.0
         row[0::2, Stat.W_NORM] = 3.0
         row[0::2, Stat.W_GRAD_NORM] = row[0::2, Stat.GRAD_RMS] * 10
@@ -116,7 +115,6 @@ def synthetic_session(path, n_layers: int = 50, n_steps: int = 2000, dead: int |
         if dead is not None:
             row[dead, Stat.ACT_DEAD] = 1.0
             row[:dead + 1, Stat.GRAD_RMS] = 0.0
-            row[:dead + 1, Stat.GRAD_DEAD] = 1.0
         g = np.array([0.01, 0.0, 1.0, 4.0, 0.0][:len(GLOBAL_COLUMNS)], dtype=np.float32)
         trace.add_sample(step, row, g)
         trace.add_loss(step, 2.0 - 1e-4 * step)

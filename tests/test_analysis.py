@@ -362,7 +362,10 @@ def test_a_run_with_no_sample_yet_has_an_empty_analysis():
     with dbg:
         pass
     assert dbg.explain() == [] and dbg.health() == {} and dbg.events == []
-    assert "0 steps" in dbg.report() and "Verdict: healthy" in dbg.report()
+    # zero steps is not "healthy": nothing was trained, and every output says so
+    assert "Verdict: nothing was trained" in dbg.report() and "healthy" not in dbg.report()
+    assert str(dbg.explain()) == "nothing was trained (0 steps)" and not dbg.explain().healthy
+    assert "Nothing was trained" in dbg.explain().html() and "nothing was trained" in dbg.explain().markdown()
     assert dbg.reanalyze(dead_fraction=0.5) == []
 
 # -- thresholds -----------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def test_binder_files_pin_cpu_torch_and_install_the_package():
     assert (REPO / "notebooks" / "01_quickstart.ipynb").exists()
 
 
-@pytest.mark.slow  # about 2.5 minutes here: a fresh venv with torch, JupyterLab and Notebook
+@pytest.mark.slow  # minutes: a fresh venv with torch, JupyterLab, Notebook, Lightning and transformers
 def test_binder_requirements_install_into_a_fresh_venv_and_import(tmp_path):
     # The CPU wheel index is out of reach from these machines; the pinned CPU wheel resolves from
     # the machine's own package sources, so the index option is left out here (mybinder uses it).
@@ -44,7 +44,8 @@ def test_binder_requirements_install_into_a_fresh_venv_and_import(tmp_path):
     subprocess.run([py, "-m", "pip", "install", "-q", "-r", str(reqs)], check=True, env=env)
     subprocess.run(["bash", str(BINDER / "postBuild")], check=True, env=env, cwd=REPO)  # as repo2docker does
     check = (
-        "import torch, neuraldbg, ndbg_jupyter, ipywidgets, matplotlib, jupyterlab, notebook\n"
+        "import torch, neuraldbg, ndbg_jupyter, ipywidgets, jupyterlab, notebook\n"
+        "import neuraldbg.integrations.lightning, neuraldbg.integrations.transformers\n"
         "assert torch.__version__.endswith('+cpu'), torch.__version__\n"
         "assert 'site-packages' in neuraldbg.__file__, neuraldbg.__file__\n"
         "from IPython.core.interactiveshell import InteractiveShell\n"

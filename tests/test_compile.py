@@ -1,7 +1,6 @@
 """torch.compile'd models: statistics still recorded, and no recompiles step after step."""
 import math
 
-import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F

@@ -10,11 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from neuraldbg import NeuralDbg
-from ndbg_jupyter._chart import Chart, gradient_flow
+from neuraldbg import CausalHypothesis, NeuralDbg, Verdict
+from ndbg_jupyter._chart import flow_svg, gradient_flow, loss_svg, row_flow
 from ndbg_jupyter._dashboard import Dashboard
-from ndbg_jupyter._grid import HealthGrid, fold, row_html
-from ndbg_jupyter._panel import panel_html
+from ndbg_jupyter._grid import HealthGrid, Row, fold, row_html
 from ndbg_jupyter._states import LOOKS
 from jupyter_cells import FakeClock, synthetic_session
 
@@ -114,18 +113,18 @@ def test_grid_colours_and_labels_follow_the_states():
     layers = [SimpleNamespace(name=n, type_name="T") for n in ("a", "b", "c")]
     grid.update(layers, {"a": SimpleNamespace(act="normal", grad="healthy", nonfinite=False),
                          "b": SimpleNamespace(act="dead", grad="vanishing", nonfinite=False)})
-    html = grid.widget.children[0].value
-    assert f'data-layer="a" data-act="normal" data-grad="healthy"' in html
-    assert f'data-layer="b" data-act="dead" data-grad="vanishing"' in html
+    html = rows_of(grid)
+    assert 'data-layer="a" data-act="normal" data-grad="healthy"' in html
+    assert 'data-layer="b" data-act="dead" data-grad="vanishing"' in html
     dead_row = row_html("b", "T", SimpleNamespace(act="dead", grad="healthy",
                                                   values={"dead_fraction": 0.97, "attenuation": float("nan")}))
     assert LOOKS["dead"].colour in dead_row
     assert 'title="b\ndead fraction 0.97"' in dead_row  # the numbers behind the state, on hover
     assert 'data-layer="c" data-act="" data-grad=""' in html  # not measured yet
-    first = grid.widget.children[0]
+    first = grid.widgets_to_sync()[0]
     grid.update(layers, {"a": SimpleNamespace(act="saturated", grad="exploding", nonfinite=True)})
-    html = grid.widget.children[0].value
-    assert grid.widget.children[0] is first
+    html = rows_of(grid)
+    assert grid.widgets_to_sync()[0] is first
     assert 'data-layer="a" data-act="saturated" data-grad="exploding" data-nonfinite="true"' in html
     assert LOOKS["saturated"].colour in html and LOOKS["exploding"].colour in html and "NaN/Inf" in html
 
@@ -136,7 +135,7 @@ def test_grid_of_a_real_run_marks_the_dead_layer():
     with NeuralDbg(model, opt) as dbg:
         train(model, opt, dbg, 12)
     dash.show(dbg, "finished")
-    html = dash.grid.widget.children[0].value
+    html = rows_of(dash.grid)
     assert 'data-layer="1" data-act="dead"' in html
     assert LOOKS["dead"].colour in html
     assert [h.layer for h in dbg.explain()][:1] == ["1"]
@@ -177,21 +176,23 @@ def test_folded_rows_show_the_worst_state_and_unfold_on_demand():
 # -- panel --------------------------------------------------------------------------------------------
 
 def test_panel_lists_ranked_hypotheses_and_a_healthy_verdict():
-    hyp = SimpleNamespace(cause="dead_units", layer="enc.3", step=12, confidence=0.87,
-                          chain=["enc.3 dead", "no gradient below enc.3"], evidence=["e1"], suggestion="use LeakyReLU")
-    weak = SimpleNamespace(cause="loss_plateau", layer="", step=40, confidence=0.2, chain=[], evidence=[],
-                           suggestion="")
-    html = panel_html([hyp, weak], step=50, finished=True)
+    hyp = CausalHypothesis(cause="dead_units", layer="enc.3", step=12, confidence=0.87,
+                           chain=["enc.3 dead", "no gradient below enc.3"], evidence=[], suggestion="use LeakyReLU")
+    weak = CausalHypothesis(cause="loss_plateau", layer="", step=40, confidence=0.2)
+    html = Verdict([hyp, weak], steps=50).html()
     assert '<div class="ndbg-hyp" data-cause="dead_units" data-layer="enc.3" data-confidence="0.870"' in html
     assert "from step 12" in html and "enc.3 dead</div>" in html and "&rarr; no gradient below enc.3</div>" in html
-    assert "use LeakyReLU" in html and "ndbg-healthy" not in html
-    named = SimpleNamespace(cause="non_finite", layer="norm", step=3, confidence=0.9,
-                            chain=["`norm` divides by <0>"], evidence=[], suggestion="add an eps in `norm`")
-    text = panel_html([named], step=5, finished=True)
+    assert "use LeakyReLU" in html and "ndbg-healthy" not in html and "after 50 steps" in html
+    named = CausalHypothesis(cause="non_finite", layer="norm", step=3, confidence=0.9,
+                             chain=["`norm` divides by <0>"], suggestion="add an eps in `norm`")
+    text = Verdict([named], steps=5).html()
     assert "<code>norm</code> divides by &lt;0&gt;" in text and "add an eps in <code>norm</code>" in text
     assert "`" not in text
-    healthy = panel_html([weak], step=50, finished=True)
+    healthy = Verdict([weak], steps=50).html()
     assert 'class="ndbg-healthy"' in healthy and 'class="ndbg-hyp ndbg-weak" data-cause="loss_plateau"' in healthy
+    live = Verdict([hyp], steps=7).html(live=True)
+    assert "Failure detected while training, at step 7:" in live
+    assert "Waiting for the first training step" in Verdict([], steps=0).html(live=True)
 
 
 # -- chart --------------------------------------------------------------------------------------------
@@ -210,13 +211,70 @@ def test_gradient_flow_resamples_thinned_steps_onto_a_uniform_axis():
     np.testing.assert_allclose(matrix[0, 6:], np.log10([4, 4, 4, 4]))
 
 
+def _svg(markup: str):
+    import xml.etree.ElementTree as ET
+    return ET.fromstring(markup)  # well-formed: every element closed, every text escaped
+
+
 def test_loss_and_gradient_flow_share_the_step_axis():
     model, opt = dead_mlp()
     with NeuralDbg(model, opt, every=25) as dbg:  # last sample at step 50, last loss at step 59
         train(model, opt, dbg, 60)
-    chart = Chart()
-    chart.update(dbg.trace, list(range(len(dbg.trace.layers))))
-    assert chart._ax_loss.get_xlim() == chart._ax_grad.get_xlim() == (0, 59)
+    rows = [Row(l.name, (l.name,)) for l in dbg.view.layers]
+    _, lo, hi = row_flow(dbg.view, rows, end=59)
+    assert (lo, hi) == (0, 59)
+    loss = _svg(loss_svg(dbg.view, end=59))
+    ns = "{http://www.w3.org/2000/svg}"
+    path = next(e for e in loss.iter(f"{ns}path") if e.get("class") == "ndbg-loss-curve").get("d")
+    last_x = float(path.split()[-2].lstrip("ML"))
+    width = float(loss.get("width"))
+    assert last_x == pytest.approx(width - 12)  # the last loss (step 59) sits at the right end of the axis
+
+
+def test_flow_rows_are_the_grid_rows_each_labelled():
+    leaves = ("self_attn", "self_attn.out_proj", "linear1", "dropout", "linear2", "norm1", "norm2", "dropout1",
+              "dropout2")  # a TransformerEncoderLayer's modules: 108 layers
+    names = [f"blocks.{b}.{leaf}" for b in range(12) for leaf in leaves]
+    model_layers = [SimpleNamespace(name=n, type_name="Linear") for n in names]
+    grid = HealthGrid(fold_above=40)
+    grid.update(model_layers, {})
+    rows = grid.rows()
+    assert [r.key for r in rows] == [f"blocks.{b}" for b in range(12)] and all(r.group for r in rows)
+    grid.unfold("blocks.3")
+    rows = grid.rows()
+    assert [r.key for r in rows][3:14] == ["blocks.3"] + [f"blocks.3.{leaf}" for leaf in leaves] + ["blocks.4"]
+    dbg = synthetic_session_named(names)
+    ns = "{http://www.w3.org/2000/svg}"
+    svg = _svg(flow_svg(dbg.view, rows, end=int(dbg.view.steps[-1])))
+    labels = [e for e in svg.iter(f"{ns}text") if e.get("class") == "ndbg-flow-label"]
+    assert [e.get("data-row") for e in labels] == [r.key for r in rows]
+    assert all(e.find(f"{ns}title").text.startswith(e.get("data-row")) for e in labels)  # full name on hover
+    # the cells: one PNG line per row, scaled without smoothing
+    cells = next(e for e in svg.iter(f"{ns}image") if e.get("class") == "ndbg-flow-cells")
+    import base64
+    import struct
+    raw = base64.b64decode(cells.get("href").split(",", 1)[1])
+    assert struct.unpack(">II", raw[16:24])[1] == len(rows)
+    assert "pixelated" in cells.get("style")
+    # a folded group's line is the median of its layers; the zero gradients of the dead block are "zero"
+    matrix, _, _ = row_flow(dbg.view, rows, end=int(dbg.view.steps[-1]))
+    assert np.isneginf(matrix[0]).all() and np.isfinite(matrix[-1]).all()
+
+
+def synthetic_session_named(names):
+    from neuraldbg import Stat
+    from neuraldbg.layers import Kind, LayerInfo
+    from neuraldbg.stats import N_STATS
+    from neuraldbg.trace import GLOBAL_COLUMNS, Trace
+    layers = [LayerInfo(index=i, name=n, type_name="Linear", kind=Kind.LINEAR, order=i) for i, n in enumerate(names)]
+    trace = Trace(layers)
+    for step in range(20):
+        row = np.full((len(names), N_STATS), np.nan, dtype=np.float32)
+        row[:, Stat.GRAD_RMS] = np.logspace(-4, -1, len(names))
+        row[:9, Stat.GRAD_RMS] = 0.0  # blocks.0: no gradient at all
+        trace.add_sample(step, row, np.zeros(len(GLOBAL_COLUMNS), np.float32))
+        trace.add_loss(step, 1.0 / (step + 1))
+    return NeuralDbg._from_trace(trace)
 
 
 # -- sliders --------------------------------------------------------------------------------------------
@@ -234,11 +292,24 @@ def test_sliders_come_from_the_thresholds_metadata(tmp_path):
             continue
         s = dash.controls.sliders[f.name]
         assert "ndbg-slider" in s._dom_classes and f"ndbg-slider-{f.name}" in s._dom_classes
-        assert s.description == md["label"]
+        assert s.description == f.name  # the name users type in reanalyze(), flags and %config
+        assert md["doc"] in s.tooltip and f"from {md['min']:g} to {md['max']:g}" in s.tooltip
+        assert (s.min, s.max) == ((np.log10(md["min"]), np.log10(md["max"])) if md["scale"] == "log"
+                                  else (md["min"], md["max"]))
         kind = type(s).__name__
         assert kind == ("FloatLogSlider" if md["scale"] == "log" else
                         "IntSlider" if isinstance(getattr(Thresholds(), f.name), int) else "FloatSlider")
     assert "ndbg-reset" in dash.controls.reset._dom_classes
+    # collapsed under the panel, titled "Thresholds"; `%neuraldbg thresholds` opens it
+    acc = dash.controls.widget
+    assert acc.selected_index is None and acc.titles == ("Thresholds",) and "ndbg-thresholds" in acc._dom_classes
+
+    def holds(box, w):
+        return box is w or any(holds(c, w) for c in getattr(box, "children", ()))
+    children = dash.root.children
+    assert children.index(acc) > next(i for i, c in enumerate(children) if holds(c, dash.panel))
+    dash.thresholds_view()
+    assert acc.selected_index == 0
 
 
 def test_moving_a_slider_reanalyses_and_redraws_grid_and_panel():
@@ -255,17 +326,27 @@ def test_moving_a_slider_reanalyses_and_redraws_grid_and_panel():
     assert _verdict(dbg) == [("dead_units", "1")]
     assert 'data-layer="1" data-act="dead"' in rows_of(dash.grid)
 
+    assert dash.note.value == ""
     dash.controls.sliders["dead_fraction"].value = 0.9  # as a user dragging it
     assert dbg.thresholds.dead_fraction == pytest.approx(0.9)
     assert _verdict(dbg) == []  # re-analysed from the recorded trace, no retraining
     assert 'class="ndbg-healthy"' in dash.panel.value and 'data-cause="dead_units"' not in dash.panel.value
     assert 'data-layer="1" data-act="normal"' in rows_of(dash.grid)
-    assert dash.root.text == dbg.report()
+    assert "Re-analysed with <code>dead_fraction=0.9</code>" in dash.note.value
+    assert "the verdict changed" in dash.note.value
+    static = dash.static_bundle()
+    assert static["text/plain"] == dbg.report() and "ndbg-healthy" in static["text/html"]
+
+    # a move that does not change the verdict still says that it ran, and with what
+    dash.controls.sliders["exploding_ratio"].value = 1e4
+    assert "dead_fraction=0.9, exploding_ratio=1.00e+04" in dash.note.value
+    assert "the verdict did not change" in dash.note.value
 
     dash.controls.reset.click()
     assert dbg.thresholds == type(dbg.thresholds)()
     assert _verdict(dbg) == [("dead_units", "1")] and dash.panel.value == before_panel
     assert 'data-layer="1" data-act="dead"' in rows_of(dash.grid)
+    assert "Re-analysed with the default thresholds" in dash.note.value
 
 
 def test_reanalysis_of_a_50_layer_2k_step_trace_is_interactive(tmp_path):

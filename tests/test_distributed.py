@@ -236,7 +236,9 @@ def test_dashboard_of_a_merged_run_selects_ranks(two):
     assert dash.controls.sliders["replica_divergence"].layout.display == ""
     sel.value = 0  # the user picks rank 0: its layers, the same verdict
     assert dbg.rank == 0 and dash.status.value == ""
-    assert 'data-rank="1"' in dash.panel.value and "ranks: 2 of 2 ranks" in dash.root.text
+    static = dash.static_bundle()  # what an exported notebook shows
+    assert 'data-rank="1"' in dash.panel.value and "ranks: 2 of 2 ranks" in static["text/plain"]
+    assert 'data-rank="1"' in static["text/html"]
 
     single = Dashboard()
     single.show(NeuralDbg.load(two / "nan_rank1" / "rank00001.ndbg"), "loaded")

@@ -1,7 +1,6 @@
 """Extraction: statistics against plain torch, step counting, hook hygiene, bit-identity, NaN origins."""
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -78,8 +77,7 @@ def test_statistics_match_a_plain_torch_computation():
             assert r[i, Stat.ACT_DEAD] == pytest.approx((v.max(0).values <= 0).float().mean().item())
         g = o.grad
         assert r[i, Stat.GRAD_RMS] == pytest.approx(g.pow(2).mean().sqrt().item(), rel=1e-5)
-        assert r[i, Stat.GRAD_ABSMAX] == pytest.approx(g.abs().max().item(), rel=1e-6)
-        assert r[i, Stat.GRAD_DEAD] == pytest.approx((g.abs().max(0).values == 0).float().mean().item())
+        assert r[i, Stat.GRAD_NONFINITE] == 0
     tanh = outs["3"].detach()
     sat = ((tanh <= -1 + 2 * SATURATION_MARGIN) | (tanh >= 1 - 2 * SATURATION_MARGIN)).float().mean().item()
     assert r[index(dbg, "3"), Stat.ACT_SATURATED] == pytest.approx(sat)
@@ -112,8 +110,6 @@ def test_conv_dead_units_are_counted_per_channel():
     with NeuralDbg(model, every=1) as dbg:
         model(torch.randn(5, 2, 8, 8)).sum().backward()
     assert row(dbg, 0)[index(dbg, "1"), Stat.ACT_DEAD] == pytest.approx(0.5)
-    # the gradient reaching the conv output is zero for those channels (masked by the ReLU)
-    assert row(dbg, 0)[index(dbg, "0"), Stat.GRAD_DEAD] == pytest.approx(0.5)
 
 
 def test_step_counts_optimizer_steps_and_backward_passes():
@@ -162,7 +158,7 @@ def test_hooks_are_removed_on_every_exit_path():
     with pytest.raises(ZeroDivisionError):
         with NeuralDbg(model, optimizer=opt, every=1):
             model(x)  # mid-forward state: hooks of a sampled step are live
-            1 / 0
+            1 / 0  # noqa: B018 - the error is the point
     assert all_hooks(model, opt) == baseline
     with pytest.raises(KeyboardInterrupt):
         with NeuralDbg(model, optimizer=opt):

@@ -34,7 +34,8 @@ def _run(cells, tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
     error = None
     try:
         client.execute()
@@ -46,15 +47,18 @@ def _run(cells, tmp_path):
 def test_cell_magic_in_a_kernel(tmp_path):
     nb, error = _run([SETUP, TRAIN.format(crash=-1), CHECK, TRAIN.format(crash=4), "print('not reached')"], tmp_path)
     train_out, check_out, crash_out = nb.cells[1].outputs, nb.cells[2].outputs, nb.cells[3].outputs
-    # the dashboard is offered as a widget; after the run its text form is the verdict
-    views = [o for o in train_out if o.output_type == "display_data" and WIDGET_VIEW in o.data]
-    assert len(views) == 1 and "dead_units" in views[0].data["text/plain"]
-    # the cell's last value is displayed as in a plain cell
-    assert any(o.output_type == "execute_result" and o.data["text/plain"] == "11" for o in train_out)
+    # the dashboard is offered as a widget; after the cell's own output comes its final state as text and
+    # self-contained HTML (what an export without the widget shows)
+    kinds = [("view" if WIDGET_VIEW in o.get("data", {}) else "static" if "ndbg-static" in
+              o.get("data", {}).get("text/html", "") else o.output_type) for o in train_out]
+    assert kinds == ["view", "execute_result", "static"]  # the cell's last value between them, as in a plain cell
+    assert train_out[1].data["text/plain"] == "11"
+    static = train_out[2].data
+    assert "dead_units" in static["text/plain"] and 'data-cause="dead_units"' in static["text/html"]
     assert check_out[0].text.strip() == "12 False ['dead_units']"
     # a crash in the loop: the user's traceback, the partial verdict, and the run stops there
     assert error is not None and "ValueError" in str(error)
     assert any(o.output_type == "error" and o.ename == "ValueError" for o in crash_out)
-    crash_views = [o for o in crash_out if o.output_type == "display_data" and WIDGET_VIEW in o.data]
-    assert len(crash_views) == 1 and "dead_units" in crash_views[0].data["text/plain"]
+    crash_static = [o for o in crash_out if "ndbg-static" in o.get("data", {}).get("text/html", "")]
+    assert len(crash_static) == 1 and "dead_units" in crash_static[0].data["text/plain"]
     assert nb.cells[4].outputs == []

@@ -58,13 +58,62 @@ def test_threshold_flags_come_from_the_thresholds_fields_and_override_config(ip)
         ip.run_cell_magic("neuraldbg", "model --persist 2.5", "ran = True")
 
 
-def test_bad_threshold_value_is_a_usage_error(ip):
+@pytest.mark.parametrize("line, message", [
+    ("model --dead-fraction 2", "dead_fraction must be from 0.05 to 1"),
+    ("model --persist 0", "persist must be from 1 to 20"),
+    ("model --update-too-large 0", "update_too_large must be from 0.001 to 10"),
+])
+def test_a_threshold_flag_out_of_its_documented_range_is_a_usage_error(ip, line, message):
     ip.run_cell(DEAD_SETUP)
+    with pytest.raises(UsageError, match=message) as err:
+        ip.run_cell_magic("neuraldbg", line, "ran = True")
+    assert "\n" not in str(err.value) and "ran" not in ip.user_ns and "_ndbg" not in ip.user_ns
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{'dead_fraction': 2}", "dead_fraction must be from 0.05 to 1"),
+    ("{'dead_fractio': 0.9}", "unknown threshold 'dead_fractio' (did you mean 'dead_fraction'?); valid names: "),
+])
+def test_config_thresholds_are_checked_when_set(ip, value, message):
     magics = magics_of(ip)
-    magics.thresholds = {"no_such_threshold": 1.0}
-    with pytest.raises(UsageError, match="bad thresholds"):
-        ip.run_cell_magic("neuraldbg", "model", "ran = True")
-    assert "ran" not in ip.user_ns
+    magics.thresholds = {"persist": 3}
+    with capture_output() as io:
+        ip.run_line_magic("config", f"NeuralDbgMagics.thresholds = {value}")
+    assert message in io.stderr + io.stdout or message in _logged(ip, value)
+    assert magics.thresholds == {"persist": 3}  # the earlier setting stands
+    from traitlets import TraitError
+    with pytest.raises(TraitError, match=message.split(" (")[0]):
+        magics.thresholds = eval(value)
+
+
+def _logged(ip, value):
+    import logging
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger().addHandler(handler)
+    try:
+        ip.run_line_magic("config", f"NeuralDbgMagics.thresholds = {value}")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    return " ".join(r.getMessage() for r in records)
+
+
+@pytest.mark.parametrize("line, hint", [
+    ("model --optimiser opt", "--optimiser: did you mean --optimizer?"),
+    ("model --dead-fractoin 0.9", "--dead-fractoin: did you mean --dead-fraction?"),
+    ("model --evrey=3", "--evrey: did you mean --every?"),
+])
+def test_a_misspelt_flag_gets_the_closest_one(ip, line, hint):
+    ip.run_cell(DEAD_SETUP)
+    with pytest.raises(UsageError, match="unrecognized arguments") as err:
+        ip.run_cell_magic("neuraldbg", line, "ran = True")
+    assert hint in str(err.value) and "\n" not in str(err.value) and "ran" not in ip.user_ns
+
+
+def test_a_misspelt_command_gets_the_closest_one(ip):
+    with pytest.raises(UsageError, match="did you mean explain"):
+        ip.run_line_magic("neuraldbg", "explian")
 
 
 def test_error_in_a_notebook_cell_is_shown_as_usage_error_and_cell_not_run(ip):
@@ -206,9 +255,15 @@ def test_exception_in_widget_mode_finishes_the_dashboard(ip):
     assert dash.state == "error" and "stopped by an exception" in dash.progress.value
     assert 'data-cause="dead_units"' in dash.panel.value
     views = [o.data for o in io.outputs if WIDGET_VIEW in o.data]
-    # shown once while running, then re-published with the verdict as its text form
-    assert len(views) == 2 and views[0][WIDGET_VIEW] == views[1][WIDGET_VIEW]
-    assert views[1]["text/plain"] == ip.user_ns["_ndbg"].report()
+    assert len(views) == 1 and views[0]["text/plain"] == "NeuralDbg dashboard (model)"
+    # after the cell's output: the final state as text and as self-contained HTML, for exports
+    outs = [o.data for o in io.outputs]
+    at = [i for i, o in enumerate(outs) if "ndbg-static" in o.get("text/html", "")]
+    assert len(at) == 1 and at[0] > next(i for i, o in enumerate(outs) if WIDGET_VIEW in o)
+    static = [io.outputs[at[0]]]
+    assert static[0].data["text/plain"] == ip.user_ns["_ndbg"].report()
+    assert 'data-cause="dead_units"' in static[0].data["text/html"] and "stopped by an exception" in \
+        static[0].data["text/html"]
     assert all(not s.disabled for s in dash.controls.sliders.values())
     assert no_hooks(ip.user_ns["model"], ip.user_ns["opt"])
 
@@ -243,9 +298,13 @@ def test_explain_report_and_thresholds_as_text(ip):
         ip.run_line_magic("neuraldbg", "explain")
         ip.run_line_magic("neuraldbg", "report")
         ip.run_line_magic("neuraldbg", "thresholds")
-    text = io.outputs[0].data["text/plain"]
-    assert text.startswith("1. dead_units in `1`, from step")
-    assert "\n   why: " in text and "\n   fix: " in text
+    explained = io.outputs[0].data
+    assert "text/html" not in explained  # a text export (Markdown, PDF) keeps it as text
+    text, markdown = explained["text/plain"], explained["text/markdown"]
+    assert text.startswith("Verdict: dead_units in `1`, from step") and "\n1. dead_units in `1`, from step" in text
+    assert "\n   why:\n" in text and "\n   fix: " in text
+    assert markdown.startswith("**NeuralDbg:** dead_units in `1`, from step") and "**fix:**" in markdown
+    assert "<div" not in markdown and "style=" not in markdown
     assert dbg.report().strip() in io.stdout
     import dataclasses
     for f in dataclasses.fields(dbg.thresholds):
@@ -263,7 +322,9 @@ def test_thresholds_line_magic_shows_sliders_bound_to_the_last_session(ip):
     assert dash.dbg is ip.user_ns["_ndbg"]
     view = dash.thresholds_view()
     assert io.outputs[0].data[WIDGET_VIEW]["model_id"] == view.model_id
-    assert view.children == (dash.controls.widget, dash.panel)
+    assert view.children[:3] == (dash.controls.widget, dash.note, dash.panel)
+    assert dash.controls.widget.selected_index == 0  # asked for: the thresholds section is open
+    assert 'data-cause="dead_units"' in io.outputs[1].data["text/html"]  # its static companion
     assert 'data-cause="dead_units"' in dash.panel.value
     dash.controls.reset.click()  # the sliders act on this session
     assert ip.user_ns["_ndbg"].thresholds == type(ip.user_ns["_ndbg"].thresholds)()
@@ -298,9 +359,10 @@ def test_load_shows_the_dashboard_with_widgets(ip, tmp_path):
         ip.run_line_magic("neuraldbg", f"load {path}")
     dash = magics.dashboard
     assert io.outputs[0].data[WIDGET_VIEW]["model_id"] == dash.root.model_id
-    assert io.outputs[0].data["text/plain"] == ip.user_ns["_ndbg"].report()
-    assert "loaded from file" in dash.progress.value and 'data-layer="1" data-act="dead"' in dash.grid.widget.children[0].value
-    assert dash.chart.widget.value[:8] == b"\x89PNG\r\n\x1a\n"
+    assert io.outputs[1].data["text/plain"] == ip.user_ns["_ndbg"].report()
+    assert "loaded from file" in dash.progress.value
+    assert 'data-layer="1" data-act="dead"' in "".join(w.value for w in dash.grid.widgets_to_sync())
+    assert dash.chart.widget.value.count("<svg") == 2
 
 
 def test_load_of_a_bad_file_is_a_usage_error(ip, tmp_path):
@@ -364,19 +426,23 @@ def test_an_older_dashboard_becomes_a_static_copy_of_its_verdict(ip):
     ip.run_cell(DEAD_SETUP)
     magics = magics_of(ip)
     magics.frontend, magics.live_dashboards = "widgets", 1
-    run(ip, "%%neuraldbg model --loss loss\n" + train(5))
+    _, first_io = run(ip, "%%neuraldbg model --loss loss\n" + train(5))
     first = magics.dashboard
     first_sliders = list(first.controls.sliders.values())
+    # the first cell shows the live dashboard, then its static companion, hidden while the widget renders
+    static = first_io.outputs[-1].data
+    assert f'class="ndbg-static" data-ndbg="{first.uid}"' in static["text/html"]
+    assert f'.ndbg-static[data-ndbg="{first.uid}"]{{display:none}}' in first._hide.value
+    assert 'data-cause="dead_units"' in static["text/html"] and 'data-layer="1"' in static["text/html"]
+    assert "<svg" in static["text/html"] and "<script" not in static["text/html"]
+    assert static["text/plain"].startswith("NeuralDbg report")
     result, io = run(ip, "%%neuraldbg model --loss loss\n" + train(5))
     assert first.state == "retired" and first.dbg is None
     assert all(s.comm is None for s in first_sliders)  # closed: the front end drops them
     assert magics.dashboard is not first and magics.dashboard.state == "finished"
-    # the first cell's output was replaced by static HTML that still shows its verdict
-    static = [o for o in io.outputs if "text/html" in o.data and "ndbg-archived" in o.data["text/html"]]
-    assert len(static) == 1 and 'data-cause="dead_units"' in static[0].data["text/html"]
-    assert "data:image/png;base64," in static[0].data["text/html"]
-    assert 'data-layer="1"' in static[0].data["text/html"] and static[0].update
-    assert static[0].data["text/plain"].startswith("NeuralDbg report")
+    # the first cell's widget output is emptied: its static companion (its style gone) shows instead
+    emptied = [o for o in io.outputs if o.update]
+    assert len(emptied) == 1 and emptied[0].data == {"text/html": "", "text/plain": ""}
 
 
 # -- fuzzing the argument line ------------------------------------------------------------------------
@@ -477,7 +543,7 @@ def test_retiring_replaces_every_view_of_a_dashboard_and_never_one_still_watchin
     run(ip, "%neuraldbg thresholds")  # a second view of the same dashboard
     _, io = run(ip, "%%neuraldbg model --loss loss\n" + train(4))
     assert first.state == "retired"
-    updates = [o for o in io.outputs if o.update and "ndbg-archived" in o.data.get("text/html", "")]
+    updates = [o for o in io.outputs if o.update and o.data == {"text/html": "", "text/plain": ""}]
     assert len(updates) == 2  # the dashboard and its thresholds view
     # a trace loaded inside a watched cell retires the older dashboard, not the one watching this cell
     second = magics.dashboard

@@ -128,7 +128,7 @@ def start_server(tmp: Path) -> JupyterServer:
         except OSError:
             if time.monotonic() > deadline:
                 server.stop()
-                raise RuntimeError(f"jupyter lab did not answer in 60 s:\n{log.read_text()[-3000:]}")
+                raise RuntimeError(f"jupyter lab did not answer in 60 s:\n{log.read_text()[-3000:]}") from None
             time.sleep(0.25)
 
 
