@@ -20,7 +20,6 @@ from contextlib import ExitStack
 import ipywidgets as widgets
 
 from neuraldbg import Throttle, Verdict
-from neuraldbg.hypothesis import CONFIDENT
 from neuraldbg.formatting import number
 
 from ._chart import Chart
@@ -146,7 +145,7 @@ class Dashboard:
         self.dbg = dbg
         self.state = outcome
         if len(getattr(dbg, "ranks", None) or []) > 1:
-            top = [h for h in dbg.explain() if h.confidence >= CONFIDENT and h.rank is not None]
+            top = [h for h in dbg.explain().confident if h.rank is not None]
             if top:
                 dbg.view_rank(top[0].rank)
         self._final()

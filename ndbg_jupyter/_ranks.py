@@ -9,8 +9,6 @@ from typing import Callable
 
 import ipywidgets as widgets
 
-from neuraldbg.hypothesis import CONFIDENT
-
 
 class RankSelector:
     """Toggle buttons, one per rank with a trace; ``update(dbg)`` shows a session's ranks (hidden for one)."""
@@ -32,7 +30,7 @@ class RankSelector:
     def update(self, dbg) -> None:
         ranks = list(getattr(dbg, "ranks", None) or [])
         multi = len(ranks) > 1
-        flagged = {h.rank for h in (dbg.explain() if multi else []) if h.confidence >= CONFIDENT}
+        flagged = {h.rank for h in dbg.explain().confident} if multi else set()
         self._quiet = True
         try:
             with self.widget.hold_sync():

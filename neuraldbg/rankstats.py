@@ -159,8 +159,13 @@ class RankProbe:
         self._drop_grad_hooks()
 
     def _on_forward(self, module, args, kwargs):
+        self.see_pass(args, kwargs)
+        return None
+
+    def see_pass(self, args, kwargs) -> None:
+        """A training pass starts with this batch (from the model's forward, or ``NeuralDbg.begin_pass``)."""
         if not torch.is_grad_enabled():
-            return None  # evaluation passes are not training batches
+            return  # evaluation passes are not training batches
         step = self.step_of()
         if step != self._fp_step:  # the first forward pass of a step: its batch
             self._fp_step = step
@@ -175,7 +180,6 @@ class RankProbe:
             if self.is_merge_step(step):
                 self._add_grad_hooks()
         self.passes += 1
-        return None
 
     def _add_grad_hooks(self) -> None:
         self._drop_grad_hooks()

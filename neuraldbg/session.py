@@ -169,6 +169,8 @@ class NeuralDbg:
         >>> loss = loss_of(model, batch)
         >>> dbg.end_forward(loss); loss.backward(); opt.step()
         """
+        if self._ranks is not None and self.watching:
+            self._ranks.probe.see_pass((inputs,), {})
         self._live_recorder().begin_pass((inputs,), {}, run)
 
     def end_forward(self, outputs) -> None:

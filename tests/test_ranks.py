@@ -179,3 +179,22 @@ def test_the_rank_section_of_a_file_is_checked_or_skipped(group, tmp_path, monke
     with pytest.raises(ValueError, match="not a readable NeuralDbg trace.*rank layout"):
         fileformat.load(tmp_path / "bad.ndbg")
     trace.ranks = good
+
+
+def test_a_pass_begun_by_hand_fingerprints_its_batch(group):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = [torch.randn(8, 6) for _ in range(3)]
+    with NeuralDbg(model, optimizer=opt, distributed=True) as dbg:
+        for step in range(9):
+            x = data[step % 3]  # three batches, again and again
+            dbg.begin_pass(x)
+            loss = model[2](model[1](model[0](x))).pow(2).mean()  # submodules, not the model's forward
+            dbg.end_forward(loss)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    fp = dbg.trace.ranks.batches.data[:, 0, 0]
+    assert list(dbg.trace.ranks.batches.steps) == list(range(9))
+    assert fp[0] == fp[3] == fp[6] and fp[0] != fp[1]
