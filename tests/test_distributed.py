@@ -243,6 +243,8 @@ def test_dashboard_of_a_merged_run_selects_ranks(two):
     single = Dashboard()
     single.show(NeuralDbg.load(two / "nan_rank1" / "rank00001.ndbg"), "loaded")
     assert not single.ranks.visible and single.controls.sliders["replica_divergence"].layout.display == "none"
+    for d in (dash, single):
+        d.retire()  # its widgets closed, like a dashboard the notebook no longer shows
 
 
 def test_magic_loads_a_run_directory(two, ip):
