@@ -122,19 +122,22 @@ def _loss_trend(trace: Trace, curve: health_mod.LossCurve | None, th: Thresholds
     return float(curve.progress[-1]), _falling(v[ok])
 
 
-def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
+def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) -> Analysis:
+    """``ranks``: a ``rankevents.RankEvidence`` when ``trace`` is one rank of a multi-process run (its NaN/Inf
+    origin is then the run's first, wherever it came from)."""
     curve = health_mod.loss_curve(trace.loss.data, thresholds) if trace.loss.n else None
     table = health_mod.compute(trace, thresholds, curve)
     events = events_mod.detect(table, thresholds)
     rank = {l.name: int(l.order) for l in trace.layers if l.order is not None}
     first = int(table.steps[0]) if len(table.steps) else 0
     links = patterns_mod.detect(events, rank, first)
+    nonfinite = trace.nonfinite if ranks is None else ranks.nonfinite(trace.nonfinite)
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
-                  nonfinite=trace.nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0,
+                  nonfinite=nonfinite, lr=_last_lr(trace), th=thresholds, has_loss=trace.loss.n > 0,
                   attenuation=health_mod.attenuation_series(trace),
                   lr_series=(trace.globals.steps, trace.global_column("lr")), loss_reach=_loss_reach(trace),
                   loss_fall=_loss_fall(trace, thresholds), loss_trend=_loss_trend(trace, curve, thresholds),
                   loss_progress=float(curve.progress[-1]) if curve is not None else math.nan,
-                  skipped=(trace.skipped.steps, trace.skipped.data), overflow=trace.overflow)
+                  skipped=(trace.skipped.steps, trace.skipped.data), overflow=trace.overflow, ranks=ranks)
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

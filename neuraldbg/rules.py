@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .patterns import Link, LinkKind
 from .states import ActState, FiniteState, GainState, GradState, InputState, LossState, Signal, UpdateState
 from .thresholds import Thresholds
 from .trace import NonFiniteOrigin
+
+if TYPE_CHECKING:
+    from .rankevents import RankEvidence
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Context:
     skipped: tuple = (np.zeros(0, dtype=np.int64), np.zeros(0))
     overflow: NonFiniteOrigin | None = None
     origin_claimed: bool = False  # the NaN/Inf origin is explained by an earlier rule
+    ranks: RankEvidence | None = None  # the other ranks of a multi-process run, else None
     claimed: set[int] = field(default_factory=set)
     found: list[CausalHypothesis] = field(default_factory=list)
 
@@ -865,3 +869,9 @@ RULES: list[tuple[str, Rule]] = [
     ("learning rate too low", rule_lr_low),
     ("loss plateau", rule_plateau),
 ]
+
+# Causes only a multi-process run has come first: one rank's data before the data rule, what the
+# all-reduce spreads before the symptoms it spreads (rankrules uses the helpers above).
+from .rankrules import RULES as _RANK_RULES  # noqa: E402
+
+RULES[:0] = _RANK_RULES
