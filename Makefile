@@ -30,6 +30,7 @@ test: venv
 
 bench: venv
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/distributed.py
 
 # The fault generator's runs scored against their expected verdicts (minutes on two cores).
 eval: venv

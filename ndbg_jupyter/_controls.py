@@ -74,6 +74,7 @@ class ThresholdControls:
         body = widgets.VBox([hint, *self.sliders.values(), self.reset])
         self.widget = widgets.Accordion(children=[body], titles=("Thresholds",), selected_index=None)
         self.widget.add_class("ndbg-thresholds")
+        self.show_group("ranks", False)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -87,6 +88,12 @@ class ThresholdControls:
     def reset_defaults(self) -> None:
         self._base = Thresholds()
         self._set_values(self._base, notify=True)
+
+    def show_group(self, group: str, visible: bool) -> None:
+        """Show or hide the sliders of one group of thresholds (``ranks``: only for multi-process runs)."""
+        for f in slider_fields():
+            if f.metadata.get("group", "") == group:
+                self.sliders[f.name].layout.display = "" if visible else "none"
 
     def expand(self, is_open: bool = True) -> None:
         """Open (or close) the collapsed "Thresholds" section."""

@@ -26,6 +26,7 @@ from ._chart import Chart
 from ._controls import ThresholdControls
 from ._grid import HealthGrid
 from ._outcome import outcome
+from ._ranks import RankSelector
 from ._states import Unobserved
 
 # Share of wall time the live dashboard may use: after an update that took t seconds, the next
@@ -104,6 +105,7 @@ class Dashboard:
         self.panel = widgets.HTML()
         self.panel.add_class("ndbg-panel")
         self.controls = ThresholdControls(self._thresholds_changed)
+        self.ranks = RankSelector(self._rank_changed)
         self.status = widgets.HTML()
         # hides this dashboard's static companions wherever a live view of it renders
         self._hide = widgets.HTML(f'<style>.ndbg-static[data-ndbg="{self.uid}"]{{display:none}}'
@@ -111,8 +113,8 @@ class Dashboard:
                                   "</style>", layout=widgets.Layout(display="none"))
         right = widgets.VBox([self.note, self.panel], layout=widgets.Layout(flex="1 1 26em", min_width="22em"))
         body = widgets.HBox([self.grid.widget, right], layout=widgets.Layout(flex_flow="row wrap"))
-        self.root = _Root([self.header, self.progress, self.chart.widget, body, self.controls.widget, self.status,
-                           self._hide])
+        self.root = _Root([self.header, self.progress, self.ranks.widget, self.chart.widget, body, self.controls.widget,
+                           self.status, self._hide])
         self.root.add_class("ndbg-dashboard")
         self.root.text = f"NeuralDbg dashboard ({title})" if title else "NeuralDbg dashboard"
 
@@ -129,6 +131,7 @@ class Dashboard:
         self._last_rate_point = (dbg.step, self._t0)
         self.controls.set_thresholds(dbg.thresholds)
         self.controls.set_enabled(False)  # the kernel is busy while training: sliders act afterwards
+        self.ranks.update(dbg)
         self.refresh(chart=True)
 
     def finish(self, outcome: str = "finished") -> None:
@@ -138,14 +141,21 @@ class Dashboard:
         self._final()
 
     def show(self, dbg, outcome: str = "loaded") -> None:
-        """Show a session that is not training (loaded from a file, or an earlier run)."""
+        """Show a session that is not training (loaded from a file, or an earlier run). A merged
+        multi-process run opens on the rank where its top hypothesis starts."""
         self.dbg = dbg
         self.state = outcome
+        if len(getattr(dbg, "ranks", None) or []) > 1:
+            top = [h for h in dbg.explain().confident if h.rank is not None]
+            if top:
+                dbg.view_rank(top[0].rank)
         self._final()
 
     def _final(self) -> None:
         self.controls.set_thresholds(self.dbg.thresholds)
         self.controls.set_enabled(True)
+        self.ranks.update(self.dbg)
+        self.controls.show_group("ranks", len(getattr(self.dbg, "ranks", None) or []) > 1)
         self.refresh(chart=True)
         self.publish_static()
 
@@ -198,6 +208,8 @@ class Dashboard:
             health.update({l.name: Unobserved() for l in layers if l.order is None})
         self.grid.update(layers, health)
         self.panel.value = verdict.html(live=self.state == "watching")
+        if self.ranks.visible:
+            self.ranks.update(dbg)  # the ranks flagged follow the thresholds
         return verdict
 
     def _progress_html(self) -> str:
@@ -222,6 +234,16 @@ class Dashboard:
             now = self._t_end if self._t_end is not None else self.clock()
             parts.append(f"{_elapsed(now - self._t0)} elapsed")
         return f'<div style="{_FONT}">' + " &middot; ".join(parts) + "</div>"
+
+    def _rank_changed(self, rank: int) -> None:
+        if self.dbg is None:
+            return
+        try:
+            self.dbg.view_rank(rank)
+            self.refresh(chart=True)
+            self.publish_static()
+        except Exception as e:  # noqa: BLE001 - shown in the dashboard, not raised into a comm handler
+            self.status.value = f'<span style="color:#c62828">rank view failed: {html.escape(repr(e))}</span>'
 
     # -- thresholds -------------------------------------------------------------------------------
     def thresholds_view(self) -> widgets.VBox:

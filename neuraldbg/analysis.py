@@ -44,7 +44,9 @@ def _lr(trace: Trace) -> tuple[float, float, float]:
     return float(known[-1]), float(known[0]), float(known.max())
 
 
-def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
+def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) -> Analysis:
+    """``ranks``: a ``rankevents.RankEvidence`` when ``trace`` is one rank of a multi-process run (its NaN/Inf
+    origin is then the run's first, wherever it came from)."""
     curve = health_mod.loss_curve(trace.loss.data, thresholds) if trace.loss.n else None
     table = health_mod.compute(trace, thresholds, curve)
     events = events_mod.detect(table, thresholds)
@@ -54,8 +56,10 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0) -> Analysis:
     lr, lr_first, lr_peak = _lr(trace)
     last = max([int(table.steps[-1]) if len(table.steps) else 0, int(trace.loss.steps[-1]) if trace.loss.n else 0,
                 steps - 1])
+    # one rank of a multi-process run: its NaN/Inf origin is the run's first, wherever it came from
+    nonfinite = trace.nonfinite if ranks is None else ranks.nonfinite(trace.nonfinite)
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
-                  last_step=last, nonfinite=trace.nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
-                  lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0)
+                  last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
+                  lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0, ranks=ranks)
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -32,7 +32,8 @@ class SemanticEvent:
 
     ``layer`` is the module name, ``""`` for the model as a whole (updates, loss) or ``"input"``.
     ``values`` holds the numbers behind it at the onset; ``end`` is the step it left the state
-    (None while it still holds at the end of the trace).
+    (None while it still holds at the end of the trace). ``rank``: the process it was seen on, in a
+    multi-process run (None: one process, or every rank alike).
     """
 
     step: int
@@ -42,6 +43,7 @@ class SemanticEvent:
     after: _State
     values: dict = field(default_factory=dict)
     end: int | None = None
+    rank: int | None = None
 
     @property
     def bad(self) -> bool:
@@ -49,6 +51,8 @@ class SemanticEvent:
 
     def describe(self) -> str:
         where = {"": "the model", "input": "the input"}.get(self.layer, f"`{self.layer}`")
+        if self.rank is not None:
+            where += f" on rank {self.rank}"
         if self.signal == Signal.FINITE:
             return f"step {self.step}: " + (f"NaN/Inf appears in {where}" if self.bad else f"{where} is finite again")
         nums = ", ".join(f"{k} {number(v)}" for k, v in self.values.items())

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _f(default, label: str, scale: str, lo, hi, doc: str, slider: bool = True):
+def _f(default, label: str, scale: str, lo, hi, doc: str, slider: bool = True, group: str = ""):
     return field(default=default, metadata={"label": label, "scale": scale, "min": lo, "max": hi, "doc": doc,
-                                            "slider": slider})
+                                            "slider": slider, "group": group})
 
 
 @dataclass(frozen=True, init=False)
@@ -98,6 +98,25 @@ class Thresholds:
     # -- data --------------------------------------------------------------------------------------
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
                             "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
+    # -- ranks (multi-process runs) ----------------------------------------------------------------
+    replica_divergence: float = _f(1e-5, "replica divergence", "log", 1e-9, 1e-1,
+                                   "relative difference of a layer's weight checksum from the other ranks' above "
+                                   "which its replicas diverged (data-parallel replicas are bit-identical)",
+                                   group="ranks")
+    duplicate_batches: float = _f(0.5, "duplicate batches", "linear", 0.05, 1.0,
+                                  "share of steps with the same batch on two ranks, or at a fixed distance on one "
+                                  "rank (every epoch), for the data to be duplicated", group="ranks")
+    rank_input_scale: float = _f(5.0, "rank input scale", "log", 1.5, 1e4,
+                                 "RMS of a rank's batches over the median rank's (either way) above which its data "
+                                 "is out of scale", group="ranks")
+    bn_rank_spread: float = _f(0.5, "BatchNorm rank spread", "log", 0.01, 10.0,
+                               "difference of BatchNorm running means across ranks, in running standard "
+                               "deviations (or of their log variances), above which the ranks normalise "
+                               "differently", group="ranks")
+    grad_world_ratio: float = _f(1.25, "gradient world ratio", "log", 1.01, 100.0,
+                                 "gradient after the all-reduce over the mean of the ranks' own (an average gives "
+                                 "1, a sum the world size) above which it was summed over the ranks",
+                                 group="ranks")
     # -- learning rate -----------------------------------------------------------------------------
     lr_jump: float = _f(2.0, "lr jump", "log", 1.2, 100.0,
                         "factor by which the learning rate rises between sampled steps, from a steady rate, "

@@ -7,11 +7,15 @@ sparser: a 1M-step run costs the same memory as a 10k-step one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .layers import LayerInfo
 from .stats import N_STATS
+
+if TYPE_CHECKING:
+    from .ranktrace import RankSeries
 
 
 class BoundedSeries:
@@ -134,6 +138,7 @@ class Trace:
     nonfinite: NonFiniteOrigin | None = None
     overflow: NonFiniteOrigin | None = None   # where the NaN/Inf of the first skipped step came from
     meta: dict = field(default_factory=dict)
+    ranks: RankSeries | None = None      # the rank axis of a multi-process run
 
     def __post_init__(self):
         if self.stats is None:

@@ -17,7 +17,7 @@ import torch
 from faultgen import design, families, faults, heldout, registry, runner, score
 from neuraldbg import Cause
 
-CAUSES = {c.value for c in Cause} | {"attention_collapse"}
+CAUSES = {c.value for c in Cause if not c.multi_rank}  # one process: the generator's runs
 
 KNOWN_MISSES: dict[str, str] = {  # slice case -> the verdict measured today (top hypotheses)
     "autoencoder/large_normal_init/s0d0w0h0n150b16":

@@ -157,6 +157,17 @@ def _collapse(a: Candidate, b: Candidate, ctx: Context) -> bool:
                        C.LOSS_PLATEAU) and b.step >= a.step - ctx.th.lr_jump_window
 
 
+def _rank_spread(a: Candidate, b: Candidate, ctx: Context) -> bool:
+    """One rank's shard out of scale, or gradients summed over the ranks, make every replica's updates too
+    large through the all-reduce (and the shard, this rank's own input out of scale and its BatchNorm
+    statistics apart from the others')."""
+    if b.cause == C.LEARNING_RATE_TOO_HIGH:
+        return bool(b.facts.get("large")) and b.facts["large"][0].step >= a.step - ctx.th.persist
+    if a.cause == C.RANK_DATA:
+        return (b.cause == C.DATA and b.kind == "unscaled") or b.cause == C.BATCHNORM_RANK_MISMATCH
+    return False
+
+
 def _exploding(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if b.cause == C.NON_FINITE:
         return b.step > a.step
@@ -207,6 +218,8 @@ EXPLAINS: dict[Cause, Predicate] = {
     C.VANISHING_GRADIENTS: _vanishing,
     C.ATTENTION_COLLAPSE: _attention,
     C.LOSS_PLATEAU: _collapse,
+    C.RANK_DATA: _rank_spread,
+    C.WORLD_SIZE_SCALING: _rank_spread,
 }
 
 

@@ -5,6 +5,7 @@ Nothing here holds raw statistics: the earlier stages have turned them into stat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..events import SemanticEvent
 from ..layers import LayerInfo
@@ -12,6 +13,9 @@ from ..patterns import Link, LinkKind
 from ..states import FiniteState, LossState, Signal
 from ..thresholds import Thresholds
 from ..trace import NonFiniteOrigin
+
+if TYPE_CHECKING:
+    from ..rankevents import RankEvidence
 
 
 @dataclass
@@ -29,6 +33,7 @@ class Context:
     lr_peak: float                  # ... the largest
     th: Thresholds
     has_loss: bool
+    ranks: RankEvidence | None = None  # the other ranks of a multi-process run, else None
 
     def all(self, signal: Signal, *states) -> list[SemanticEvent]:
         return [e for e in self.events if e.signal == signal and (not states or e.after in states)]

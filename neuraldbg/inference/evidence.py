@@ -29,9 +29,10 @@ from ..states import LossState, Signal
 from .context import Context
 
 # Causal order of the families: the earlier explains the later when both fit the same events.
-FAMILY_ORDER = (Cause.DATA, Cause.BAD_INITIALIZATION, Cause.LEARNING_RATE_TOO_HIGH, Cause.ATTENTION_COLLAPSE,
-                Cause.EXPLODING_GRADIENTS, Cause.DEAD_UNITS, Cause.SATURATED_ACTIVATIONS, Cause.NON_FINITE,
-                Cause.VANISHING_GRADIENTS, Cause.LEARNING_RATE_TOO_LOW, Cause.LOSS_PLATEAU)
+FAMILY_ORDER = (Cause.RANK_DATA, Cause.WORLD_SIZE_SCALING, Cause.REPLICA_DIVERGENCE, Cause.DUPLICATE_DATA,
+                Cause.BATCHNORM_RANK_MISMATCH, Cause.DATA, Cause.BAD_INITIALIZATION, Cause.LEARNING_RATE_TOO_HIGH,
+                Cause.ATTENTION_COLLAPSE, Cause.EXPLODING_GRADIENTS, Cause.DEAD_UNITS, Cause.SATURATED_ACTIVATIONS,
+                Cause.NON_FINITE, Cause.VANISHING_GRADIENTS, Cause.LEARNING_RATE_TOO_LOW, Cause.LOSS_PLATEAU)
 
 
 @dataclass(eq=False)

@@ -77,6 +77,8 @@ def _update_line(ev: SemanticEvent, ctx: Context, why: str = "") -> str:
 
 def _own(c: Candidate, ctx: Context) -> list[str]:
     f, k = c.facts, c.kind
+    if c.cause.multi_rank:
+        return _rank_lines(c, ctx)
     if c.cause == Cause.DATA:
         if k == "input_nonfinite":
             return [f"the input batch at step {c.step} contains NaN/Inf",
@@ -188,6 +190,113 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                 f"the weights per step (lr {fmt(ctx.lr)})"]
     return []
+
+
+def _ranks_text(ranks: list[int], world: int) -> str:
+    if len(ranks) == world:
+        return "every rank"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(str(r) for r in ranks[:-1]) + f" and {ranks[-1]}"
+
+
+def _verb(who: str, verb: str) -> str:
+    """``who`` and ``verb`` agreeing: "every rank sees", "ranks 0 and 2 see"."""
+    return f"{who} {verb}" if who.startswith("ranks ") else f"{who} {verb}s"
+
+
+def _rank_lines(c: Candidate, ctx: Context) -> list[str]:
+    f = c.facts
+    if c.cause == Cause.RANK_DATA:
+        v = f["values"]
+        lines = [f"the batches of {_ranks_text(f['ranks'], f['world'])} are {fmt(v.get('ratio', math.nan))}x the "
+                 f"scale of the other ranks' (input RMS {fmt(v.get('input_rms', math.nan))} against "
+                 f"{fmt(v.get('others_rms', math.nan))}) from step {c.step}"]
+        if f["bn"]:
+            lines.append(f"the BatchNorm statistics of {names(f['bn'])} differ across ranks")
+        return lines
+    if c.cause == Cause.DUPLICATE_DATA:
+        lines = []
+        rep = f["repeated"]
+        rep_text = (f"{_verb(_ranks_text(f['rep_ranks'], f['world']), 'see')} the same batches in the same "
+                    f"order every {int(rep[0].values.get('period', 0))} steps from step {rep[0].step}: each epoch "
+                    "repeats the one before") if rep else ""
+        if f["shared"]:
+            e = f["shared"][0]
+            world = f["world"]
+            groups = f["groups"] or [tuple(range(world))]
+            who = "; ".join(_ranks_text(list(g), world) for g in groups)
+            copies = max(len(g) for g in groups)
+            lines += [f"{_verb(who, 'train')} on the same batches ({e.values.get('share', math.nan):.0%} of the steps "
+                      f"compared) from step {e.step}",
+                      f"the all-reduce averages {copies} copies of the same gradient: {world} processes do the work of "
+                      f"{world - sum(len(g) - 1 for g in groups)}, each epoch covers only part of the data"]
+            if rep_text:
+                lines.append(rep_text)
+            return lines
+        return [rep_text, "the model meets the data in one fixed order, epoch after epoch: the batches are no "
+                          "longer a fresh random sample"]
+    if c.cause == Cause.REPLICA_DIVERGENCE:
+        onset = f["onset"]
+        where = f"all {len(f['names'])} weight layers" if c.layer == "" else layer_list(f["names"])
+        rel = max(e.values.get("divergence", 0.0) for e in onset)
+        lines = [f"the weights of {where} on {_ranks_text(f['ranks'], f['world'])} differ from rank "
+                 f"{f['reference']}'s (relative {fmt(rel)}) from step {c.step}"]
+        if _replicas_synced(c, ctx):
+            lines.append("their gradients after the all-reduce are the same on every rank: the weights are changed "
+                         "outside the synchronised update")
+        else:
+            lines.append("their gradients after the all-reduce differ across ranks: these parameters are not "
+                         "synchronised")
+        lines.append("the replicas compute different functions: each rank's loss and gradients drift away from the "
+                     "others'")
+        return lines
+    if c.cause == Cause.BATCHNORM_RANK_MISMATCH:
+        return [f"the running statistics of {layer_list(f['names'])} differ across ranks by "
+                f"{fmt(max(x.values.get('spread', 0.0) for x in c.events))} running standard deviations from step "
+                f"{c.step}",
+                "each rank normalises with the statistics of its own batches and keeps its own running estimates "
+                "(BatchNorm is not synchronised across ranks)",
+                "the model behaves differently in evaluation depending on the rank whose weights are saved"]
+    world = f["world"]
+    return [f"the gradient after the all-reduce is {fmt(f['ratio'])}x the mean of the ranks' own gradients from "
+            f"step {c.step} (world size {world}): it is summed over the ranks, not averaged",
+            f"every update is up to {world}x larger than one process would take, and changes with the number of "
+            "processes"]
+
+
+def _replicas_synced(c: Candidate, ctx: Context) -> bool:
+    return all(e.values.get("grad_divergence", 0.0) <= ctx.th.replica_divergence for e in c.facts["onset"])
+
+
+def _rank_fix(c: Candidate, ctx: Context) -> str:
+    f = c.facts
+    if c.cause == Cause.RANK_DATA:
+        return (f"check the data pipeline of rank {f['rank']}: the shard it reads is scaled differently "
+                "(unnormalised pixels, another preprocessing, a corrupt file); normalise every shard the same way "
+                "(the same mean and std) and check a batch's scale where it is loaded")
+    if c.cause == Cause.DUPLICATE_DATA:
+        if c.kind == "shared":
+            return ("give each rank its own part of the data: DataLoader(dataset, batch_size=..., "
+                    "sampler=torch.utils.data.distributed.DistributedSampler(dataset)) (the sampler shuffles; no "
+                    "shuffle=True on the loader), and call sampler.set_epoch(epoch) at the start of every epoch")
+        return ("call sampler.set_epoch(epoch) at the start of every epoch (a DistributedSampler draws the same order "
+                "again until told the epoch), or shuffle at all (DistributedSampler(dataset, shuffle=True))")
+    if c.cause == Cause.REPLICA_DIVERGENCE:
+        if _replicas_synced(c, ctx):
+            return (f"find what changes the weights of rank {f['rank'] if f['rank'] is not None else f['ranks'][0]} "
+                    "outside optimizer.step(): a rank-dependent in-place edit (if rank == ...: p.data ...), a per-rank "
+                    "optimizer setting (learning rate, weight decay), or a checkpoint loaded on one rank only; to "
+                    "resynchronise, broadcast rank 0's weights (dist.broadcast(p.data, src=0) for every parameter)")
+        return ("wrap the model in DistributedDataParallel after every parameter exists and sits on its device (DDP "
+                "synchronises only the parameters it saw when it was built), and keep them out of "
+                "_ddp_params_and_buffers_to_ignore")
+    if c.cause == Cause.BATCHNORM_RANK_MISMATCH:
+        return ("synchronise BatchNorm across ranks: model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before "
+                "DistributedDataParallel(model) (keeping broadcast_buffers=True, the default); if ranks read different "
+                "kinds of data, shuffle it across them (DistributedSampler)")
+    return ("DistributedDataParallel already averages the gradients: remove the extra dist.all_reduce of the "
+            "gradients (or divide its result by dist.get_world_size()), and do not scale the loss by the world size")
 
 
 def _attention_lines(c: Candidate, ctx: Context) -> list[str]:
@@ -320,10 +429,14 @@ def chain(root: Candidate, ctx: Context) -> list[str]:
 
 # -- fixes -------------------------------------------------------------------------------------------------------
 
-def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
-    """The change to try first. ``lower_lr``: the run says the updates were too large (never raise the lr)."""
+def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
+    """The change to try first. ``lr_way``: "lower" when the run says the updates were too large (never raise
+    the lr), "raise" when a learning rate too low is the confident verdict (never lower it), else ""."""
     f, k = c.facts, c.kind
     lr, lr10 = ctx.lr_text()
+    may_lower = lr_way != "raise"
+    if c.cause.multi_rank:
+        return _rank_fix(c, ctx)
     if c.cause == Cause.DATA:
         if k == "input_nonfinite":
             return (f"the batch at step {c.step} carries NaN/Inf in the input: find it in the data pipeline "
@@ -348,7 +461,7 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
         prev = f.get("previous")
         text = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{c.layer}` by "
                 "nn.LeakyReLU(0.01)" if prev else f"replace `{c.layer}` by nn.LeakyReLU(0.01)")
-        if not ctx.from_start(c.step):
+        if not ctx.from_start(c.step) and may_lower:
             text += f"; if the units died during training, lower the learning rate from {lr} to ~{lr10}"
         return text
     if c.cause == Cause.SATURATED_ACTIVATIONS:
@@ -360,9 +473,13 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
     if c.cause == Cause.BAD_INITIALIZATION:
         return _init_fix(c, ctx)
     if c.cause == Cause.ATTENTION_COLLAPSE:
-        text = ("add a learning-rate warm-up (linear from ~0 over the first 5-10% of the steps) or lower the learning "
-                f"rate from {lr} to ~{lr10}" if not ctx.warmed_up() else
-                f"lower the learning rate from {lr} to ~{lr10} or lengthen its warm-up")
+        if not may_lower:
+            text = "add a learning-rate warm-up (linear from ~0 over the first 5-10% of the steps)"
+        elif not ctx.warmed_up():
+            text = ("add a learning-rate warm-up (linear from ~0 over the first 5-10% of the steps) or lower the "
+                    f"learning rate from {lr} to ~{lr10}")
+        else:
+            text = f"lower the learning rate from {lr} to ~{lr10} or lengthen its warm-up"
         text += ("; to keep the attention stable at the rate you want, normalise queries and keys (QK-norm: a "
                  "LayerNorm on q and on k per head) or soft-cap the logits (cap * tanh(logits / cap), cap ~ 30-50)")
         if f["hand_written"]:
@@ -395,8 +512,8 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
             return (f"the derivative of an operation in `{c.layer}` is infinite at the values it sees (sqrt or pow at "
                     "0, log of 0, division by ~0): add an eps (torch.sqrt(x + 1e-12)) or clamp its input")
         if k in ("weights", "overflow"):
-            return (f"lower the learning rate from {lr} to ~{lr10} and clip gradients "
-                    "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))")
+            return ((f"lower the learning rate from {lr} to ~{lr10} and clip gradients " if may_lower else
+                     "clip gradients ") + "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))")
         return "run the failing step under torch.autograd.detect_anomaly() to find the operation"
     if c.cause == Cause.EXPLODING_GRADIENTS:
         text = "clip gradients with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)"
@@ -404,7 +521,8 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
         if info is not None and str(info.kind) == "recurrent":
             text += (f" and initialise the recurrent weights of `{f['origin']}` orthogonally with gain <= 1 "
                      "(nn.init.orthogonal_)")
-        text += f"; if it persists, lower the learning rate from {lr} to ~{lr10}"
+        if may_lower:
+            text += f"; if it persists, lower the learning rate from {lr} to ~{lr10}"
         if c.layer != f["origin"]:
             text = f"check the backward of `{c.layer}` (a gradient scale or reversal coefficient far above 1?); " + text
         return text
@@ -442,7 +560,7 @@ def fix(c: Candidate, ctx: Context, *, lower_lr: bool) -> str:
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
-    if not lower_lr:
+    if lr_way != "lower":
         text += f"; then try a larger learning rate than {lr} (x3) or a schedule"
     else:
         text += f"; the updates were large: try a smaller learning rate than {lr} or a warm-up"
