@@ -514,6 +514,7 @@ def test_fuzzed_line_magic_commands_work_or_fail_in_one_line(ip, tmp_path, monke
     @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
     @given(line=st.lists(word, max_size=3).map(" ".join))
     def check(line):
+        ip.user_ns["_ndbg"] = session  # an earlier example's `load` may have replaced it
         try:
             with capture_output():
                 ip.run_line_magic("neuraldbg", line)
