@@ -82,11 +82,14 @@ def candidates(ctx: Context) -> list[Candidate]:
                              facts={"amplification": amp, "origin": origin.layer, "others": [e for e in exploding
                                                                                             if e is not origin]}))
     # a gradient that collapses toward the input, named where the collapse starts, closest to the output. A
-    # layer's vanishing and diminishing events that follow each other are one attenuation; one that holds to
-    # the end says more than one that passes (a layer vanishing for a moment at the start). A gradient that
-    # only diminishes is a cause when the loss does not improve.
+    # layer's vanishing and diminishing events that follow each other are one attenuation; one that still
+    # holds when the loss stops improving (or at the end, if it never does) says more than one that passes
+    # (a layer vanishing for a moment at the start). A gradient that only diminishes is a cause when the
+    # loss does not improve.
     spans = _attenuation_spans(ctx)
-    lasting = [run for run in spans if run[-1].end is None]
+    flat = [e.step for e in ctx.all(Signal.LOSS, *losses.FLAT)]
+    held = min(flat) if flat else ctx.last_step
+    lasting = [run for run in spans if run[-1].end is None or run[-1].end > held]
     lasting_v = [run for run in lasting if run[-1].after == GradState.VANISHING]
     if lasting_v:
         pool, kind = lasting_v, "vanishing"
