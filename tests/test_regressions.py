@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from faultgen.score import RAISE_LR, contradictions
-from regressions import (functional_cnn_adam, lstm_recurrent_too_large, postln_transformer_adamw, tanh_mlp_sgd,
-                         train_recording)
+from regressions import (functional_cnn_adam, lstm_recurrent_too_large, postln_transformer_adamw,
+                         reverse_transformer, tanh_mlp_sgd, train_recording)
 
 CONFIDENT = 0.5
 ATTENTION = ("encoder.layers.0.self_attn", "encoder.layers.1.self_attn")
@@ -32,6 +32,9 @@ def _build(case: str):
         return postln_transformer_adamw(steps=int(arg))
     if case == "functional_cnn_adam":
         return functional_cnn_adam()
+    if kind.startswith("reverse_transformer"):
+        seed, steps = (int(v) for v in arg.split("x"))
+        return reverse_transformer(seed=seed, steps=steps)
     run = lstm_recurrent_too_large()
     if arg == "sgd":
         run.opt = torch.optim.SGD(run.model.parameters(), lr=0.1)
@@ -158,3 +161,25 @@ def test_lstm_recurrent_weights_far_too_large(case):
     assert (str(top.cause), top.layer) in (("exploding_gradients", "lstm"), ("bad_initialization", "lstm")), \
         _verdict(hyps)
     assert not contradictions(hyps), _verdict(hyps)
+
+
+# -- a Transformer whose loss waits near chance, then falls: sharp attention is its solution -------------
+
+REVERSE = ("reverse_transformer_0x80", "reverse_transformer_1x160")
+
+
+@pytest.mark.parametrize("case", REVERSE)
+def test_reverse_transformer_plateaus_then_learns(case):
+    losses = trained(case)[2]
+    start = sum(losses[:10]) / 10
+    wait = sorted(losses[20:45])
+    assert start > 3.0 and wait[len(wait) // 2] > 0.85 * start    # near chance (log 32) for its first ~45 steps
+    assert _tail(losses) < 0.2 * start                           # then it learns
+
+
+@pytest.mark.parametrize("case", REVERSE)
+def test_a_plateau_the_run_leaves_for_good_is_no_failure(case):
+    """Each position attends to one key, its mirror: that is the task. The loss plateau before it fell is
+    over, so neither the attention nor the plateau is a failure."""
+    hyps = trained(case)[1].explain()
+    assert not [h for h in hyps if h.confidence >= CONFIDENT], _verdict(hyps)

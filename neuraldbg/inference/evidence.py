@@ -124,25 +124,37 @@ def persistence(ev: SemanticEvent, ctx: Context) -> float:
     return clip01((ev.end - ev.step) / span)
 
 
-def loss_failure(ev: SemanticEvent, th) -> float:
+def loss_failure(ev: SemanticEvent, ctx: Context) -> float:
     """How much of a failure a loss event is: 1, or less for a partial one: a spike of one step, a short
-    run's loss that came down by more than the progress threshold but without a trend beyond its noise."""
+    run's loss that came down by more than the progress threshold but without a trend beyond its noise, or
+    a failure the run left for good (the loss improving from its end to the end of the run: a plateau before
+    a phase change, a burst it recovered from)."""
+    th = ctx.th
     partial = (ev.signal == Signal.SPIKE
-               or ev.after == LossState.STALLED and ev.values.get("progress", 0.0) >= th.loss_progress)
+               or ev.after == LossState.STALLED and ev.values.get("progress", 0.0) >= th.loss_progress
+               or recovered(ev, ctx))
     return th.evidence_partial_loss if partial else 1.0
+
+
+def recovered(ev: SemanticEvent, ctx: Context) -> bool:
+    """A loss failure the run left for good: from its end on, the loss improves to the end of the run."""
+    return ev.end is not None and ctx.loss_recovered_after(ev.end)
 
 
 def confidence(c: Candidate, ctx: Context) -> float:
     th = ctx.th
-    impact = max((loss_failure(e, th) for e in c.loss), default=0.0 if ctx.has_loss else th.evidence_unknown_loss)
+    impact = max((loss_failure(e, ctx) for e in c.loss), default=0.0 if ctx.has_loss else th.evidence_unknown_loss)
     # explaining other abnormal events; twice as much when one of them is a failure by itself (a NaN)
     # its effects: what starts with it or after (what came before and opens its chain, updates that pushed
     # an attention's logits up, is no consequence; a flat loss it explains counts as impact, not again here)
     explained = [a for a in c.explained() if a.cause != Cause.LOSS_PLATEAU and a.step >= c.step]
-    consequence = ((th.evidence_nan_consequence if any(a.certain for a in explained) else 1.0)
-                   if (c.symptoms or explained) else 0.0)
-    harmed = bool(c.loss) or consequence > 0 or c.certain  # an unrecorded loss shows no harm
+    # harm is a failure it explains: an unrecorded loss shows none, nor does a loss failure the run then left
+    # for good, nor the same state spreading to other layers (its symptoms: no failure by themselves either,
+    # when its own measurement is none)
+    harmed = any(not recovered(e, ctx) for e in c.loss) or bool(explained) or c.certain
     gate = 1.0 if (harmed or not c.needs_harm) else th.evidence_unharmed
+    consequence = ((th.evidence_nan_consequence if any(a.certain for a in explained) else 1.0) if explained
+                   else gate if c.symptoms else 0.0)
     # a share of a layer's units barely past its threshold explains only part of a loss failure (the other
     # units still learn); well past it, all of it
     explains = min(1.0, th.evidence_floor + c.severity) if c.partial else 1.0
