@@ -30,6 +30,7 @@ from .states import (ActState, AttnState, GainState, GradState, InputState, Loss
 from .stats import Stat
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
+from .trend import rising_z
 
 # Layers whose relative weight gradient is comparable along depth (embeddings see sparse rows and
 # norm layers have their own scale, so neither is a yardstick for attenuation).
@@ -578,11 +579,7 @@ def falling_z(v: np.ndarray) -> float:
     """Mann-Kendall z of a downward trend: how many standard deviations more later losses are below
     earlier ones than above them, against a loss that only moves by noise (about 2: clearly falling)."""
     v = v[np.linspace(0, len(v) - 1, min(len(v), TREND_POINTS)).astype(int)]
-    n = len(v)
-    s = float(np.sign(v[:, None] - v[None, :])[np.triu_indices(n, 1)].sum())  # earlier minus later
-    _, ties = np.unique(v, return_counts=True)  # equal losses (a loss at exactly 0) narrow the spread
-    var = (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18
-    return s / math.sqrt(var) if var > 0 else 0.0
+    return rising_z(-v)  # equal losses (a loss at exactly 0) narrow the spread
 
 
 def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> list[StateSeries]:
