@@ -60,6 +60,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
     nonfinite = trace.nonfinite if ranks is None else ranks.nonfinite(trace.nonfinite)
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
-                  lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0, ranks=ranks)
+                  lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0, ranks=ranks,
+                  sampled=tuple(int(s) for s in table.steps))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

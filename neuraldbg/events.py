@@ -63,8 +63,9 @@ class SemanticEvent:
         return self.describe()
 
 
-def debounce(codes: np.ndarray, persist: int) -> np.ndarray:
-    """Hysteresis along axis 0: a code is accepted once it holds ``persist`` consecutive rows;
+def debounce(codes: np.ndarray, persist: int, cut: np.ndarray | None = None) -> np.ndarray:
+    """Hysteresis along axis 0: a code is accepted once it holds ``persist`` consecutive rows, or holds up to
+    a row where ``cut`` is set (after which what was measured no longer exists: the model was replaced);
     until then the previously accepted code (initially 0, the healthy state) stands. A negative
     code means "not measured" and continues the state before it."""
     codes = np.asarray(codes)
@@ -78,11 +79,17 @@ def debounce(codes: np.ndarray, persist: int) -> np.ndarray:
         idx = np.maximum.accumulate(np.where(c >= 0, np.arange(t)[:, None], -1), axis=0)
         c = np.where(idx >= 0, np.take_along_axis(c, np.maximum(idx, 0), axis=0), 0).astype(c.dtype)
     ok = np.ones(c.shape, dtype=bool)
+    held = np.ones(c.shape, dtype=bool)   # the code of row r still holds at row r + i
+    ended = np.zeros(c.shape, dtype=bool)  # ... up to a cut, before ``persist`` rows
+    cut = np.zeros(t, dtype=bool) if cut is None else np.asarray(cut, dtype=bool)
     for i in range(1, k):
+        ended |= held & np.roll(cut, -(i - 1))[:, None] & (np.arange(t) + i - 1 < t)[:, None]
         same = np.zeros(c.shape, dtype=bool)
         if i < t:
             same[:t - i] = c[i:] == c[:t - i]
+        held &= same
         ok &= same
+    ok |= ended & (c != 0)
     idx = np.where(ok, np.arange(t)[:, None], -1)
     idx = np.maximum.accumulate(idx, axis=0)
     out = np.where(idx >= 0, np.take_along_axis(c, np.maximum(idx, 0), axis=0), 0).astype(c.dtype)
@@ -125,6 +132,15 @@ def _global(series: StateSeries) -> bool:
                              Signal.WEIGHTS)
 
 
+def _cut(steps: np.ndarray, replaced: np.ndarray) -> np.ndarray:
+    """Rows after which the model was replaced: a replacing update at their step or before the next row."""
+    if not len(replaced) or not len(steps):
+        return np.zeros(len(steps), dtype=bool)
+    nxt = np.append(steps[1:], np.iinfo(np.int64).max)
+    at = np.searchsorted(replaced, steps, side="left")
+    return (at < len(replaced)) & (replaced[np.minimum(at, len(replaced) - 1)] < nxt)
+
+
 def detect(table: HealthTable, th: Thresholds) -> list[SemanticEvent]:
     """All events of a health table, in step order (ties: forward order of the layers)."""
     events: list[SemanticEvent] = []
@@ -136,7 +152,7 @@ def detect(table: HealthTable, th: Thresholds) -> list[SemanticEvent]:
         if len(cols) == 0:
             continue
         persist = th.persist if series.persist is None else series.persist
-        stable = debounce(codes[:, cols], persist)
+        stable = debounce(codes[:, cols], persist, _cut(series.steps, table.replaced))
         events += _series_events(series, stable, cols)
     rank = {l.name: int(o) for l, o in zip(table.layers, table.order)}
     events.sort(key=lambda e: (e.step, rank.get(e.layer, -1)))

@@ -24,7 +24,7 @@ import weakref
 
 import numpy as np
 
-from .layers import Kind, LayerInfo
+from .layers import GRADIENT_KINDS, Kind, LayerInfo
 from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, LrState, RangeState,
                      ScalerState, Signal, SpikeState, TargetState, UpdateState, WeightState)
 from .stats import Stat
@@ -32,9 +32,6 @@ from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
 from .trend import rising_z
 
-# Layers whose relative weight gradient is comparable along depth (embeddings see sparse rows and
-# norm layers have their own scale, so neither is a yardstick for attenuation).
-_GRAD_KINDS = frozenset(Kind) - {Kind.EMBEDDING, Kind.NORM}
 # Layers whose output spread is set by their weight scale.
 _GAIN_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENTION})
 
@@ -76,6 +73,9 @@ class HealthTable:
     order: np.ndarray
     series: list[StateSeries]
     latest: dict[str, LayerHealth]
+    # steps whose update replaced the model (the median layer's update at least ``update_replaces`` times its
+    # weights): what was measured before one of them was measured on a model that no longer exists
+    replaced: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> Value:
@@ -229,7 +229,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     act_nf = cols.full(Stat.ACT_NONFINITE) > 0
     ri = np.nonzero([k == Kind.RELU for k in kinds])[0]
     bi = np.nonzero(np.array([k == Kind.BOUNDED for k in kinds], dtype=bool) & (order != last))[0]
-    trainable = np.array([l.n_trainable > 0 and k in _GRAD_KINDS for l, k in zip(layers, kinds)], dtype=bool)
+    trainable = np.array([l.n_trainable > 0 and k in GRADIENT_KINDS for l, k in zip(layers, kinds)], dtype=bool)
     gi = by_order[trainable[by_order]] if len(by_order) else by_order
     wg = cols(gi, Stat.W_GRAD_NORM)
     wn = cols(gi, Stat.W_NORM)
@@ -749,4 +749,8 @@ def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> Hea
     series += loss_series(trace, th, curve)
     series += target_series(trace, th)
     series += scaler_series(trace, th)
-    return HealthTable(steps=f.steps, layers=trace.layers, order=f.order, series=series, latest=latest)
+    with np.errstate(invalid="ignore"):
+        median = _row_median(f.update_ratio)
+    replaced = f.steps[median >= th.update_replaces]
+    return HealthTable(steps=f.steps, layers=trace.layers, order=f.order, series=series, latest=latest,
+                       replaced=replaced)

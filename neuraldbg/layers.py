@@ -26,6 +26,10 @@ class Kind(str, Enum):
     OTHER = "other"
 
 
+# Layers whose relative weight gradient is comparable along depth (embeddings see sparse rows and
+# norm layers have their own scale, so neither is a yardstick for attenuation or amplification).
+GRADIENT_KINDS = frozenset(Kind) - {Kind.EMBEDDING, Kind.NORM}
+
 _KIND_BY_TYPE: list[tuple[tuple[type, ...], Kind]] = [
     ((nn.ReLU, nn.ReLU6, nn.Threshold), Kind.RELU),
     ((nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Softsign, nn.Hardsigmoid), Kind.BOUNDED),

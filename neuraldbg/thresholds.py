@@ -48,6 +48,10 @@ class Thresholds:
     # -- updates -----------------------------------------------------------------------------------
     update_too_large: float = _f(0.1, "update/weight high", "log", 1e-3, 10.0,
                                  "update-to-weight ratio of a layer per step above which its update is too large")
+    update_replaces: float = _f(1.0, "update replaces the weights", "log", 0.1, 100.0,
+                                "update-to-weight ratio of the median layer from which an update replaces the model: "
+                                "a state measured just before it has held as long as that model existed",
+                                slider=False)
     weight_collapse: float = _f(10.0, "weight collapse", "log", 2.0, 1e6,
                                 "factor by which the weights (their median layer) shrink from their start toward "
                                 "zero that is a collapse (a weight decay holding them there)", slider=False)

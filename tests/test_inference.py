@@ -148,3 +148,31 @@ def test_a_flat_loss_under_large_updates_never_gets_a_larger_learning_rate():
     a = run(make_trace(["Linear", "ReLU", "Linear"], 80, fill, loss=lambda s: 1.0))
     assert a.hypotheses and all("larger learning rate" not in h.suggestion and "raise the learning rate"
                                 not in h.suggestion for h in a.hypotheses)
+
+
+def test_a_layer_that_dies_after_the_loss_went_flat_does_not_account_for_it():
+    """The loss is flat from the start (a plateau as soon as one can be seen); a layer dies at step 100: the
+    dead layer cannot be why the loss never came down. It is reported, with no failure of the loss in its
+    chain, and less confident than the same layer dying before the plateau."""
+    def dying_at(step):
+        def fill(row, t):
+            if t >= step:
+                row[1, Stat.ACT_DEAD] = 1.0
+                row[0, Stat.W_GRAD_NORM] = 0.0
+        a = run(make_trace(["Linear", "ReLU", "Linear"], 150, fill, loss=lambda s: 1.0))
+        return next(h for h in a.hypotheses if h.cause == Cause.DEAD_UNITS)
+    late, early = dying_at(100), dying_at(20)
+    assert late.step == 100 and not any("loss" in line for line in late.chain)
+    assert any("loss stays flat" in line for line in early.chain) and early.confidence > late.confidence
+
+
+def test_with_a_learning_rate_too_low_no_fix_lowers_it():
+    """Negligible updates all run long, and one layer's updates jumping for a sample: the verdict raises the
+    learning rate, and no hypothesis shown proposes a smaller one."""
+    def fill(row, t):
+        row[[0, 2], Stat.W_UPDATE_NORM] = 5e-7
+        if t == 30:
+            row[2, Stat.W_UPDATE_NORM] = 5e-5
+    a = run(make_trace(["Linear", "ReLU", "Linear"], 60, fill, loss=lambda s: 1.0))
+    assert loud(a)[:1] == [("learning_rate_too_low", "")]
+    assert not [h for h in a.hypotheses if "lower the learning rate" in h.suggestion]

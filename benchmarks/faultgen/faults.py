@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch import nn
 
 from . import models as M
 from . import tasks as T
@@ -436,6 +437,27 @@ def only(*names: str) -> Callable[[Family], bool]:
     return lambda f: f.name in names
 
 
+def _gradient_amplifier(b: Build) -> None:
+    """Insert a module that multiplies the gradient by 1e4 after the middle hidden activation."""
+    layers = list(b.core)
+    acts = [i for i, m in enumerate(layers) if isinstance(m, (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid))]
+    at = acts[len(acts) // 2] + 1
+    layers.insert(at, M.GradientScale(1e4))
+    b.core = b.model = nn.Sequential(*layers)
+    b.arch["amplifier"] = str(at)
+
+
+def _gradient_reversal(b: Build) -> None:
+    """Insert a gradient reversal layer with coefficient 1e4 (where 1e-4 was meant) after the middle
+    conv block's activation."""
+    layers = list(b.core)
+    acts = [i for i, m in enumerate(layers) if isinstance(m, (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid))]
+    at = acts[len(acts) // 2] + 1
+    layers.insert(at, M.GradientScale(-1e4))
+    b.core = b.model = nn.Sequential(*layers)
+    b.arch["reversal"] = str(at)
+
+
 def _mechanism_list() -> list[Mechanism]:
     return [
         # -- learning rate too high ------------------------------------------------------------------
@@ -493,6 +515,15 @@ def _mechanism_list() -> list[Mechanism]:
                   lambda b: Expect((V("exploding_gradients", *_stack_places(b)), V("bad_initialization", "")),
                                    (0, 2)),
                   all_of(gradient_grows(100.0), worse_than_twin), configure=deep(None, (8, 12))),
+        Mechanism("gradient_amplifier", "exploding_gradients",
+                  "a module that multiplies the gradient flowing back through it by 1e4, in the middle of an MLP",
+                  only("mlp_relu", "mlp_tanh", "mlp_gelu"), _gradient_amplifier,
+                  lambda b: Expect((V("exploding_gradients", b.arch["amplifier"]),), (0, 2)), worse_than_twin),
+        Mechanism("gradient_reversal_large", "exploding_gradients",
+                  "a gradient reversal layer (domain-adversarial training) after the middle conv block, its "
+                  "coefficient 1e4 where 1e-4 was meant: the gradient into the blocks before it is reversed and x1e4",
+                  only("cnn_bn"), _gradient_reversal,
+                  lambda b: Expect((V("exploding_gradients", b.arch["reversal"]),), (0, 2)), worse_than_twin),
         # -- non-finite values -----------------------------------------------------------------------
         Mechanism("log_of_negative", "non_finite",
                   "a hand-written feature map takes the log of a projection of the input that can be negative",

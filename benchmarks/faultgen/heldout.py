@@ -47,28 +47,6 @@ class Standardize(nn.Module):
         return (x - x.mean(0, keepdim=True)) / x.std(0, keepdim=True)
 
 
-class _GradScale(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * ctx.factor, None
-
-
-class GradientScale(nn.Module):
-    """Identity forward; multiplies the gradient flowing back through it (a loss-weighting trick gone wrong)."""
-
-    def __init__(self, factor: float):
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, x):
-        return _GradScale.apply(x, self.factor)
-
-
 # -- how the faults are put in -----------------------------------------------------------------------
 
 def jump_step(b: Build) -> int:
@@ -115,14 +93,12 @@ def sigmoid_cnn(b: Build) -> None:
     b.arch["norm"] = False
 
 
-def gradient_amplifier(b: Build) -> None:
-    """Insert a module that multiplies the gradient by 1e4 after the middle hidden activation."""
-    layers = list(b.core)
-    acts = [i for i, m in enumerate(layers) if isinstance(m, (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid))]
-    at = acts[len(acts) // 2] + 1
-    layers.insert(at, GradientScale(1e4))
-    b.core = b.model = nn.Sequential(*layers)
-    b.arch["amplifier"] = str(at)
+def head_gradient_scale(b: Build) -> None:
+    """A gradient scale of 1e6 in front of the first fully connected layer after the convolutions (a
+    loss-weighting trick put on the features instead of the loss)."""
+    name = next(n for n, m in b.core.named_children() if isinstance(m, nn.Linear))
+    setattr(b.core, name, nn.Sequential(M.GradientScale(1e6), getattr(b.core, name)))
+    b.arch["scaled"] = f"{name}.0"
 
 
 def standardize_front(b: Build) -> None:
@@ -246,10 +222,11 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
               "the conv stack made of 6 or 10 conv + sigmoid layers without BatchNorm",
               K.only("cnn_bn", "cnn_bn_functional"), lambda b: None, K.vanishing_expect,
               K.all_of(K.gradient_attenuates(1e-3), K.worse_than_twin), configure=sigmoid_cnn),
-    Mechanism("gradient_amplifier", "exploding_gradients",
-              "a module that multiplies the gradient flowing back through it by 1e4, in the middle of an MLP",
-              K.only("mlp_relu", "mlp_tanh", "mlp_gelu"), gradient_amplifier,
-              lambda b: Expect((V("exploding_gradients", b.arch["amplifier"]),), (0, 2)), K.worse_than_twin),
+    Mechanism("head_gradient_scale", "exploding_gradients",
+              "a module that multiplies the gradient by 1e6 between the convolutions and the fully connected "
+              "layers of a CNN trained with SGD",
+              K.only("residual_cnn", "cnn_bn_functional"), head_gradient_scale,
+              lambda b: Expect((V("exploding_gradients", b.prefix + b.arch["scaled"]),), (0, 2)), K.worse_than_twin),
     Mechanism("standardize_without_eps", "non_finite",
               "an in-model standardisation over the batch without epsilon; one input feature is constant: 0/0",
               K.only("mlp_tanh", "cnn_bn_functional", "residual_cnn", "gru", "autoencoder", "logistic_regression"),

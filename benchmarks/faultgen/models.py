@@ -236,3 +236,26 @@ def front(name: str, module: nn.Module, model: nn.Module) -> nn.Sequential:
 def back(model: nn.Module, name: str, module: nn.Module) -> nn.Sequential:
     """``module`` applied to the output of ``model`` (named ``net`` and ``name``)."""
     return nn.Sequential(OrderedDict([("net", model), (name, module)]))
+
+
+class _GradScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+class GradientScale(nn.Module):
+    """Identity forward; multiplies the gradient flowing back through it by ``factor`` (a loss-weighting trick
+    gone wrong; with a negative factor, a gradient reversal layer)."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return _GradScale.apply(x, self.factor)

@@ -235,12 +235,14 @@ def _span_end(c: Candidate) -> float:
 def explained_loss(c: Candidate, ctx: Context) -> list:
     """The loss failures ``c`` accounts for: of a kind it can produce, still there at its onset or later, and
     starting while it holds or soon after (within as long again, and at least ``lr_jump_window`` steps): a
-    burst of large updates at the start does not explain a loss that oscillates hundreds of steps later."""
+    burst of large updates at the start does not explain a loss that oscillates hundreds of steps later; nor
+    can it explain a failure that began before it could have (before the sample preceding its onset)."""
     end = _span_end(c)
     reach = end + max(ctx.th.lr_jump_window, end - c.step)
+    since = ctx.sample_before(c.step)
     out = [e for e in ctx.events if (e.signal in (Signal.LOSS, Signal.TARGET) or e.signal == Signal.SPIKE
                                      and not e.layer) and e.after in c.loss_kinds
-           and (e.end is None or e.end > c.step) and e.step <= reach]
+           and (e.end is None or e.end > c.step) and since <= e.step <= reach]
     return out
 
 
@@ -254,6 +256,8 @@ def _explains(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if (b.events and all(e.signal == Signal.LOSS for e in b.events) and all(e in a.loss for e in b.events)
             and not b.facts.get("nan") and b.step >= a.step):
         return True  # a candidate made of nothing but a loss failure that ``a`` accounts for
+    if b.events and b.step >= a.step and all(any(e is s for s in a.symptoms) for e in b.events):
+        return True  # a candidate whose evidence is all symptoms named by ``a``'s signature
     divergence = [e for e in a.loss if e.after == LossState.DIVERGING]
     if divergence and b.cause not in (C.DATA, C.BAD_INITIALIZATION) and b.step > divergence[0].step:
         return True  # from the onset of a divergence on, what starts later is its symptom

@@ -34,6 +34,13 @@ class Context:
     th: Thresholds
     has_loss: bool
     ranks: RankEvidence | None = None  # the other ranks of a multi-process run, else None
+    sampled: tuple[int, ...] = ()   # the steps whose layer statistics were sampled
+
+    def sample_before(self, step: int) -> int:
+        """The sampled step before ``step`` (``step`` itself when none is): an event dated at ``step`` began
+        somewhere after it."""
+        earlier = [s for s in self.sampled if s < step]
+        return earlier[-1] if earlier else step
 
     def all(self, signal: Signal, *states) -> list[SemanticEvent]:
         return [e for e in self.events if e.signal == signal and (not states or e.after in states)]

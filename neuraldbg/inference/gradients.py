@@ -9,7 +9,7 @@ import math
 
 from ..causes import Cause
 from ..events import SemanticEvent
-from ..layers import Kind
+from ..layers import GRADIENT_KINDS, Kind
 from ..patterns import LinkKind
 from ..states import GradState, Signal
 from . import losses
@@ -19,13 +19,14 @@ from .evidence import Candidate, below_ratio, past_ratio, persistence
 
 def _amplifier(ctx: Context, origin: str) -> str:
     """Where a gradient amplified at weight layer ``origin`` was amplified: the weight layer itself, or a
-    custom module between it and the next weight layer (whose backward multiplies what passes)."""
+    custom module between it and the next layer whose gradient is compared with it (whose backward
+    multiplies what passes)."""
     pos = ctx.rank.get(origin)
     if pos is None:
         return origin
     for name in sorted((n for n, r in ctx.rank.items() if r > pos), key=ctx.rank.__getitem__):
         info = ctx.layers[name]
-        if info.n_params > 0:
+        if info.n_trainable > 0 and info.kind in GRADIENT_KINDS:
             break
         if info.kind == Kind.OTHER:
             return name
@@ -75,18 +76,24 @@ def candidates(ctx: Context) -> list[Candidate]:
         v = origin.values
         amp = max(v.get("attenuation", 0.0) or 0.0, v.get("grad_growth", 0.0) or 0.0)
         where = _amplifier(ctx, origin.layer)
+        # at the first sample, before any update, the amplification is the model's as built: it lasts for as
+        # long as the model does, whatever the first updates then do to it
+        built = origin.step <= ctx.first_step
         out.append(Candidate(Cause.EXPLODING_GRADIENTS, where, origin.step, "exploding", [origin],
                              severity=past_ratio(amp, ctx.th.exploding_ratio),
-                             persistence=persistence(origin, ctx), needs_harm=True,
+                             persistence=1.0 if built else persistence(origin, ctx), needs_harm=True, lasting=built,
                              symptoms=[e for e in exploding if e is not origin], loss_kinds=losses.ANY,
                              facts={"amplification": amp, "origin": origin.layer, "others": [e for e in exploding
                                                                                             if e is not origin]}))
     # a gradient that collapses toward the input, named where the collapse starts, closest to the output. A
-    # layer's vanishing and diminishing events that follow each other are one attenuation; one that holds to
-    # the end says more than one that passes (a layer vanishing for a moment at the start). A gradient that
-    # only diminishes is a cause when the loss does not improve.
+    # layer's vanishing and diminishing events that follow each other are one attenuation; one that still
+    # holds when the loss stops improving (or at the end, if it never does) says more than one that passes
+    # (a layer vanishing for a moment at the start). A gradient that only diminishes is a cause when the
+    # loss does not improve.
     spans = _attenuation_spans(ctx)
-    lasting = [run for run in spans if run[-1].end is None]
+    flat = [e.step for e in ctx.all(Signal.LOSS, *losses.FLAT)]
+    held = min(flat) if flat else ctx.last_step
+    lasting = [run for run in spans if run[-1].end is None or run[-1].end > held]
     lasting_v = [run for run in lasting if run[-1].after == GradState.VANISHING]
     if lasting_v:
         pool, kind = lasting_v, "vanishing"

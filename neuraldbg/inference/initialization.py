@@ -33,7 +33,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         r = e.values["recurrent_scale"]
         sev = past_ratio(r, ctx.th.layer_gain) if r > 1 else below_ratio(r, 1 / ctx.th.layer_gain)
         out.append(Candidate(Cause.BAD_INITIALIZATION, e.layer, e.step, "recurrent", [e], severity=sev,
-                             persistence=1.0, needs_harm=True, lasting=True, loss_kinds=losses.ANY,
+                             persistence=1.0, needs_harm=True, lasting=True, loss_kinds=losses.SLOWED,
                              facts={"recurrent_scale": r}))
     gains = [e for e in gains if e not in recurrent]
     if gains:
@@ -65,7 +65,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         biased = bool(layer) and verb == "amplifies" and named[0].values.get("offset", 0.0) > 1.0
         out.append(Candidate(Cause.BAD_INITIALIZATION, layer, group[0].step, verb, group, severity=sev,
                              persistence=max(persistence(e, ctx) for e in group), needs_harm=True, lasting=True,
-                             loss_kinds=losses.ANY,
+                             loss_kinds=losses.SLOWED,
                              facts={"gain": worst, "compounded": compounded, "biased": biased, "weight_scale": wscale,
                                     "after_norm": group[-1].values.get("after_norm", 0.0) > 0,
                                     "layers": [e.layer for e in group]}))
@@ -81,6 +81,6 @@ def candidates(ctx: Context) -> list[Candidate]:
                              "saturating", sat,
                              severity=max(past_fraction(f, ctx.th.saturated_fraction) for f in fracs),
                              persistence=max(persistence(e, ctx) for e in sat), needs_harm=True, lasting=True,
-                             loss_kinds=losses.ANY,
+                             loss_kinds=losses.SLOWED,
                              facts={"layers": weights, "saturated": [e.layer for e in sat], "fractions": fracs}))
     return out

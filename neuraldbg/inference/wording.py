@@ -416,7 +416,10 @@ def _summary(c: Candidate, ctx: Context) -> str:
 
 def chain(root: Candidate, ctx: Context) -> list[str]:
     lines = _own(root, ctx)
+    named = root.events + root.symptoms
     for c in sorted(root.explained(), key=lambda c: (c.step, c.family)):
+        if c.events and all(any(e is n for n in named) for e in c.events):
+            continue  # the root's own lines already say it
         line = _summary(c, ctx)
         if line not in lines:
             lines.append(line)
