@@ -25,7 +25,7 @@ from enum import Enum
 
 import numpy as np
 
-from .health import Features, _first_finite, _row_median
+from .health import Features, first_finite, row_median
 from .states import (_State, ActState, AttnState, GradState, InputState, ScalerState, Signal, UpdateState,
                      WeightState)
 from .thresholds import Thresholds
@@ -171,7 +171,7 @@ def weight_band(f: Features, th: Thresholds) -> list[BandSeries]:
     if not f.wnu.shape[1]:
         return []
     with np.errstate(all="ignore"):
-        shrink = _row_median(np.where(f.wnu > 0, f.wnu / _first_finite(f.wnu), np.nan))
+        shrink = row_median(np.where(f.wnu > 0, f.wnu / first_finite(f.wnu), np.nan))
     return [_series(Signal.WEIGHTS, WeightState.SHRINKING, WeightState.COLLAPSING, "weights vs their start", [""],
                     f.steps, shrink, 1.0 / th.weight_shrinking, 1.0 / th.weight_collapse, rising=False,
                     scale=Scale.LOG)]
