@@ -187,7 +187,9 @@ def early_warnings(runs: list[dict]) -> dict:
     leads = sorted(r["watch"]["crossing"]["step"] - r["watch"]["crossing"]["forecast"]["made_at"]
                    for r in gradual if forecast_outcome(r) == "right")
     warned = [r for r in healthy if r.get("watch") and r["watch"]["warned"]]
-    return {"gradual_runs": len(gradual), "forecast_right": outcomes["right"],
+    open_ended = sum(forecast_outcome(r) == "right" and r["watch"]["crossing"]["forecast"]["high"] is None
+                     for r in gradual)
+    return {"gradual_runs": len(gradual), "forecast_right": outcomes["right"], "right_open_ended": open_ended,
             "forecast_accuracy": _rate(outcomes["right"], len(gradual)),
             "through_band": len(passed), "forecast_accuracy_through_band": _rate(outcomes["right"], len(passed)),
             "outcomes": {k: outcomes[k] for k in OUTCOMES if outcomes[k]},
@@ -204,7 +206,7 @@ def early_warnings(runs: list[dict]) -> dict:
 
 def render_warnings(s: dict, misses: bool = True) -> str:
     lines = [f"early warnings: forecast right in {s['forecast_right']} of {s['gradual_runs']} slowly failing runs "
-             f"({_pct(s['forecast_accuracy']).strip()}"
+             f"({_pct(s['forecast_accuracy']).strip()}, {s['right_open_ended']} of them with no upper bound"
              + (f", median lead {s['median_lead']} steps" if s["median_lead"] is not None else "") + ")   "
              + ", ".join(f"{k} {v}" for k, v in s["outcomes"].items()),
              f"                of the {s['through_band']} whose failing signal passed through its band: "
