@@ -72,6 +72,17 @@ def test_debounce_accepts_a_state_only_after_it_persists():
     assert debounce(codes, 1).tolist() == codes.tolist()
 
 
+def test_a_state_cut_short_by_a_replacing_update_still_counts():
+    codes = np.array([1, 0, 0, 2, 0, 0, 3, 3])
+    cut = np.array([True, False, False, False, False, False, False, False])
+    # row 0's state held as long as the model it was measured on: an update replaced it after that row
+    assert debounce(codes, 2, cut).tolist() == [1, 0, 0, 0, 0, 0, 3, 3]
+    # a cut elsewhere does not excuse a one-row excursion (row 3)
+    assert debounce(codes, 2, np.roll(cut, 1)).tolist() == [0, 0, 0, 0, 0, 0, 3, 3]
+    # nor does it accept a return to healthy early
+    assert debounce(np.array([2, 2, 0, 2]), 2, np.array([False, False, True, False])).tolist() == [2, 2, 2, 2]
+
+
 def test_a_flapping_layer_makes_no_events():
     def fill(row, t):
         row[1, Stat.ACT_DEAD] = 0.95 if t % 2 else 0.0
