@@ -206,8 +206,10 @@ class Dashboard:
         health = dict(dbg.health()) if self._measured() else {}
         if health:  # once something is measured, a layer with no place in the forward order was not observed
             health.update({l.name: Unobserved() for l in layers if l.order is None})
-        self.grid.update(layers, health)
-        self.panel.value = verdict.html(live=self.state == "watching")
+        # early warnings and their forecasts, from the statistics already sampled (nothing on the training path)
+        warnings = dbg.warnings() if self._measured() else []
+        self.grid.update(layers, health, warnings)
+        self.panel.value = verdict.html(live=self.state == "watching", warnings=warnings)
         if self.ranks.visible:
             self.ranks.update(dbg)  # the ranks flagged follow the thresholds
         return verdict

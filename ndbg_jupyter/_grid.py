@@ -3,7 +3,8 @@
 Columns have a header and the states a legend (each explained on hover); a name or a type too long
 for its column ends in an ellipsis and shows in full on hover. Models with more than ``fold_above``
 layers fold into their parent modules (``blocks.0`` .. ``blocks.11``): a folded row shows the worst
-state of its members and unfolds on click. The widgets are built once per layer layout; updates only
+state of its members and unfolds on click. An early warning shows in amber (drifting, narrowing,
+diminishing) in its column, over a healthy state. The widgets are built once per layer layout; updates only
 change HTML values. ``rows()`` is what the chart's gradient-flow heatmap draws, row for row.
 """
 from __future__ import annotations
@@ -118,6 +119,41 @@ def _prefix(group: Group) -> str:
     return ".".join(common)
 
 
+# which column of the grid a warning's signal shows in
+_COLUMN_OF = {"activation": "act", "attention": "act", "gradient": "grad"}
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A layer's row state with its early warnings: a warning band shows where the state is healthy, and
+    each warning's text on hover."""
+
+    act: object
+    grad: object
+    nonfinite: bool
+    values: dict
+    watch: tuple[str, ...]
+
+
+def with_warnings(health: dict, warnings) -> dict:
+    """``health`` with each warned layer's row state replaced by a ``Watched`` one."""
+    by_layer: dict[str, list] = {}
+    for w in warnings:
+        if value_of(w.signal) in _COLUMN_OF and w.layer in health:
+            by_layer.setdefault(w.layer, []).append(w)
+    out = dict(health)
+    for name, ws in by_layer.items():
+        h = health[name]
+        cells = {"act": getattr(h, "act", None), "grad": getattr(h, "grad", None)}
+        for w in ws:
+            col = _COLUMN_OF[value_of(w.signal)]
+            if look(cells[col]).severity < look(w.state).severity:
+                cells[col] = w.state
+        out[name] = Watched(cells["act"], cells["grad"], bool(getattr(h, "nonfinite", False)),
+                            dict(getattr(h, "values", None) or {}), tuple(w.describe() for w in ws))
+    return out
+
+
 def header_html() -> str:
     cells = "".join(f'<span style="{_CELL}" title="{html.escape(tip)}">{name}</span>' for name, tip in _HEADINGS)
     return (f'<div class="ndbg-row ndbg-head" style="{_ROW};padding-left:{GUTTER};font-weight:bold;{_MUTED};'
@@ -139,14 +175,22 @@ def row_html(name: str, type_name: str, health, indent: str = GUTTER, parent: st
     numbers = getattr(health, "values", None) or {}
     shown = [f"{k.replace('_', ' ')} {number(v)}" for k, v in numbers.items()
              if isinstance(v, (int, float)) and math.isfinite(v)]
-    title = html.escape("\n".join([name or "(model)", *shown]))  # the numbers the states were decided on
+    watch = list(getattr(health, "watch", ()))
+    title = html.escape("\n".join([name or "(model)", *shown, *watch]))  # the numbers the states were decided on
+    warned = "\n".join(watch)
     return (f'<div class="ndbg-row" data-layer="{html.escape(name)}" data-act="{act}" data-grad="{grad}"'
             f' data-nonfinite="{str(nonfinite).lower()}" style="{_ROW};padding-left:{indent}">'
             f'<span class="ndbg-name" style="{_CELL}" title="{title}">{label}</span>'
             f'<span class="ndbg-type" style="{_CELL};{_MUTED}" title="{html.escape(type_name)}">'
             f"{html.escape(type_name)}</span>"
-            f'{chip(look(act), f"activation of {name}")}{chip(look(grad), f"gradient of {name}")}'
+            f'{chip(look(act), _tip(f"activation of {name}", warned, act))}'
+            f'{chip(look(grad), _tip(f"gradient of {name}", warned, grad))}'
             f"{_flag(nonfinite)}</div>")
+
+
+def _tip(what: str, warned: str, state: str) -> str:
+    """A chip's hover: what it shows, and the warnings behind a warning band."""
+    return f"{what}\n{warned}" if warned and look(state).severity == 1 else what
 
 
 def group_html(group: Group, health: dict, is_open: bool, indent: str = "0") -> str:
@@ -256,14 +300,15 @@ class HealthGrid:
         self.toggles[key].value = is_open
 
     # -- values -----------------------------------------------------------------------------------
-    def update(self, layers, health: dict) -> None:
+    def update(self, layers, health: dict, warnings=()) -> None:
+        """Show ``health`` (each layer's latest state, by name) and the early ``warnings`` over it."""
         key = tuple(l.name for l in layers)
         if key != self._key:
             self._build(layers)
             self._key = key
-        self._health = health
+        self._health = with_warnings(health, warnings) if warnings else health
         if self._flat is not None:
-            self._flat.value = "".join(row_html(n, self._types[n], health.get(n)) for n in key)
+            self._flat.value = "".join(row_html(n, self._types[n], self._health.get(n)) for n in key)
             return
         for g in self.groups:
             self._fill_group(g)

@@ -2,11 +2,14 @@
 
 States come from the hub as str-valued enums (``ActState``, ``GradState``); the view only reads
 their ``.value``, so a state the hub adds later still renders (grey, severity 1) instead of failing.
+The warning bands (drifting, narrowing, diminishing) are amber: worse than healthy, short of a failure.
 """
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+
+AMBER = "#9a6700"   # a warning band, as the panel's Watch section draws it (white text on it reads at 4.9:1)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,19 @@ LOOKS: dict[str, Look] = {
                       "after it, or of its own start"),
 }
 
+# the warning bands: between healthy and failing, and heading for failure (amber; never a verdict)
+LOOKS["drifting"] = Look(AMBER, "drifting", 1,
+                         "activation drifting (a warning, not a verdict): the share of dead units (ReLU family) or "
+                         "of saturated outputs (sigmoid/tanh) is past drift_fraction and keeps rising toward "
+                         "dead_fraction / saturated_fraction; Watch says when it gets there at this rate")
+LOOKS["narrowing"] = Look(AMBER, "narrowing", 1,
+                          "attention narrowing (a warning, not a verdict): its entropy is below attention_narrowing "
+                          "and keeps falling toward attention_entropy; Watch says when it gets there at this rate")
+LOOKS["diminishing"] = Look(AMBER, "diminishing", 1,
+                            "gradient diminishing (a warning, not a verdict): the relative gradient of the layer is "
+                            "below diminishing_ratio times that of the layers after it, within ten times of "
+                            "vanishing; listed in Watch while it keeps falling")
+
 NONFINITE = Look("#212121", "NaN/Inf", 4, "NaN or Inf in the layer's output or its gradient at the latest sample")
 
 # a layer whose forward never ran, or that only returned its input: nothing measured, and not shown as healthy
@@ -59,8 +75,8 @@ class Unobserved:
     grad: str = NOT_OBSERVED
     nonfinite: bool = False
 
-ACT_STATES = ("normal", "saturated", "dead", "anomalous")
-GRAD_STATES = ("healthy", "vanishing", "exploding")
+ACT_STATES = ("normal", "drifting", "narrowing", "saturated", "dead", "anomalous")
+GRAD_STATES = ("healthy", "diminishing", "vanishing", "exploding")
 
 # white on the state's colour, with a thin edge that keeps a dark chip apart from a dark theme
 CHIP = ("display:block;text-align:center;border-radius:3px;padding:0 4px;color:#fff;white-space:nowrap;"

@@ -10,7 +10,9 @@ from .stats import Stat
 from .thresholds import Thresholds
 from .verdict import Verdict
 from .view import Layer, TraceView
+from .watch import EarlyWarning, Forecast, Trend
 
 __version__ = "0.1.0"
 __all__ = ["NeuralDbg", "Thresholds", "Verdict", "Cause", "Stat", "CausalHypothesis", "SemanticEvent", "ActState",
-           "GradState", "LayerHealth", "TraceView", "Layer", "Throttle", "__version__"]
+           "GradState", "LayerHealth", "TraceView", "Layer", "Throttle", "EarlyWarning", "Forecast", "Trend",
+           "__version__"]

@@ -30,6 +30,7 @@ from .states import (ActState, AttnState, GainState, GradState, InputState, Loss
 from .stats import Stat
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
+from .trend import rising_z
 
 # Layers whose output spread is set by their weight scale.
 _GAIN_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENTION})
@@ -91,7 +92,7 @@ def _at(a: np.ndarray) -> Value:
     return lambda r, c=None: float(a[r] if c is None else a[r, c])
 
 
-def _first_finite(x: np.ndarray) -> np.ndarray:
+def first_finite(x: np.ndarray) -> np.ndarray:
     """Per column, the first finite positive value (NaN when none); cheap when row 0 has it.
     A zero start (a zero-initialised layer) is no baseline to grow from."""
     if x.shape[0] == 0:
@@ -280,19 +281,19 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     with np.errstate(all="ignore"):
         has = np.isfinite(wu) & (wnu > 0) & ~started_at_zero
         ratio = np.where(has, wu / np.where(has, wnu, 1.0), np.float32(np.nan)).astype(np.float32)
-        growth = std / _first_finite(std)
+        growth = std / first_finite(std)
     ent_all = cols.full(Stat.ATTN_ENTROPY)
     ai = np.nonzero(np.isfinite(ent_all).any(axis=0))[0] if t else np.zeros(0, dtype=np.int64)
     logit = cols(ai, Stat.ATTN_LOGIT_MAX)
     return Features(key=key, steps=trace.stats.steps.copy(), names=[l.name for l in layers], order=order,
-                    by_order=by_order, std=std, base=_first_finite(std), act_nf=act_nf,
+                    by_order=by_order, std=std, base=first_finite(std), act_nf=act_nf,
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
-                    gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
+                    gi=gi, rel=rel, later=_later_max(rel), rel0=first_finite(rel), wi=wi, own=own, prev=prev,
                     origin=origin, offset=offset, segment=segment, rscale=rscale, wscale=wscale,
                     nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
                     growth=growth, has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
-                    ai=ai, entropy=cols(ai, Stat.ATTN_ENTROPY), logit=logit, logit0=_first_finite(logit),
+                    ai=ai, entropy=cols(ai, Stat.ATTN_ENTROPY), logit=logit, logit0=first_finite(logit),
                     range_=cols.full(Stat.ACT_RANGE), absmax=cols.full(Stat.ACT_ABSMAX))
 
 
@@ -490,7 +491,7 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
     # the weights against their start (the median trainable layer): a collapse toward zero
     with np.errstate(all="ignore"):
-        shrink = _row_median(np.where(f.wnu > 0, f.wnu / _first_finite(f.wnu), np.nan))
+        shrink = row_median(np.where(f.wnu > 0, f.wnu / first_finite(f.wnu), np.nan))
     wts = np.where(shrink < 1.0 / th.weight_collapse, np.int8(WeightState.COLLAPSING.code), np.int8(0))
     wts_values = {"weight_scale": _at(shrink)}
     return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], upd_by_state),
@@ -498,7 +499,7 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
             StateSeries(Signal.INPUT, steps, inp[:, None], ["input"], {s: in_values for s in InputState}, persist=1)]
 
 
-def _row_median(x: np.ndarray) -> np.ndarray:
+def row_median(x: np.ndarray) -> np.ndarray:
     """The median of each row's finite values (NaN for a row with none), without numpy's NaN warnings."""
     if x.shape[1] == 0:
         return np.full(x.shape[0], np.nan)
@@ -578,11 +579,7 @@ def falling_z(v: np.ndarray) -> float:
     """Mann-Kendall z of a downward trend: how many standard deviations more later losses are below
     earlier ones than above them, against a loss that only moves by noise (about 2: clearly falling)."""
     v = v[np.linspace(0, len(v) - 1, min(len(v), TREND_POINTS)).astype(int)]
-    n = len(v)
-    s = float(np.sign(v[:, None] - v[None, :])[np.triu_indices(n, 1)].sum())  # earlier minus later
-    _, ties = np.unique(v, return_counts=True)  # equal losses (a loss at exactly 0) narrow the spread
-    var = (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18
-    return s / math.sqrt(var) if var > 0 else 0.0
+    return rising_z(-v)  # equal losses (a loss at exactly 0) narrow the spread
 
 
 def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> list[StateSeries]:
@@ -753,7 +750,7 @@ def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> Hea
     series += target_series(trace, th)
     series += scaler_series(trace, th)
     with np.errstate(invalid="ignore"):
-        median = _row_median(f.update_ratio)
+        median = row_median(f.update_ratio)
     replaced = f.steps[median >= th.update_replaces]
     return HealthTable(steps=f.steps, layers=trace.layers, order=f.order, series=series, latest=latest,
                        replaced=replaced)

@@ -1,7 +1,8 @@
 """How a verdict reads: each hypothesis is described once, then written out as text, Markdown or HTML.
 
 Text is what ``report()`` and terminals show, Markdown what text exports of a notebook keep, HTML
-the explanation panel of the dashboard and ``Verdict._repr_html_``. Backticks mark code (a layer's
+the explanation panel of the dashboard and ``Verdict._repr_html_``. The early warnings (``watch``) are
+written apart from the hypotheses, in a "Watch" section under them, in amber. Backticks mark code (a layer's
 name, a fix) in the hub's sentences; each writer turns them into its own markup. The HTML takes its
 colours from JupyterLab's theme variables (readable in light and dark themes) and falls back to
 plain colours anywhere else (an exported page), with no script and nothing loaded from a network.
@@ -125,6 +126,16 @@ def verdict_text(hyps: Sequence[CausalHypothesis], steps: int) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+WATCH_HEADING = "Watch (early warnings, not verdicts)"
+
+
+def watch_text(warnings: Sequence) -> str:
+    """The early warnings, one line each (``""`` when there are none)."""
+    if not warnings:
+        return ""
+    return "\n".join([f"{WATCH_HEADING}:", *(f"  - {w.describe()}" for w in warnings)]) + "\n"
+
+
 # -- Markdown --------------------------------------------------------------------------------------
 
 def _md(s: str) -> str:
@@ -155,6 +166,12 @@ def verdict_markdown(hyps: Sequence[CausalHypothesis], steps: int) -> str:
     return "\n\n".join(out) + "\n"
 
 
+def watch_markdown(warnings: Sequence) -> str:
+    if not warnings:
+        return ""
+    return f"{WATCH_HEADING}:\n\n" + "\n".join(f"- {_md(w.title)}: {_md(w.outlook)}" for w in warnings) + "\n"
+
+
 # -- HTML ------------------------------------------------------------------------------------------
 
 # Text takes the theme's colour; tinted backgrounds are translucent, so both themes stay readable.
@@ -162,6 +179,8 @@ _FONT = "font:13px/1.5 var(--jp-ui-font-family,system-ui,sans-serif);color:var(-
 _BOX = f"{_FONT};margin:4px 0;padding:6px 8px;border-radius:4px"
 _MUTED = "color:var(--jp-ui-font-color2,#616161)"
 _STRONG, _WEAK_EDGE, _GOOD = "#c62828", "#9e9e9e", "#2e7d32"
+AMBER = "#9a6700"   # a warning: between healthy and failing (white text on it reads at 4.9:1)
+_AMBER_TINT = "rgba(154,103,0,0.12)"
 
 
 def _h(s: str) -> str:
@@ -205,8 +224,33 @@ def hypothesis_html(d: Described) -> str:
     return "".join(parts)
 
 
-def verdict_html(hyps: Sequence[CausalHypothesis], steps: int, live: bool = False) -> str:
-    """The explanation panel. ``live``: the run is still going (what is found so far)."""
+def warning_html(w) -> str:
+    """One early warning: what is heading for which failure, how it moved, and when it gets there."""
+    fc = w.forecast
+    data = (f' data-signal="{html.escape(str(w.signal))}" data-layer="{html.escape(w.layer)}"'
+            f' data-state="{html.escape(str(w.state))}"' + (f' data-forecast="{fc.step}"' if fc is not None else ""))
+    return (f'<div class="ndbg-warning"{data} style="{_BOX};border-left:4px solid {AMBER};background:{_AMBER_TINT}">'
+            f"<div><b>{_h(w.title)}</b>, since step {w.step}</div>"
+            f'<div class="ndbg-outlook">{_h(w.outlook)}</div></div>')
+
+
+def watch_html(warnings: Sequence, live: bool = False) -> str:
+    """The Watch section of the panel: the early warnings, apart from the hypotheses (``""`` when none)."""
+    if not warnings:
+        return ""
+    note = " from the samples so far" if live else ""
+    head = (f'<div style="{_FONT};font-weight:bold;margin:6px 0 0">{WATCH_HEADING}{note}:</div>')
+    return f'<div class="ndbg-watch">{head}{"".join(warning_html(w) for w in warnings)}</div>'
+
+
+def panel_html(hyps: Sequence[CausalHypothesis], steps: int, warnings: Sequence = (), live: bool = False) -> str:
+    """The explanation panel with its Watch section: the verdict, then the early warnings."""
+    return verdict_html(hyps, steps, live=live, watch=len(warnings)) + watch_html(warnings, live=live)
+
+
+def verdict_html(hyps: Sequence[CausalHypothesis], steps: int, live: bool = False, watch: int = 0) -> str:
+    """The explanation panel. ``live``: the run is still going (what is found so far); ``watch``: how many
+    early warnings the Watch section under it lists (a run with some is not shown as plainly healthy)."""
     if live and steps == 0:
         return f'<div class="ndbg-waiting" style="{_BOX};{_MUTED}">Waiting for the first training step...</div>'
     strong, weak = _split(hyps)
@@ -220,6 +264,11 @@ def verdict_html(hyps: Sequence[CausalHypothesis], steps: int, live: bool = Fals
         out.append(f'<div class="ndbg-untrained" style="{_BOX};border-left:4px solid {_WEAK_EDGE};'
                    f'background:rgba(158,158,158,0.1)">Nothing was trained: no training step completed '
                    "(0 steps), so there is nothing to explain.</div>")
+    elif watch:
+        signals = f"{watch} signal" + (" is" if watch == 1 else "s are")
+        out.append(f'<div class="ndbg-healthy ndbg-watched" style="{_BOX};border-left:4px solid {AMBER};'
+                   f'background:{_AMBER_TINT}">No training failure detected {when}, but {signals} heading '
+                   "toward one: see Watch below.</div>")
     else:
         out.append(f'<div class="ndbg-healthy" style="{_BOX};border-left:4px solid {_GOOD};'
                    f'background:rgba(46,125,50,0.12)">No training failure detected {when}.</div>')

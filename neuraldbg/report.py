@@ -5,7 +5,7 @@ import re
 
 from .formatting import number
 from .hypothesis import CONFIDENT
-from .render import verdict_text
+from .render import verdict_text, watch_text
 
 _MAX_LISTED = 5  # modules listed by name in a line of the report
 
@@ -22,10 +22,11 @@ def _loss_line(trace) -> str | None:
             f"{int(trace.loss.steps[-1])} (best {number(float(ok.min()))}, {trace.loss.n} recorded)")
 
 
-def render_report(analysis, trace=None, step: int | None = None, extra: list[str] | None = None) -> str:
+def render_report(analysis, trace=None, step: int | None = None, extra: list[str] | None = None,
+                  warnings=()) -> str:
     """The verdict as text: what was watched (and what could not be), the loss, skipped steps, then the
-    verdict (the top cause, its chain, the numbers and the fix; then the others). ``extra``: lines under
-    the heading (the ranks of a multi-process run)."""
+    verdict (the top cause, its chain, the numbers and the fix; then the others), then the early warnings
+    (``warnings``), apart. ``extra``: lines under the heading (the ranks of a multi-process run)."""
     steps = step if step is not None else analysis.steps
     sampled = trace.stats.n if trace is not None else 0
     n_layers = len(trace.layers) if trace is not None else len(analysis.health)
@@ -47,7 +48,8 @@ def render_report(analysis, trace=None, step: int | None = None, extra: list[str
                  if sc[0] == sc[0] and sc[-1] == sc[-1] else "")
         lines.append(f"skipped: {trace.skipped.n} optimizer steps with NaN/Inf gradients, not counted as steps "
                      f"(first at step {int(trace.skipped.steps[0])}{scale})")
-    return "\n".join(lines) + "\n" + verdict_text(analysis.hypotheses, steps)
+    watch = watch_text(warnings)
+    return "\n".join(lines) + "\n" + verdict_text(analysis.hypotheses, steps) + (f"\n{watch}" if watch else "")
 
 
 def _label(text: str) -> str:

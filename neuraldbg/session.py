@@ -58,6 +58,8 @@ class NeuralDbg:
         self.optimizer = optimizer
         self._analysis = None
         self._analysis_key = None
+        self._warnings: list = []
+        self._warnings_key: tuple | None = None
         self._on_step = on_step
         self._after_step = after_step
         self._run = None
@@ -88,6 +90,8 @@ class NeuralDbg:
         self.optimizer = None
         self._analysis = None
         self._analysis_key = None
+        self._warnings = []
+        self._warnings_key = None
         self._on_step = None
         self._recorder = None
         self._trace = trace
@@ -276,6 +280,20 @@ class NeuralDbg:
         """The latest health of every watched layer, by name."""
         return dict(self.analysis().health)
 
+    def warnings(self) -> list:
+        """Early warnings (``EarlyWarning``): signals in their warning band at the latest sample that keep
+        moving toward their failure state (a layer's dead units climbing toward ``dead_fraction``, updates
+        creeping up to ``update_too_large``, ...), each with a forecast of the step it gets there at its
+        recent rate and a range, the soonest first. Never verdicts: ``explain()`` does not count them."""
+        from .watch import warnings
+
+        trace = self.trace
+        key = (id(trace), trace.stats.n, int(trace.stats.steps[-1]) if trace.stats.n else -1, self.thresholds)
+        if self._warnings_key != key:
+            self._warnings = warnings(trace, self.thresholds)
+            self._warnings_key = key
+        return list(self._warnings)
+
     def reanalyze(self, thresholds: Thresholds | None = None, **changes: float) -> Verdict:
         """Re-run the analysis on the stored trace with new thresholds (no retraining):
         ``dbg.reanalyze(dead_fraction=0.9)`` or ``dbg.reanalyze(Thresholds(...))``. An unknown name or a
@@ -294,7 +312,7 @@ class NeuralDbg:
 
         run = self._merged()
         return render_report(self.analysis(), self.trace, step=self.step,
-                             extra=[run.summary()] if run is not None else None)
+                             extra=[run.summary()] if run is not None else None, warnings=self.warnings())
 
     def mermaid(self) -> str:
         """The causal graph of the top hypotheses as a Mermaid flowchart."""

@@ -1,7 +1,9 @@
 """Health states: the vocabulary of semanticization. Each signal has its own str-valued enum.
 
 The integer codes (``code``) index the vectorised state arrays in ``health``; the first member of
-each enum is the healthy state, code 0.
+each enum is the healthy state, code 0. The warning bands (``DRIFTING``, ``DIMINISHING``, ``CREEPING``,
+``NARROWING``, ``FALLING``, ``SHRINKING``) lie between a signal's healthy state and its failure state:
+``watch`` reports them apart from the hypotheses, which they never become.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class ActState(_State):
     SATURATED = "saturated"   # bounded units pinned at their bounds
     DEAD = "dead"             # ReLU-family units never positive
     ANOMALOUS = "anomalous"   # spread blown up (or NaN/Inf)
+    DRIFTING = "drifting"     # a warning band: the dead or saturated share keeps rising toward its threshold
 
 
 class GradState(_State):
@@ -43,7 +46,7 @@ class GradState(_State):
     HEALTHY = "healthy"
     VANISHING = "vanishing"
     EXPLODING = "exploding"
-    DIMINISHING = "diminishing"   # attenuated toward the input, within ten times of vanishing
+    DIMINISHING = "diminishing"   # attenuated toward the input, within ten times of vanishing (a warning band)
 
 
 class GainState(_State):
@@ -65,12 +68,14 @@ class UpdateState(_State):
     NORMAL = "normal"
     TOO_LARGE = "too_large"
     NEGLIGIBLE = "negligible"
+    CREEPING = "creeping"     # a warning band: the largest ratio keeps growing toward too_large
 
 
 class InputState(_State):
     NORMAL = "normal"
     UNSCALED = "unscaled"     # mean or spread far from unit scale
     NONFINITE = "nonfinite"
+    DRIFTING = "drifting"     # a warning band: the scale keeps growing toward unscaled
 
 
 class LossState(_State):
@@ -96,6 +101,7 @@ class WeightState(_State):
 
     NORMAL = "normal"
     COLLAPSING = "collapsing"       # shrunk toward zero many times over (a weight decay that holds them there)
+    SHRINKING = "shrinking"         # a warning band: shrinking toward a collapse, and still shrinking
 
 
 class ScalerState(_State):
@@ -103,6 +109,7 @@ class ScalerState(_State):
 
     NORMAL = "normal"
     SKIPPING = "skipping"           # a run of skipped steps longer than its calibration: no scale fixes it
+    FALLING = "falling"             # a warning band: the loss scale halved many times from its peak, still falling
 
 
 class LrState(_State):
@@ -118,6 +125,7 @@ class AttnState(_State):
     NORMAL = "normal"
     COLLAPSED = "collapsed"   # entropy over the keys far below its maximum: one or two keys take all
     GROWING = "growing"       # the largest logit many times its start (entropy not collapsed yet)
+    NARROWING = "narrowing"   # a warning band: the entropy keeps falling toward collapsed
 
 
 class RangeState(_State):

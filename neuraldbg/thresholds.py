@@ -168,6 +168,43 @@ class Thresholds:
                                          slider=False)
     evidence_certain: float = _f(4.0, "evidence: certainty", "linear", 0.0, 10.0,
                                  "weight of a fact that is a failure by itself (NaN/Inf produced)", slider=False)
+    # -- warnings: the bands between a signal's healthy state and its failure state ------------------
+    drift_fraction: float = _f(0.2, "drifting share", "linear", 0.01, 1.0,
+                               "share of a ReLU layer's units dead, or of a bounded layer's outputs saturated, from "
+                               "which a share that keeps rising is drifting toward dead_fraction or "
+                               "saturated_fraction", slider=False, group="warnings")
+    update_creeping: float = _f(0.03, "update creeping", "log", 1e-6, 10.0,
+                                "largest update-to-weight ratio from which updates that keep growing are creeping "
+                                "toward update_too_large", slider=False, group="warnings")
+    attention_narrowing: float = _f(0.6, "attention narrowing", "linear", 0.01, 1.0,
+                                    "attention entropy (fraction of log(keys)) below which an entropy that keeps "
+                                    "falling is narrowing toward attention_entropy", slider=False, group="warnings")
+    input_drift: float = _f(5.0, "input drift", "log", 1.0, 1e4,
+                            "input mean or spread from which a scale that keeps growing is drifting toward "
+                            "input_scale", slider=False, group="warnings")
+    weight_shrinking: float = _f(3.0, "weights shrinking", "log", 1.01, 1e6,
+                                 "factor by which the weights (their median layer) have shrunk from their start, from "
+                                 "which weights that keep shrinking are on their way to weight_collapse",
+                                 slider=False, group="warnings")
+    scale_falling: int = _f(4, "loss scale falling", "linear", 1, 60,
+                            "halvings of a GradScaler's loss scale below its peak from which a scale that keeps "
+                            "halving is falling (its calibration at the start does not keep falling)",
+                            slider=False, group="warnings")
+    warning_z: float = _f(2.0, "warning trend z", "linear", 0.5, 5.0,
+                          "Mann-Kendall z, in standard deviations of pure noise, of a signal's recent samples moving "
+                          "toward its failure threshold for a signal in its band to be a warning; a forecast's range "
+                          "is its slope's confidence interval at the same z", slider=False, group="warnings")
+    warning_settle: int = _f(20, "warning settle", "linear", 0, 100000,
+                             "steps at the start of a run whose samples no warning's trend is measured on: "
+                             "optimizers build up their momentum there, and updates that grow ten-fold over the "
+                             "first tens of steps are that, not a drift", slider=False, group="warnings")
+    warning_horizon: float = _f(4.0, "warning horizon", "log", 0.1, 1e4,
+                                "how far ahead a warning looks, in spans of its window: a trend that would take "
+                                "longer than this many times the steps its samples span to reach the failure is "
+                                "not warned of (yet)", slider=False, group="warnings")
+    warning_window: int = _f(12, "warning window", "linear", 5, 200,
+                             "recent samples a warning's trend and forecast are measured over", slider=False,
+                             group="warnings")
     # -- events ------------------------------------------------------------------------------------
     persist: int = _f(2, "persistence", "linear", 1, 20,
                       "consecutive samples a state must hold before it becomes an event (hysteresis)")

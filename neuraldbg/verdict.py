@@ -36,9 +36,10 @@ class Verdict(list):
     def markdown(self) -> str:
         return render.verdict_markdown(self, self.steps)
 
-    def html(self, live: bool = False) -> str:
-        """The explanation panel; ``live``: the run is still going."""
-        return render.verdict_html(self, self.steps, live=live)
+    def html(self, live: bool = False, warnings: Iterable = ()) -> str:
+        """The explanation panel; ``live``: the run is still going; ``warnings``: early warnings
+        (``dbg.warnings()``) for its Watch section, under the hypotheses."""
+        return render.panel_html(self, self.steps, list(warnings), live=live)
 
     def __str__(self) -> str:
         return render.summary(self, self.steps)

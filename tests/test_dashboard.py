@@ -141,6 +141,29 @@ def test_grid_of_a_real_run_marks_the_dead_layer():
     assert [h.layer for h in dbg.explain()][:1] == ["1"]
 
 
+def test_an_early_warning_is_amber_in_the_grid_with_its_forecast_on_hover_and_in_watch():
+    import gradual
+
+    run = gradual.gradient_fades()
+    run.steps = 86
+    dbg = gradual.train(run)
+    (w,) = dbg.warnings()
+    assert (w.layer, w.state) == ("0", "diminishing") and w.forecast is not None
+    dash = Dashboard(clock=FakeClock())
+    dash.show(dbg, "finished")
+    html = rows_of(dash.grid)
+    row = html[html.index('data-layer="0"'):]
+    row = row[:row.index("</div>")]
+    assert 'data-grad="diminishing"' in row and LOOKS["diminishing"].colour in row
+    assert LOOKS["diminishing"].colour not in html.replace(row, "")  # only the warned layer is amber
+    assert (w.describe().replace(">", "&gt;")) in row  # the warning and its forecast, on hover
+    assert "a warning, not a verdict" in LOOKS["diminishing"].meaning
+    # the panel: healthy, with the warning in its Watch section under it
+    panel = dash.panel.value
+    assert dbg.explain().healthy and "heading toward one" in panel
+    assert panel.index("ndbg-healthy") < panel.index("ndbg-watch") and f'data-forecast="{w.forecast.step}"' in panel
+
+
 def test_fold_groups_by_parent_module_and_chunks_flat_models():
     names = [f"enc.{b}.{i}" for b in range(6) for i in range(8)] + ["head"]
     groups = fold(names, 40)

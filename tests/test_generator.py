@@ -137,3 +137,33 @@ def test_generated_fault_gets_its_verdict(case_id):
 def test_generated_healthy_run_stays_quiet(case_id):
     out = runner.run(case_id)
     assert score.judge(out)["hit"], _message(out)
+
+
+def _watched(crossing: dict | None, warned: bool = True, mechanism: str | None = "lr_ramp") -> dict:
+    return {"id": f"x/{len(str(crossing))}", "mechanism": mechanism, "gradual": mechanism is not None,
+            "error": None, "watch": {"warned": warned, "longest": 2 if warned else 0, "crossing": crossing,
+                                     "warnings": ["w"] if warned else []}}
+
+
+def test_the_forecast_score_counts_every_slowly_failing_run():
+    """A forecast is right when its range holds the crossing; a run whose signal failed unannounced, or
+    jumped past its band, counts against the accuracy; a healthy run counts if it showed any warning."""
+    def crossing(low, high, warned_at=40, band=5, right=None):
+        fc = None if low is None else {"step": (low + (high or low)) // 2, "low": low, "high": high, "made_at": 40}
+        return {"signal": "update", "layer": "", "failure": "too_large", "step": 100, "after": 98,
+                "band_samples": band, "jumped": band < 2, "warned_at": warned_at, "forecast": fc,
+                "right": right}
+    runs = [_watched(crossing(90, 110, right=True)), _watched(crossing(90, None, right=True)),
+            _watched(crossing(40, 60, right=False)), _watched(crossing(None, None)),
+            _watched(crossing(None, None, warned_at=None, band=1), warned=False),
+            _watched(crossing(None, None, warned_at=None, band=6), warned=False),
+            _watched(None, warned=False),
+            _watched(None, warned=True, mechanism=None), _watched(None, warned=False, mechanism=None)]
+    assert [score.forecast_outcome(r) for r in runs[:7]] == ["right", "right", "wrong range", "no forecast",
+                                                             "jumped", "no warning", "no failure"]
+    s = score.early_warnings(runs)
+    assert (s["forecast_right"], s["gradual_runs"], s["right_open_ended"], s["through_band"]) == (2, 7, 1, 5)
+    assert s["forecast_accuracy"] == pytest.approx(2 / 7, abs=1e-3)
+    assert s["forecast_accuracy_through_band"] == pytest.approx(2 / 5, abs=1e-3)
+    assert (s["healthy_warned"], s["healthy_runs"], s["healthy_warning_rate"]) == (1, 2, 0.5)
+    assert "forecast right in 2 of 7" in score.render_warnings(s)

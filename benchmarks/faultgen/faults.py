@@ -187,7 +187,8 @@ def attention_collapsed(at: str, most: float = 0.25):
 class Mechanism:
     """A way to cause a failure. ``setup`` changes the run in ways that are part of the scenario (the run
     without the fault gets them too); ``configure`` and ``inject`` put the fault in, before and after the
-    model is built; ``expect`` is the verdict; ``bites`` checks the fault did harm (None when it did)."""
+    model is built; ``expect`` is the verdict; ``bites`` checks the fault did harm (None when it did); ``gradual``: the
+    run starts healthy and fails slowly (what the early warnings' forecasts are measured on)."""
 
     name: str
     cause: str
@@ -198,6 +199,7 @@ class Mechanism:
     bites: Callable[[Evidence], str | None]
     configure: Callable[[Build], None] | None = None
     setup: Callable[[Build], None] | None = None
+    gradual: bool = False      # a slowly failing run: healthy at first, the fault grows at a constant rate
 
 
 def _set_lr(factor_sgd: float, factor_adam: float) -> Callable[[Build], None]:
@@ -342,6 +344,41 @@ def _shuffle_labels(step, x, y, b):
     return x, y[torch.randperm(len(y), generator=g)]
 
 
+# -- slowly failing: the fault grows at a constant rate from a healthy start ---------------------------
+
+RAMP_CROSS = 0.6   # share of the run by which a gradual fault has grown by its factor
+
+
+def per_step(factor: float, b: Build) -> float:
+    """The constant rate that grows a quantity ``factor`` times over ``RAMP_CROSS`` of the run."""
+    return factor ** (1.0 / (RAMP_CROSS * b.steps))
+
+
+def _lr_ramp(b: Build) -> None:
+    rate, start = LR_RAMP ** (1.0 / b.steps), b.opt.lr / 10
+
+    def ramp(step, opt, rate=rate, start=start):
+        for g in opt.param_groups:
+            g["lr"] = start * rate ** step
+    b.schedule.append(ramp)
+
+
+LR_RAMP = 1e4   # from a tenth of the working learning rate, 10^4 x over the run (its working rate at a quarter)
+
+
+def _growing_inputs(step, x, y, b):
+    k = per_step(INPUT_DRIFT, b) ** step
+    return x * k, (y * k if b.task.kind == "regression" else y)
+
+
+INPUT_DRIFT = 20.0   # the inputs grow 20x over 60% of the run, and on at the same rate
+
+
+def gradual_onset(b: Build) -> tuple[int, int]:
+    """Where a verdict may date a gradual fault: from a quarter of the run to its end."""
+    return b.steps // 4, b.steps
+
+
 def _unrepresentable(b: Build) -> None:
     if b.family.has("tokens"):
         b.task_maker = lambda batch, seed: T.token_order(batch, seed)
@@ -437,6 +474,11 @@ def _mechanism_list() -> list[Mechanism]:
                   lambda b: Expect((V("learning_rate_too_high", "", chain="dead"),
                                     V("dead_units", *[s.place for s in b.sites().relu])), (0, 60)),
                   all_of(killed_during_training, worse_than_twin)),
+        Mechanism("lr_ramp", "learning_rate_too_high",
+                  "a warm-up that never stops: from a tenth of the working learning rate, the same factor every "
+                  "step, 1000x over the run (the working rate a third of the way in, 100x it at the end)",
+                  only("mlp_relu", "mlp_tanh", "mlp_gelu", "cnn_bn", "lstm", "gru", "autoencoder"), _lr_ramp,
+                  lambda b: Expect(lr_high_verdicts(b), gradual_onset(b)), worse_than_twin, gradual=True),
         # -- learning rate too low -------------------------------------------------------------------
         Mechanism("lr_scaled_down", "learning_rate_too_low",
                   "the family's optimizer at 1e-5 of its working learning rate",
@@ -503,6 +545,11 @@ def _mechanism_list() -> list[Mechanism]:
                   "inputs left in raw 0-255 units (mean 128, spread 64); an autoencoder reconstructs them raw",
                   lambda f: f.has("float_input") and not f.has("norm"), map_data(_raw_units),
                   lambda b: Expect((V("data", "input"),), (0, 2)), worse_than_twin),
+        Mechanism("input_scale_drift", "data",
+                  "the inputs grow by the same factor every step (a normalisation whose statistics drift): 20x "
+                  "their scale by 60% of the run, and on at the same rate",
+                  only("logistic_regression", "mlp_relu", "mlp_gelu"), map_data(_growing_inputs),
+                  lambda b: Expect((V("data", "input"),), gradual_onset(b)), worse_than_twin, gradual=True),
         Mechanism("shuffled_labels", "data",
                   "the targets are shuffled within each batch, apart from their inputs",
                   lambda f: True, map_data(_shuffle_labels),

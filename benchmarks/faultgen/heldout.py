@@ -147,6 +147,26 @@ def mask_sign_flipped(b: Build) -> None:
         dict(b.model.named_modules())[a.place].key_bias = bias
 
 
+SPARSITY = 1e4    # the penalty's weight grows this many times over 60% of the run
+SPARSITY_START = 1e-3
+
+
+def sparsity_ramp(b: Build) -> None:
+    """An L1 penalty on the middle ReLU's output (a sparsity regulariser) whose weight grows by the same
+    factor every step: it pushes the units' inputs below zero, more of them every step."""
+    site = b.sites().middle("relu", blocking=True)
+    held: dict = {}
+    dict(b.model.named_modules())[site.place].register_forward_hook(lambda m, i, out: held.__setitem__("h", out))
+    weight = {"now": SPARSITY_START}
+    rate = K.per_step(SPARSITY, b)
+
+    def grow(step, opt, rate=rate):
+        weight["now"] = SPARSITY_START * rate ** step
+    b.schedule.append(grow)
+    task_loss = b.loss
+    b.loss = lambda out, y: task_loss(out, y) + weight["now"] * held["h"].abs().mean()
+
+
 # -- did it bite? ------------------------------------------------------------------------------------
 
 def worse_after_jump(e: Evidence) -> str | None:
@@ -218,6 +238,12 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
     Mechanism("one_layer_scaled", "bad_initialization",
               "the middle weight layer x1000 at initialisation",
               K.only("mlp_relu", "mlp_gelu", "autoencoder"), scale_middle(1000.0), one_layer_expect, K.worse_than_twin),
+    Mechanism("sparsity_penalty_ramp", "dead_units",
+              "an L1 penalty on the middle ReLU's output whose weight grows by the same factor every step (1e-3, "
+              "then 1e4 times that by 60% of the run): more of its units are pushed below zero every step",
+              K.only("mlp_relu", "cnn_bn", "residual_cnn", "autoencoder"), sparsity_ramp,
+              lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place),),
+                               K.gradual_onset(b)), K.worse_than_twin, gradual=True),
     Mechanism("attention_mask_sign_flipped", "attention_collapse",
               "hand-written attention whose padding mask (+1e4 on the last key) is added with the wrong sign: "
               "every query attends to that one key",

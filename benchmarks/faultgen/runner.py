@@ -92,17 +92,49 @@ def run(case_id: str, every: int | None = None) -> dict:
         exp = registry.mechanism(case.mechanism).expect(b) if case.faulty else None
         dbg, probe = train(b, watch=True, every=every)
         hyps = [Hyp.of(h) for h in dbg.explain()]
+        watched = early_warnings(dbg)
         error = None
     except Exception:  # noqa: BLE001 - a crash is a result too: reported, never hidden
-        exp, hyps, probe, error = None, [], None, traceback.format_exc(limit=3)
+        exp, hyps, probe, watched, error = None, [], None, None, traceback.format_exc(limit=3)
     return {
         "id": case_id, "family": case.family, "mechanism": case.mechanism, "part": registry.part(case),
+        "gradual": case.faulty and registry.mechanism(case.mechanism).gradual, "watch": watched,
         "var": case.var.__dict__, "expect": _expect_dict(exp),
         "hypotheses": [h.__dict__ | {"chain": list(h.chain)} for h in hyps],
         "loss": None if probe is None else {"first": _num(probe.first), "last": _num(probe.last),
                                             "nonfinite_step": probe.nonfinite_step, "chance": probe.baseline},
         "error": error,
     }
+
+
+def early_warnings(dbg) -> dict:
+    """What the early warnings said in the run, as plain data: whether any showed, the longest run of
+    samples one held, and the first failure of a watched signal (after a healthy start) with the forecast
+    made at that signal's first warning before it, and how many samples that signal spent in its band
+    before failing (fewer than ``persist``: it jumped from healthy to failing, and no warning could show)."""
+    from neuraldbg import bands, health, watch
+
+    th, trace = dbg.thresholds, dbg.trace
+    episodes = watch.episodes(trace, th)
+    crossings = watch.crossings(trace, th)
+    out: dict = {"warned": bool(episodes), "longest": watch.longest(trace, th), "crossing": None,
+                 "warnings": [e.warning.describe() for e in episodes[:5]]}
+    if crossings:
+        signal, layer, failure, step, before = crossings[0]
+        ep = next((e for e in episodes if (e.warning.signal, e.warning.layer, e.warning.failure) ==
+                   (signal, layer, failure) and e.shown_at < step), None)
+        fc = ep.warning.forecast if ep is not None else None
+        series = next(s for s in bands.compute(trace, health.features(trace), th)
+                      if (s.signal, s.failure) == (signal, failure) and layer in s.names)
+        in_band = int(series.in_band[series.steps < step, series.names.index(layer)].sum())
+        out["crossing"] = {
+            "signal": str(signal), "layer": layer, "failure": str(failure), "step": step, "after": before,
+            "band_samples": in_band, "jumped": in_band < th.persist,
+            "warned_at": ep.shown_at if ep is not None else None,
+            "forecast": None if fc is None else {"step": fc.step, "low": fc.low, "high": fc.high,
+                                                 "made_at": fc.made_at},
+            "right": bool(ep is not None and ep.forecast_right)}
+    return out
 
 
 def _num(v: float):

@@ -138,6 +138,7 @@ def summarize(runs: list[dict]) -> dict:
         "misses": [miss(r) for r in runs if not j(r)["hit"]],
         "contradicting": [{"id": r["id"], "top": j(r)["top"], "fixes": j(r)["contradictions"]}
                           for r in runs if j(r)["contradictions"]],
+        "early_warnings": early_warnings(runs),
     }
 
 
@@ -148,6 +149,84 @@ def miss(r: dict) -> dict:
                         for h in r["hypotheses"][:3]],
             "chain": r["hypotheses"][0]["chain"][:4] if r["hypotheses"] else [],
             "loss": r["loss"], "error": r["error"]}
+
+
+# -- early warnings ----------------------------------------------------------------------------------
+
+def forecast_outcome(run: dict) -> str:
+    """How the forecast of a slowly failing run fared: "right" (the first failure of a watched signal came
+    within the range forecast at that signal's first warning), "wrong range", "no forecast" (a warning
+    before the failure, without a forecast), "no warning" (the signal failed unannounced, after at least
+    ``persist`` samples in its band), "jumped" (unannounced, straight from healthy to failing: fewer samples
+    in its band than a warning needs to show), "no failure" (no watched signal failed after a healthy start:
+    nothing to judge the forecast by) or "error"."""
+    w = run.get("watch")
+    if run["error"] or w is None:
+        return "error"
+    c = w["crossing"]
+    if c is None:
+        return "no failure"
+    if c["warned_at"] is None:
+        return "jumped" if c.get("jumped") else "no warning"
+    if c["forecast"] is None:
+        return "no forecast"
+    return "right" if c["right"] else "wrong range"
+
+
+OUTCOMES = ("right", "wrong range", "no forecast", "no warning", "jumped", "no failure", "error")
+
+
+def early_warnings(runs: list[dict]) -> dict:
+    """Forecast accuracy on the slowly failing runs (every one counts: a run with no forecast to judge is no
+    right forecast; apart, the same over the runs whose failing signal passed through its band) and the
+    warning rate on healthy runs (a warning shows once it has held for ``persist`` samples)."""
+    gradual = [r for r in runs if r.get("gradual")]
+    healthy = [r for r in runs if r["mechanism"] is None]
+    outcomes = Counter(forecast_outcome(r) for r in gradual)
+    passed = [r for r in gradual if forecast_outcome(r) not in ("jumped", "no failure", "error")]
+    leads = sorted(r["watch"]["crossing"]["step"] - r["watch"]["crossing"]["forecast"]["made_at"]
+                   for r in gradual if forecast_outcome(r) == "right")
+    warned = [r for r in healthy if r.get("watch") and r["watch"]["warned"]]
+    open_ended = sum(forecast_outcome(r) == "right" and r["watch"]["crossing"]["forecast"]["high"] is None
+                     for r in gradual)
+    return {"gradual_runs": len(gradual), "forecast_right": outcomes["right"], "right_open_ended": open_ended,
+            "forecast_accuracy": _rate(outcomes["right"], len(gradual)),
+            "through_band": len(passed), "forecast_accuracy_through_band": _rate(outcomes["right"], len(passed)),
+            "outcomes": {k: outcomes[k] for k in OUTCOMES if outcomes[k]},
+            "per_mechanism": {m: _rate(sum(forecast_outcome(r) == "right" for r in gradual if r["mechanism"] == m),
+                                       sum(r["mechanism"] == m for r in gradual))
+                              for m in sorted({r["mechanism"] for r in gradual})},
+            "median_lead": leads[len(leads) // 2] if leads else None,
+            "healthy_runs": len(healthy), "healthy_warned": len(warned),
+            "healthy_warning_rate": _rate(len(warned), len(healthy)),
+            "healthy_warnings": [{"id": r["id"], "warnings": r["watch"]["warnings"]} for r in warned],
+            "forecast_misses": [{"id": r["id"], "outcome": forecast_outcome(r), "crossing": r["watch"]["crossing"]
+                                 if r.get("watch") else None} for r in gradual if forecast_outcome(r) != "right"]}
+
+
+def render_warnings(s: dict, misses: bool = True) -> str:
+    lines = [f"early warnings: forecast right in {s['forecast_right']} of {s['gradual_runs']} slowly failing runs "
+             f"({_pct(s['forecast_accuracy']).strip()}, {s['right_open_ended']} of them with no upper bound"
+             + (f", median lead {s['median_lead']} steps" if s["median_lead"] is not None else "") + ")   "
+             + ", ".join(f"{k} {v}" for k, v in s["outcomes"].items()),
+             f"                of the {s['through_band']} whose failing signal passed through its band: "
+             f"{_pct(s['forecast_accuracy_through_band']).strip()}",
+             "                per mechanism: " + ", ".join(f"{m} {_pct(v).strip()}"
+                                                        for m, v in s["per_mechanism"].items()),
+             f"                healthy runs showing a warning: {s['healthy_warned']} of {s['healthy_runs']} "
+             f"({_pct(s['healthy_warning_rate']).strip()})"]
+    if misses:
+        for m in s["forecast_misses"]:
+            c = m["crossing"] or {}
+            fc = c.get("forecast")
+            said = (f"forecast at step {fc['made_at']}: {fc['step']} ({fc['low']}-{fc['high'] or '...'})"
+                    if fc else "no forecast")
+            what = (f"{c['signal']} {c['failure']} in {c['layer'] or '(model)'} at step {c['step']} "
+                    f"(after {c['after']}, {c.get('band_samples')} samples in its band); {said}" if c else "")
+            lines.append(f"  {m['id']}: {m['outcome']}" + (f"; {what}" if what else ""))
+        for h in s["healthy_warnings"]:
+            lines.append(f"  {h['id']} (healthy): " + " | ".join(h["warnings"][:2]))
+    return "\n".join(lines)
 
 
 # -- printing ----------------------------------------------------------------------------------------
@@ -180,6 +259,8 @@ def render(name: str, s: dict, misses: bool = True) -> str:
     out += ["per family: " + ", ".join(f"{f} {_pct(v['top1']).strip()} of {v['faulty']}"
                                        + (f" ({v['false_alarms']} alarms)" if v["false_alarms"] else "")
                                        for f, v in s["per_family"].items())]
+    if "early_warnings" in s:
+        out += ["", render_warnings(s["early_warnings"], misses)]
     if misses and s["misses"]:
         out += ["", f"misses ({len(s['misses'])}):"]
         for m in s["misses"]:
