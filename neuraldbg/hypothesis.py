@@ -7,6 +7,7 @@ from .causes import Cause
 from .events import SemanticEvent
 
 CONFIDENT = 0.5  # a hypothesis at or above this confidence means "this run has this failure"
+NOTICE = 0.15    # below this, a hypothesis is noise: ``explain()`` keeps it, the verdict does not list it
 
 
 @dataclass

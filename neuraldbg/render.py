@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .formatting import confidence as fmt_confidence
 from .formatting import percent
-from .hypothesis import CONFIDENT, CausalHypothesis
+from .hypothesis import CONFIDENT, NOTICE, CausalHypothesis
 
 MAX_EVIDENCE = 5   # events listed under a hypothesis; the others are counted
 MAX_WEAK = 5       # weak signals listed under a verdict
@@ -60,7 +60,7 @@ def describe(hyp: CausalHypothesis, rank: int | None = None) -> Described:
 
 def _split(hyps: Sequence[CausalHypothesis]) -> tuple[list[Described], list[Described]]:
     strong = [h for h in hyps if h.confidence >= CONFIDENT]
-    weak = [h for h in hyps if h.confidence < CONFIDENT]
+    weak = [h for h in hyps if NOTICE <= h.confidence < CONFIDENT]   # weak signals, not noise
     return ([describe(h, i) for i, h in enumerate(strong, 1)],
             [describe(h, len(strong) + i) for i, h in enumerate(weak, 1)])
 

@@ -213,6 +213,11 @@ def test_panel_lists_ranked_hypotheses_and_a_healthy_verdict():
     assert "`" not in text
     healthy = Verdict([weak], steps=50).html()
     assert 'class="ndbg-healthy"' in healthy and 'class="ndbg-hyp ndbg-weak" data-cause="loss_plateau"' in healthy
+    # noise (a few percent) is no weak signal: kept by explain(), listed nowhere in the verdict
+    noise = CausalHypothesis(cause="learning_rate_too_high", layer="", step=15, confidence=0.05)
+    quiet = Verdict([weak, noise], steps=50)
+    assert "learning_rate_too_high" not in quiet.html() + quiet.markdown() + quiet.text()
+    assert "loss_plateau" in quiet.markdown() and list(quiet) == [weak, noise]
     live = Verdict([hyp], steps=7).html(live=True)
     assert "Failure detected while training, at step 7:" in live
     assert "Waiting for the first training step" in Verdict([], steps=0).html(live=True)

@@ -476,7 +476,7 @@ def _mechanism_list() -> list[Mechanism]:
                   all_of(killed_during_training, worse_than_twin)),
         Mechanism("lr_ramp", "learning_rate_too_high",
                   "a warm-up that never stops: from a tenth of the working learning rate, the same factor every "
-                  "step, 1000x over the run (the working rate a third of the way in, 100x it at the end)",
+                  "step, 10^4 x over the run (the working rate a quarter of the way in, 1000x it at the end)",
                   only("mlp_relu", "mlp_tanh", "mlp_gelu", "cnn_bn", "lstm", "gru", "autoencoder"), _lr_ramp,
                   lambda b: Expect(lr_high_verdicts(b), gradual_onset(b)), worse_than_twin, gradual=True),
         # -- learning rate too low -------------------------------------------------------------------
