@@ -32,7 +32,7 @@ from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Rol
 from .layers import Kind, LayerInfo, describe, watched_modules
 from .schedule import Schedule, SpikeWatch, Throttle
 from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
-                    dtype_max, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, levels, max_abs,
+                    dtype_max, forward_stats, forward_stats_batch, finite_norm, grad_stats, grad_stats_batch, max_abs,
                     param_view, per_layer_norms)
 from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
@@ -125,7 +125,10 @@ class Recorder:
         for p, o in zip(self._params, self._owner_list):
             if p.requires_grad and (o not in smallest or p.numel() < smallest[o].numel()):
                 smallest[o] = p
-        self._sentinels = list(smallest.values())
+        # (a sparse embedding's gradient is never checked: it holds only the rows a batch used)
+        checked = [p for o, p in smallest.items() if not getattr(self.modules[o], "sparse", False)]
+        self._sentinels = [p for p in checked if p.dim() == 1]   # read as they are, every step
+        self._sentinels_nd = [p for p in checked if p.dim() != 1]  # flattened first
         if optimizer is not None:
             self._check_optimizer(optimizer)
 
@@ -144,6 +147,7 @@ class Recorder:
         self._next_order = 0
         self._pass_step = 0           # the step the latest forward pass belongs to
         self._seen_lr = self._lr(sync=False)  # the learning rate of the latest step, to see it rise
+        self._seen_lr_value: object = None    # ... as the optimizer holds it (unchanged while it is the same object)
         self._pending_losses: list = []
         self._out_grads: list = []
         self._out_leaves: list = []
@@ -164,6 +168,7 @@ class Recorder:
         self.attached = False
         self._no_params = np.array([i for i, l in enumerate(self.layers) if l.n_params == 0], dtype=np.int64)
         self._fwd_hooks = [self._make_forward_hook(i, l) for i, l in enumerate(self.layers)]
+        self._out_grad_hooks: list[Callable] = []  # by output index, made once
 
     # -- attach / detach ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -176,7 +181,7 @@ class Recorder:
         try:
             self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))
             # always called, also when the forward raises: the observer never outlives the pass
-            self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True,
+            self._handles.append(self.model.register_forward_hook(self._on_forward_end,
                                                                   always_call=True))
             self._hook_optimizer()
             if self.compiled:  # permanent, excluded from the graph: no recompiles
@@ -289,8 +294,8 @@ class Recorder:
         if self._awaiting and self.optimizer is not None and (self._bad_pass or self._scaler_moved_on()):
             self._end_skipped_step()  # the last pass's NaN/Inf gradients were not stepped on
         if self._pass_step != self.step:  # the first forward pass of a step (not a second, accumulated one)
+            self._pass_step = self.step
             self._watch_lr()
-        self._pass_step = self.step
         self._last_inputs = (args, kwargs)
         if self.trace.nonfinite is None:
             self._rng_state = torch.get_rng_state()
@@ -332,10 +337,11 @@ class Recorder:
         finally:
             self._tracker.__exit__(None, None, None)
 
-    def _on_forward_end(self, module, args, kwargs, output):
+    def _on_forward_end(self, module, args, output):
         if self._explicit:
             return None  # the model's forward inside a pass begun by begin_pass: the pass goes on
-        self._stop_observer()
+        if self._observer is not None:
+            self._stop_observer()
         if self._replaying or not torch.is_grad_enabled():
             return None
         self._end_forward(output)
@@ -347,16 +353,25 @@ class Recorder:
         self._layer_handles.clear()
 
     def _end_forward(self, output) -> None:
-        self._stop_observer()
-        self._close_layer_hooks()
+        if self._observer is not None:
+            self._stop_observer()
+        if self._layer_handles:
+            self._close_layer_hooks()
         if self._rec is not None:
             self._rec.forward_done = True
         # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
-        self._out_leaves = [t for t in nanhunt.float_tensors(output) if t.requires_grad]
-        self._out_grads = [None] * len(self._out_leaves)
+        if isinstance(output, torch.Tensor):  # the usual case, without a walk through a structure
+            leaves = [output] if output.requires_grad and output.is_floating_point() else []
+        else:
+            leaves = [t for t in nanhunt.float_tensors(output) if t.requires_grad]
+        self._out_leaves = leaves
+        self._out_grads = [None] * len(leaves)
         self._backward_queued = False
-        for i, t in enumerate(self._out_leaves):
-            t.register_hook(self._make_output_grad_hook(i))
+        hooks = self._out_grad_hooks
+        for i, t in enumerate(leaves):
+            if i == len(hooks):
+                hooks.append(self._make_output_grad_hook(i))
+            t.register_hook(hooks[i])
 
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         def hook(module, args, output):
@@ -483,8 +498,11 @@ class Recorder:
         self._awaiting = True
         if self.scaler is not None:
             self._round = getattr(self.scaler, "_per_optimizer_states", None)
-        level = self._grad_level([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
-        if level is not None and not math.isfinite(level[0]):
+        grads = [g for g in [p.grad for p in self._sentinels] if g is not None]
+        if self._sentinels_nd:
+            grads += [p.grad.reshape(-1) for p in self._sentinels_nd if p.grad is not None]
+        level = self._grad_level(grads)
+        if level is not None and not level[0]:
             self._nonfinite_pass()
         elif level is not None and self._grad_spikes(level[1]) and self.schedule.burst(self.step):
             # a gradient spike between sampled steps: this step's updates are measured, and the next steps
@@ -514,12 +532,12 @@ class Recorder:
         upd = torch.full_like(w, float("nan")) if rec.params is None else rec.params[2]
         rec.params = torch.stack([w, gn.to(w.device), upd])
 
-    def _grad_level(self, grads: list[torch.Tensor]) -> list[float] | None:
-        """The every-step check, over the output's gradient and each layer's smallest parameter's: the
-        largest |gradient| (NaN/Inf when any is not finite) and their norm (for spikes), read back to the
-        host together (the only per-step sync). None when nothing was checked."""
-        checked = grads + [g for g in self._out_grads if g is not None]
-        return levels(checked).tolist() if checked else None
+    def _grad_level(self, grads: list[torch.Tensor]) -> tuple[bool, float] | None:
+        """The every-step check, over the output's gradient and each layer's smallest parameter's: whether
+        all are finite, and their norm (for spikes), read back to the host together (the only per-step
+        sync). None when nothing was checked."""
+        checked = grads + [g.reshape(-1) for g in self._out_grads if g is not None]
+        return finite_norm(checked) if checked else None
 
     def _nonfinite_pass(self) -> None:
         """NaN/Inf in this pass's gradients. Whether it is a fault shows later: the optimizer steps on them,
@@ -692,6 +710,11 @@ class Recorder:
     def _watch_lr(self) -> None:
         """A learning rate that rises (x2 or more, e.g. a schedule) starts a burst of sampled steps: what
         a new learning rate does shows in its first steps."""
+        groups = self.optimizer.param_groups if self.optimizer is not None else None
+        raw = groups[0].get("lr") if groups else None
+        if raw is self._seen_lr_value and type(raw) is float:
+            return  # the very value of the last step: unchanged (a tensor may have changed in place)
+        self._seen_lr_value = raw
         lr, seen = self._lr(sync=False), self._seen_lr
         self._seen_lr = lr
         if lr > 0 and seen > 0 and lr >= 2 * seen and self.schedule.burst(self.step):

@@ -6,6 +6,7 @@ per sampled step.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from enum import IntEnum
 
@@ -154,14 +155,31 @@ def max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
         return norms(tensors, float("inf")).amax()
 
 
-def levels(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """[largest |value|, L2 norm] over ``tensors`` as one (2,) tensor: the first says whether all are finite
-    (a max cannot overflow), the second how large they are together (smoother than a max)."""
+def finite_norm(tensors: list[torch.Tensor]) -> tuple[bool, float]:
+    """Whether every value of ``tensors`` is finite, and their L2 norm together (for spikes): one
+    concatenation and one sum of squares, read back to the host in one transfer. The sum is finite
+    exactly when every value is, unless its float32 squares overflow: only then are the values
+    themselves checked. One-dimensional tensors of one device take the fast path; others are flattened."""
     try:
-        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-        return torch.stack([flat.abs().amax(), torch.linalg.vector_norm(flat)])
-    except RuntimeError:  # tensors on several devices
-        return torch.stack([norms(tensors, float("inf")).amax(), norms(tensors).norm()])
+        flat = torch.cat(tensors)
+        if flat.dtype is not torch.float32 and flat.dtype is not torch.float64:
+            flat = flat.float()  # half precision: its squares would overflow
+        square = float(flat.dot(flat))  # (not 1-D: an error)
+    except (RuntimeError, TypeError):  # several devices, several ranks, sparse tensors: one by one
+        return _finite_norm_each(tensors)
+    if math.isfinite(square):
+        return True, math.sqrt(square)
+    return bool(torch.isfinite(flat).all()), math.inf
+
+
+def _finite_norm_each(tensors: list[torch.Tensor]) -> tuple[bool, float]:
+    dense = [t.detach() for t in tensors if t.layout == torch.strided]
+    per = [torch.linalg.vector_norm(t.float()) for t in dense]
+    values = [float(v) for v in per]
+    total = math.hypot(*values)
+    if math.isfinite(total):
+        return True, total
+    return all(bool(torch.isfinite(t).all()) for t, v in zip(dense, values) if not math.isfinite(v)), math.inf
 
 
 # Parameter statistics read at most this many elements per tensor (an evenly strided subset,
