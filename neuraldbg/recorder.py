@@ -126,9 +126,7 @@ class Recorder:
             if p.requires_grad and (o not in smallest or p.numel() < smallest[o].numel()):
                 smallest[o] = p
         # (a sparse embedding's gradient is never checked: it holds only the rows a batch used)
-        checked = [p for o, p in smallest.items() if not getattr(self.modules[o], "sparse", False)]
-        self._sentinels = [p for p in checked if p.dim() == 1]   # read as they are, every step
-        self._sentinels_nd = [p for p in checked if p.dim() != 1]  # flattened first
+        self._sentinels = [p for o, p in smallest.items() if not getattr(self.modules[o], "sparse", False)]
         if optimizer is not None:
             self._check_optimizer(optimizer)
 
@@ -153,6 +151,9 @@ class Recorder:
         self._out_leaves: list = []
         self._last_inputs = None
         self._rng_state = None
+        # whether the forward pass draws random numbers (dropout...), as seen on sampled passes: only then
+        # must the random state be kept every pass, for a replay to draw the same (None: not seen yet)
+        self._forward_draws: bool | None = None
         self._autocast: list = []
         # NaN/Inf in the latest pass's gradients: a fault once the optimizer steps on them, a skipped
         # step (a GradScaler's business) when the next pass starts without an optimizer step
@@ -246,7 +247,9 @@ class Recorder:
 
     # -- loss --------------------------------------------------------------------------------------
     def record_loss(self, loss) -> None:
-        if isinstance(loss, torch.Tensor):
+        if isinstance(loss, torch.Tensor) and loss.is_cpu and loss.dtype is torch.float32 and loss.numel() == 1:
+            value = loss.item()  # the usual case: no copy to make
+        elif isinstance(loss, torch.Tensor):
             value = loss.detach()
             value = value.float().mean() if value.numel() != 1 else value.reshape(()).float()
             if value.device.type == "cpu":
@@ -298,7 +301,8 @@ class Recorder:
             self._watch_lr()
         self._last_inputs = (args, kwargs)
         if self.trace.nonfinite is None:
-            self._rng_state = torch.get_rng_state()
+            if self._sample_now or self._forward_draws is not False:
+                self._rng_state = torch.get_rng_state()
             self._autocast = nanhunt.autocast_state()
         if self._sample_now and (self._rec is None or not self._rec.forward_done):
             if self._rec is None:
@@ -358,6 +362,8 @@ class Recorder:
         if self._layer_handles:
             self._close_layer_hooks()
         if self._rec is not None:
+            if not self._rec.forward_done and self._forward_draws is not True and self._rng_state is not None:
+                self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
             self._rec.forward_done = True
         # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
         if isinstance(output, torch.Tensor):  # the usual case, without a walk through a structure
@@ -498,10 +504,7 @@ class Recorder:
         self._awaiting = True
         if self.scaler is not None:
             self._round = getattr(self.scaler, "_per_optimizer_states", None)
-        grads = [g for g in [p.grad for p in self._sentinels] if g is not None]
-        if self._sentinels_nd:
-            grads += [p.grad.reshape(-1) for p in self._sentinels_nd if p.grad is not None]
-        level = self._grad_level(grads)
+        level = self._grad_level()
         if level is not None and not level[0]:
             self._nonfinite_pass()
         elif level is not None and self._grad_spikes(level[1]) and self.schedule.burst(self.step):
@@ -532,11 +535,12 @@ class Recorder:
         upd = torch.full_like(w, float("nan")) if rec.params is None else rec.params[2]
         rec.params = torch.stack([w, gn.to(w.device), upd])
 
-    def _grad_level(self, grads: list[torch.Tensor]) -> tuple[bool, float] | None:
+    def _grad_level(self) -> tuple[bool, float] | None:
         """The every-step check, over the output's gradient and each layer's smallest parameter's: whether
         all are finite, and their norm (for spikes), read back to the host together (the only per-step
         sync). None when nothing was checked."""
-        checked = grads + [g.reshape(-1) for g in self._out_grads if g is not None]
+        checked = [g for g in [p.grad for p in self._sentinels] if g is not None]
+        checked += [g for g in self._out_grads if g is not None]
         return finite_norm(checked) if checked else None
 
     def _nonfinite_pass(self) -> None:
@@ -631,12 +635,14 @@ class Recorder:
     def _finish_step(self) -> None:
         self._awaiting = False
         rec, self._rec = self._rec, None
-        self._close_layer_hooks()
+        if self._layer_handles:
+            self._close_layer_hooks()
         if rec is not None:
             self._flush(rec)
-        self.schedule.step_done(self.step, sampled=rec is not None)
+        schedule = self.schedule
+        schedule.step_done(self.step, rec is not None)
         self.step += 1
-        self._sample_now = self.schedule.should_sample(self.step)
+        self._sample_now = schedule.should_sample(self.step)
         self._out_grads = []
         self._out_leaves = []
         if self.after_step is not None:

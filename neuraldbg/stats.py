@@ -155,17 +155,24 @@ def max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
         return norms(tensors, float("inf")).amax()
 
 
+try:  # flattens and concatenates in one call
+    _flatten = torch._C._nn.flatten_dense_tensors
+except AttributeError:  # pragma: no cover - an older torch
+    def _flatten(tensors):
+        return torch.cat([t.reshape(-1) for t in tensors])
+
+
 def finite_norm(tensors: list[torch.Tensor]) -> tuple[bool, float]:
     """Whether every value of ``tensors`` is finite, and their L2 norm together (for spikes): one
     concatenation and one sum of squares, read back to the host in one transfer. The sum is finite
     exactly when every value is, unless its float32 squares overflow: only then are the values
-    themselves checked. One-dimensional tensors of one device take the fast path; others are flattened."""
+    themselves checked."""
     try:
-        flat = torch.cat(tensors)
+        flat = _flatten(tensors)
         if flat.dtype is not torch.float32 and flat.dtype is not torch.float64:
             flat = flat.float()  # half precision: its squares would overflow
-        square = float(flat.dot(flat))  # (not 1-D: an error)
-    except (RuntimeError, TypeError):  # several devices, several ranks, sparse tensors: one by one
+        square = float(flat.dot(flat))
+    except (RuntimeError, TypeError):  # several devices or dtypes, sparse tensors: one by one
         return _finite_norm_each(tensors)
     if math.isfinite(square):
         return True, math.sqrt(square)
