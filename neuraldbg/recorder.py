@@ -30,10 +30,10 @@ from . import nanhunt
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
+from .paramnorms import ParamNorms
 from .schedule import Schedule, SpikeWatch, Throttle
 from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
-                    dtype_max, forward_stats, forward_stats_batch, finite_norm, grad_stats, grad_stats_batch, max_abs,
-                    param_view, per_layer_norms)
+                    dtype_max, finite_norm, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, max_abs)
 from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
@@ -60,13 +60,19 @@ class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
-                 "attn")
+                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
         self.grad: dict[int, object] = {}
         self.fwd_small: dict[tuple, list] = {}   # batching key -> [(layer index, tensor copy)]
         self.grad_small: dict[tuple, list] = {}
+        # outputs kept as they are (no copy: their layer is known not to change them in place afterwards),
+        # measured together when the forward pass ends, their gradients retained and measured at step end
+        self.fwd_kept: dict[tuple, list] = {}    # batching key -> [(layer index, output, its version)]
+        self.fwd_rows: list[tuple[list[int], torch.Tensor]] = []  # (layer indices, their stats rows)
+        self.grad_kept: list[tuple[int, torch.Tensor, int | None]] = []  # (layer index, output, unit dim)
+        self.watch: list[tuple[int, torch.Tensor, int]] = []  # copied outputs seen for the first time
         self.dtype: dict[int, torch.dtype] = {}  # per layer index: the dtype of its output
         self.attn: dict[int, torch.Tensor] = {}  # per layer index: attention statistics (2,)
         self.params: torch.Tensor | None = None      # (3, n_layers): weight, grad, update norms
@@ -117,8 +123,9 @@ class Recorder:
                     owner_of[id(p)] = index_of[id(m)]
         all_params = {id(p): p for p in self.inner.parameters()}
         self._params = [all_params[k] for k in owner_of]
-        self._owner = torch.tensor([owner_of[id(p)] for p in self._params], dtype=torch.long)
-        self._owner_list = self._owner.tolist()
+        self._owner_list = [owner_of[id(p)] for p in self._params]
+        sparse = {i for i, o in enumerate(self._owner_list) if getattr(self.modules[o], "sparse", False)}
+        self._pnorms = ParamNorms(self._params, self._owner_list, sparse)
         # per layer, its smallest trainable parameter: NaN/Inf flowing back through a layer reaches
         # it, so checking these few small gradients every step is enough to notice a bad backward
         smallest: dict[int, nn.Parameter] = {}
@@ -138,7 +145,6 @@ class Recorder:
         self._rec: _StepRecord | None = None
         self._sample_now = self.schedule.should_sample(0)
         self._handles: list = []
-        self._layer_handles: list = []
         self._opt_handles: list = []
         self._explicit = False        # a pass begun by ``begin_pass``, its forward part not yet ended
         self._replay_run: Callable | None = None  # how to replay the latest pass (None: the model's forward)
@@ -169,7 +175,12 @@ class Recorder:
         self.attached = False
         self._no_params = np.array([i for i, l in enumerate(self.layers) if l.n_params == 0], dtype=np.int64)
         self._fwd_hooks = [self._make_forward_hook(i, l) for i, l in enumerate(self.layers)]
+        # eager sampled passes: the tracker's one global hook calls each layer's (none to register per layer)
+        self._tracker.hooks = {id(m): h for m, h in zip(self.modules, self._fwd_hooks)}
         self._out_grad_hooks: list[Callable] = []  # by output index, made once
+        # layers whose small outputs need no copy on a sampled pass: seen once, and nothing changed them in
+        # place before the pass ended (a layer followed by an in-place op, e.g. ReLU(inplace=True), is copied)
+        self._settled: set[int] = set()
 
     # -- attach / detach ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -202,9 +213,8 @@ class Recorder:
             self._end_skipped_step()
         elif self._bad_pass:
             self._commit_nonfinite()
-        for h in self._layer_handles + self._handles + self._opt_handles:
+        for h in self._handles + self._opt_handles:
             h.remove()
-        self._layer_handles.clear()
         self._handles.clear()
         self._opt_handles.clear()
         self._rec = None
@@ -274,8 +284,7 @@ class Recorder:
         """A training pass starts that may not call the model's own forward (see ``NeuralDbg.begin_pass``)."""
         if not self.attached or self._replaying:
             return
-        self._stop_observer()
-        self._close_layer_hooks()  # a pass begun and never ended (a skipped step)
+        self._stop_observer()  # a pass begun and never ended (a skipped step)
         self._explicit = True
         self._start_pass(args, kwargs or {}, run)
 
@@ -311,8 +320,6 @@ class Recorder:
             if x:
                 self._rec.input = forward_stats(x[0], None, None)[:4]
             if not self.compiled:
-                for m, h in zip(self.modules, self._fwd_hooks):
-                    self._layer_handles.append(m.register_forward_hook(h))
                 self._start_observer()
 
     def _start_observer(self) -> None:
@@ -351,20 +358,16 @@ class Recorder:
         self._end_forward(output)
         return None
 
-    def _close_layer_hooks(self) -> None:
-        for h in self._layer_handles:
-            h.remove()
-        self._layer_handles.clear()
-
     def _end_forward(self, output) -> None:
         if self._observer is not None:
             self._stop_observer()
-        if self._layer_handles:
-            self._close_layer_hooks()
-        if self._rec is not None:
-            if not self._rec.forward_done and self._forward_draws is not True and self._rng_state is not None:
-                self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
-            self._rec.forward_done = True
+        rec = self._rec
+        if rec is not None:
+            if not rec.forward_done:
+                if self._forward_draws is not True and self._rng_state is not None:
+                    self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
+                self._measure_kept(rec)
+            rec.forward_done = True
         # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
         if isinstance(output, torch.Tensor):  # the usual case, without a walk through a structure
             leaves = [output] if output.requires_grad and output.is_floating_point() else []
@@ -378,6 +381,32 @@ class Recorder:
             if i == len(hooks):
                 hooks.append(self._make_output_grad_hook(i))
             t.register_hook(hooks[i])
+
+    def _measure_kept(self, rec: _StepRecord) -> None:
+        """The forward pass is over: outputs copied for the first time tell which layers need no copy
+        (nothing changed them since); outputs kept as they are are measured now, stacked by shape. One
+        that something did change is dropped (not measured this step) and copied from now on."""
+        for idx, t, version in rec.watch:
+            if t._version == version:
+                self._settled.add(idx)
+        rec.watch = []
+        if not rec.fwd_kept:
+            return
+        changed = set()
+        with torch.no_grad():
+            for key, items in rec.fwd_kept.items():
+                ok = [(i, t) for i, t, v in items if t._version == v]
+                changed.update(i for i, t, v in items if t._version != v)
+                if ok:
+                    stats = forward_stats_batch(torch.stack([t for _, t in ok]), key[3], key[4], key[5])
+                    rec.fwd_rows.append(([i for i, _ in ok], stats))
+        rec.fwd_kept = {}
+        if changed:
+            self._settled -= changed
+            for i in changed:
+                rec.fwd.pop(i, None)
+                rec.dtype.pop(i, None)
+            rec.grad_kept = [g for g in rec.grad_kept if g[0] not in changed]
 
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         def hook(module, args, output):
@@ -409,10 +438,22 @@ class Recorder:
         unit_dim = layer.unit_dim(t.dim())
         dead = layer.kind in _DEAD_KINDS
         rec.dtype[idx] = t.dtype
-        if t.numel() <= BATCH_NUMEL:  # a copy: later in-place ops must not change what we measure
+        if t.numel() <= BATCH_NUMEL:
             key = (tuple(t.shape), t.dtype, t.device, unit_dim, layer.bounds, dead)
-            rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
             rec.fwd[idx] = True
+            if idx in self._settled:  # kept as it is: measured when the pass ends, its gradient retained
+                rec.fwd_kept.setdefault(key, []).append((idx, t, t._version))
+                if t.requires_grad:
+                    if t.grad_fn is not None:
+                        t.retain_grad()
+                        rec.grad_kept.append((idx, t, unit_dim))
+                    else:
+                        t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+                return
+            # a copy: later in-place ops must not change what we measure
+            rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
+            if not self.compiled:
+                rec.watch.append((idx, t, t._version))
         else:
             rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=dead)
         if t.requires_grad:
@@ -485,18 +526,6 @@ class Recorder:
         return hook
 
     # -- backward / optimizer -----------------------------------------------------------------------
-    def _param_norms(self, tensors: list[torch.Tensor], owners: list[int]) -> torch.Tensor:
-        """Per-layer L2 norms of (strided subsets of) ``tensors``; NaN for layers with none."""
-        n = len(self.layers)
-        if not tensors:
-            return torch.full((n,), float("nan"))
-        views = [param_view(t) for t in tensors]
-        scale = torch.tensor([f for _, f in views], dtype=torch.float32)
-        out = per_layer_norms([v for v, _ in views], torch.tensor(owners, dtype=torch.long), n, scale)
-        present = torch.zeros(n, dtype=torch.bool)
-        present[owners] = True
-        return torch.where(present.to(out.device), out, torch.full_like(out, float("nan")))
-
     def _on_backward_end(self) -> None:
         if not self.attached:
             return
@@ -528,10 +557,9 @@ class Recorder:
         under gradient accumulation the step keeps the gradient of its whole window."""
         if not self._params:
             return
-        w = self._param_norms(self._params, self._owner_list) if rec.params is None else rec.params[0]
-        with_grad = [(p.grad, o) for p, o in zip(self._params, self._owner_list)
-                     if p.grad is not None and not p.grad.is_sparse]
-        gn = self._param_norms([g for g, _ in with_grad], [o for _, o in with_grad])
+        n = len(self.layers)
+        w = self._pnorms.weights(n) if rec.params is None else rec.params[0]
+        gn = self._pnorms.grads(n)
         upd = torch.full_like(w, float("nan")) if rec.params is None else rec.params[2]
         rec.params = torch.stack([w, gn.to(w.device), upd])
 
@@ -593,10 +621,10 @@ class Recorder:
         self._bad_pass, self._awaiting = False, False
         self._stop_observer()
         rec, self._rec = self._rec, None
-        self._close_layer_hooks()
         if rec is not None:
             rec.grad.clear()
             rec.grad_small.clear()
+            rec.grad_kept = []
             rec.params, rec.prev_params = None, None
             self._flush(rec, scale=None)
         self.schedule.step_done(self.step, sampled=rec is not None)
@@ -612,21 +640,18 @@ class Recorder:
             self._rec = _StepRecord()
         rec = self._rec
         if rec is not None and self._params:
-            views = [param_view(p)[0] for p in self._params]
-            rec.prev_params = torch._foreach_mul(views, 1.0)  # one fused copy
+            rec.prev_params = self._pnorms.snapshot()
         return None
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
         self._in_step = False
         rec = self._rec
         if rec is not None and rec.prev_params is not None:
-            views = [param_view(p) for p in self._params]
-            diffs = torch._foreach_sub([v for v, _ in views], rec.prev_params)
-            scale = torch.tensor([f for _, f in views], dtype=torch.float32)
-            upd = per_layer_norms(diffs, self._owner, len(self.layers), scale)
+            n = len(self.layers)
+            upd = self._pnorms.updates(rec.prev_params, n)
             if rec.params is None:
                 nan = torch.full_like(upd, float("nan"))
-                rec.params = torch.stack([self._param_norms(self._params, self._owner_list).to(upd.device), nan, nan])
+                rec.params = torch.stack([self._pnorms.weights(n).to(upd.device), nan, nan])
             rec.params[2] = upd.to(rec.params.device)
             rec.prev_params = None
         self._finish_step()
@@ -635,8 +660,6 @@ class Recorder:
     def _finish_step(self) -> None:
         self._awaiting = False
         rec, self._rec = self._rec, None
-        if self._layer_handles:
-            self._close_layer_hooks()
         if rec is not None:
             self._flush(rec)
         schedule = self.schedule
@@ -657,6 +680,15 @@ class Recorder:
             scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         fwd_idx, fwd_parts = self._rows(rec.fwd, rec.fwd_small,
                                         lambda x, key: forward_stats_batch(x, key[3], key[4], key[5]))
+        for ids, stats in rec.fwd_rows:
+            fwd_idx.extend(ids)
+            fwd_parts.append(stats)
+        for idx, t, unit_dim in rec.grad_kept:  # retained gradients, batched as the hooks' copies are
+            g = t.grad
+            if g is not None and rec.grad.get(idx) is None:
+                rec.grad_small.setdefault((tuple(g.shape), g.dtype, g.device, unit_dim), []).append((idx, g))
+                rec.grad[idx] = True
+        rec.grad_kept = []
         grad_idx, grad_parts = self._rows(rec.grad, rec.grad_small, lambda x, key: grad_stats_batch(x, key[3]))
         parts = fwd_parts + grad_parts
         attn_idx = list(rec.attn)

@@ -135,8 +135,9 @@ def grad_stats(g: torch.Tensor, unit_dim: int | None = None) -> torch.Tensor:
     return grad_stats_batch(g.unsqueeze(0), unit_dim)[0]
 
 
-def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
-    """``ord``-norm of each tensor, as one 1-D float32 tensor (one fused kernel where available)."""
+def norms(tensors: list[torch.Tensor], ord: float = 2.0, uniform: bool = False) -> torch.Tensor:
+    """``ord``-norm of each tensor, as one 1-D float32 tensor (one fused kernel where available).
+    ``uniform``: the tensors are known to share one dtype and device."""
     if not tensors:
         return torch.zeros(0)
     out: Sequence[torch.Tensor]
@@ -144,6 +145,8 @@ def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
         out = torch._foreach_norm(tensors, ord)
     except (RuntimeError, TypeError):  # mixed devices or dtypes
         out = [torch.linalg.vector_norm(t.detach().float(), ord) for t in tensors]
+    if uniform and out[0].dtype == torch.float32:
+        return torch.stack(out)
     return torch.stack([o.float().to(out[0].device) for o in out])
 
 
@@ -192,27 +195,3 @@ def _finite_norm_each(tensors: list[torch.Tensor]) -> tuple[bool, float]:
 # Parameter statistics read at most this many elements per tensor (an evenly strided subset,
 # scaled up): exact for small tensors, and a full pass over a large model's weights is avoided.
 PARAM_SAMPLE = 65536
-
-
-def param_view(p: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """A strided subset of ``p``'s elements (a view, no copy) and the factor that scales its
-    squared norm up to the whole tensor's."""
-    flat = p.detach().reshape(-1)
-    n = flat.numel()
-    if n <= PARAM_SAMPLE:
-        return flat, 1.0
-    stride = -(-n // PARAM_SAMPLE)
-    sub = flat[::stride]
-    return sub, n / sub.numel()
-
-
-def per_layer_norms(tensors: list[torch.Tensor], owner: torch.Tensor, n_layers: int,
-                    scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Combine per-tensor L2 norms into per-layer norms: sqrt of the summed squares per owner index
-    (each tensor's square first multiplied by ``scale``, for subsampled tensors)."""
-    sq = norms(tensors) ** 2
-    if scale is not None:
-        sq = sq * scale.to(sq.device)
-    out = torch.zeros(n_layers, dtype=torch.float32, device=sq.device)
-    out.index_add_(0, owner.to(sq.device), sq)
-    return out.sqrt()
