@@ -77,7 +77,7 @@ class _StepRecord:
         self.attn: dict[int, torch.Tensor] = {}  # per layer index: attention statistics (2,)
         self.params: torch.Tensor | None = None      # (3, n_layers): weight, grad, update norms
         self.input: torch.Tensor | None = None
-        self.prev_params: list[torch.Tensor] | None = None
+        self.prev_params: list | None = None
         self.forward_done = False
 
 
