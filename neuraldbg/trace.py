@@ -15,16 +15,28 @@ from .stats import N_STATS
 
 
 class BoundedSeries:
-    """Rows indexed by step, in fixed memory."""
+    """Rows indexed by step, in fixed memory. The buffer starts small and doubles as rows come, up to
+    ``capacity`` rows (a short run does not pay for the memory of a long one)."""
+
+    _FIRST_ROWS = 64
 
     def __init__(self, row_shape: tuple[int, ...], capacity: int, dtype=np.float32):
         if capacity < 4:
             raise ValueError("capacity must be at least 4")
         self.capacity = int(capacity)
-        self._steps = np.zeros(self.capacity, dtype=np.int64)
-        self._data = np.full((self.capacity, *row_shape), np.nan, dtype=dtype)
+        rows = min(self.capacity, self._FIRST_ROWS)
+        self._steps = np.zeros(rows, dtype=np.int64)
+        self._data = np.full((rows, *row_shape), np.nan, dtype=dtype)
         self._width = row_shape[0] if row_shape else None
         self.n = 0
+
+    def _grow(self) -> None:
+        rows = min(self.capacity, 2 * len(self._steps))
+        steps = np.zeros(rows, dtype=np.int64)
+        steps[:self.n] = self._steps[:self.n]
+        data = np.full((rows, *self._data.shape[1:]), np.nan, dtype=self._data.dtype)
+        data[:self.n] = self._data[:self.n]
+        self._steps, self._data = steps, data
 
     def widen(self, width: int) -> None:
         """Grow the first axis of the rows to ``width`` (new entries NaN): a layer table that gained
@@ -32,7 +44,7 @@ class BoundedSeries:
         if self._width is None or width <= self._width:
             return
         if width > self._data.shape[1]:
-            grown = np.full((self.capacity, max(width, 2 * self._data.shape[1]), *self._data.shape[2:]), np.nan,
+            grown = np.full((len(self._steps), max(width, 2 * self._data.shape[1]), *self._data.shape[2:]), np.nan,
                             dtype=self._data.dtype)
             grown[:self.n, :self._width] = self._data[:self.n, :self._width]
             self._data = grown
@@ -41,6 +53,8 @@ class BoundedSeries:
     def append(self, step: int, row) -> None:
         if self.n == self.capacity:
             self._thin()
+        elif self.n == len(self._steps):
+            self._grow()
         self._steps[self.n] = step
         if self._width is None or self._width == self._data.shape[1]:
             self._data[self.n] = row
@@ -77,6 +91,8 @@ class BoundedSeries:
     @classmethod
     def from_arrays(cls, steps: np.ndarray, data: np.ndarray, capacity: int) -> "BoundedSeries":
         s = cls(data.shape[1:], max(capacity, len(steps), 4), dtype=data.dtype)
+        while len(s._steps) < len(steps):
+            s._grow()
         s._steps[:len(steps)] = steps
         s._data[:len(steps)] = data
         s.n = len(steps)
