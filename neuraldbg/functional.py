@@ -152,14 +152,22 @@ class ModuleTracker:
         self.versions: dict[int, int] = {}   # per module: the version counter of its first input when it started
         self.calls: dict[str, int] = {}      # per module: how many times it has started in this pass
         self._handles: list = []
+        self._full = True
 
     def __enter__(self) -> "ModuleTracker":
+        return self.start()
+
+    def start(self, full: bool = True) -> "ModuleTracker":
+        """Start tracking a pass. ``full=False``: only call ``hooks`` (no stack of running modules, no
+        producers, no input versions: what a function mode needs to attribute operations)."""
         self.stack.clear()
         self._outputs.clear()
         self.versions.clear()
         self.calls.clear()
-        self._handles = [_module.register_module_forward_pre_hook(self._pre),
-                         _module.register_module_forward_hook(self._post, always_call=True)]
+        self._full = full
+        self._handles = [_module.register_module_forward_hook(self._post, always_call=True)]
+        if full:
+            self._handles.append(_module.register_module_forward_pre_hook(self._pre))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -190,11 +198,12 @@ class ModuleTracker:
         name = self.names.get(id(module))
         if name is None:
             return None
-        if self.stack and self.stack[-1] == name:
-            self.stack.pop()
-        first = output[0] if isinstance(output, (tuple, list)) and output else output
-        if isinstance(first, torch.Tensor):
-            self._outputs[id(first)] = (weakref.ref(first), name)
+        if self._full:
+            if self.stack and self.stack[-1] == name:
+                self.stack.pop()
+            first = output[0] if isinstance(output, (tuple, list)) and output else output
+            if isinstance(first, torch.Tensor):
+                self._outputs[id(first)] = (weakref.ref(first), name)
         hook = self.hooks.get(id(module))
         if hook is not None:
             with _undispatched():

@@ -111,6 +111,9 @@ class Recorder:
         self._tracker = ModuleTracker({id(m): name for name, m in self.inner.named_modules()})
         self._activation_leaves = activation_leaves(self.inner)
         self._observer: FunctionalObserver | None = None
+        self._tracking = False       # the tracker's hooks are on (a sampled eager pass)
+        self._ops_found = False      # the function mode has seen a functional operation
+        self._quiet_passes = 0       # sampled passes so far that showed none
         self._sites: dict[tuple, int] = {}      # (owner, relation, op, occurrence in the pass) -> layer index
         self._pass_ops: dict[tuple, int] = {}   # (owner, op, call of owner) -> occurrences so far
         owner_of: dict[int, int] = {}
@@ -322,36 +325,56 @@ class Recorder:
             if not self.compiled:
                 self._start_observer()
 
+    # A model whose forward passes showed no functional operation (every activation a module, no
+    # attention written as functions) is looked at again on one sampled pass in this many: a function
+    # mode costs a Python call per torch call of the forward pass.
+    QUIET_OPS_EVERY = 8
+    QUIET_OPS_FIRST = 4  # ... after this many sampled passes that showed none
+
+    def _watch_ops(self) -> bool:
+        """Whether this sampled pass runs the function mode."""
+        if self._ops_found:
+            return True
+        self._quiet_passes += 1
+        return self._quiet_passes <= self.QUIET_OPS_FIRST or self._quiet_passes % self.QUIET_OPS_EVERY == 0
+
     def _start_observer(self) -> None:
         self._pass_ops.clear()
-        self._tracker.__enter__()
+        ops = self._watch_ops()
+        self._tracker.start(full=ops)
+        self._tracking = True
+        if not ops:
+            return
         try:
             self._observer = FunctionalObserver(self._tracker, self._activation_leaves, self._on_op, _attention_logits)
             self._observer.__enter__()
         except BaseException:
             self._observer = None
+            self._tracking = False
             self._tracker.__exit__(None, None, None)
             raise
 
     def _stop_observer(self) -> None:
         obs, self._observer = self._observer, None
-        if obs is None:
+        if not self._tracking:
             return
+        self._tracking = False
         try:
-            try:
-                from torch.overrides import _get_current_function_mode_stack
-                top = _get_current_function_mode_stack()[-1:]
-            except (ImportError, AttributeError):  # a torch without it: ours is the one on top
-                top = [obs]
-            if top and top[0] is obs:  # never pop a mode the user entered inside the forward
-                obs.__exit__(None, None, None)
+            if obs is not None:
+                try:
+                    from torch.overrides import _get_current_function_mode_stack
+                    top = _get_current_function_mode_stack()[-1:]
+                except (ImportError, AttributeError):  # a torch without it: ours is the one on top
+                    top = [obs]
+                if top and top[0] is obs:  # never pop a mode the user entered inside the forward
+                    obs.__exit__(None, None, None)
         finally:
             self._tracker.__exit__(None, None, None)
 
     def _on_forward_end(self, module, args, output):
         if self._explicit:
             return None  # the model's forward inside a pass begun by begin_pass: the pass goes on
-        if self._observer is not None:
+        if self._tracking:
             self._stop_observer()
         if self._replaying or not torch.is_grad_enabled():
             return None
@@ -359,7 +382,7 @@ class Recorder:
         return None
 
     def _end_forward(self, output) -> None:
-        if self._observer is not None:
+        if self._tracking:
             self._stop_observer()
         rec = self._rec
         if rec is not None:
@@ -462,6 +485,7 @@ class Recorder:
     # -- functional operations ------------------------------------------------------------------------
     def _on_op(self, owner: str, rel: Relation, spec: OpSpec, out: torch.Tensor | None, logits) -> None:
         """A functional activation or attention computation seen by the observer (a sampled pass)."""
+        self._ops_found = True
         rec = self._rec
         if rec is None or rec.forward_done or self._replaying:
             return
