@@ -273,6 +273,13 @@ class Recorder:
         if len(self._pending_losses) >= 256:
             self.flush_losses()
 
+    def latest_loss(self) -> float | None:
+        """The loss recorded last, if it is not in the trace yet (None otherwise)."""
+        if not self._pending_losses:
+            return None
+        value = self._pending_losses[-1][1]
+        return float(value) if isinstance(value, torch.Tensor) else value
+
     def flush_losses(self) -> None:
         if not self._pending_losses:
             return

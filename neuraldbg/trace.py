@@ -6,6 +6,7 @@ sparser: a 1M-step run costs the same memory as a 10k-step one.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +89,10 @@ class BoundedSeries:
     def nbytes(self) -> int:
         return self._steps.nbytes + self._data.nbytes
 
+    def copy(self) -> "BoundedSeries":
+        """The rows so far, copied (the copy does not change when this series does)."""
+        return BoundedSeries.from_arrays(self.steps.copy(), self.data.copy(), self.capacity)
+
     @classmethod
     def from_arrays(cls, steps: np.ndarray, data: np.ndarray, capacity: int) -> "BoundedSeries":
         s = cls(data.shape[1:], max(capacity, len(steps), 4), dtype=data.dtype)
@@ -160,6 +165,13 @@ class Trace:
             self.loss = BoundedSeries((), self.loss_capacity)
         if self.skipped is None:
             self.skipped = BoundedSeries((), self.loss_capacity)
+
+    def copy(self) -> "Trace":
+        """What is recorded so far, copied: a trace another thread can analyse while this one grows."""
+        return Trace([dataclasses.replace(l, extra=dict(l.extra)) for l in self.layers], capacity=self.capacity,
+                     loss_capacity=self.loss_capacity, stats=self.stats.copy(), globals=self.globals.copy(),
+                     loss=self.loss.copy(), skipped=self.skipped.copy(), nonfinite=self.nonfinite,
+                     overflow=self.overflow, meta=dict(self.meta))
 
     def add_layers(self, layers: list[LayerInfo]) -> None:
         """Append layers found while watching (functional operations); their past rows are NaN."""
