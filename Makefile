@@ -28,8 +28,10 @@ test: venv
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks/01_quickstart.ipynb
 	$(VENV)/bin/bandit -q -r neuraldbg ndbg_jupyter -ll
 
+# Speed: watched/bare ratios in a script (whole run and steady state), then whole cells in a kernel.
 bench: venv
-	$(PY) benchmarks/overhead.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/overhead.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/notebook_cell.py
 
 # The fault generator's runs scored against their expected verdicts (minutes on two cores).
 eval: venv
