@@ -19,13 +19,14 @@ from neuraldbg import Thresholds
 
 
 def slider_fields() -> list[dataclasses.Field]:
-    """The ``Thresholds`` fields that get a slider (numeric, with a min/max in their metadata)."""
+    """The ``Thresholds`` fields that get a slider (numeric, with a min/max in their metadata, and meant for one)."""
     out = []
     defaults = Thresholds()
     for f in dataclasses.fields(Thresholds):
         md = f.metadata
         value = getattr(defaults, f.name)
-        if "min" in md and "max" in md and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if ("min" in md and "max" in md and md.get("slider", True) and isinstance(value, (int, float))
+                and not isinstance(value, bool)):
             out.append(f)
     return out
 
@@ -65,6 +66,7 @@ class ThresholdControls:
         self._reset: widgets.Button | None = None
         self._quiet = False
         self._moved: dict[str, float] = {}  # values set by the user since the last set/reset
+        self._groups: dict[str, bool] = {"ranks": False}  # groups of sliders shown (ranks: multi-process runs)
         self._body = widgets.VBox([])
         self.widget = widgets.Accordion(children=[self._body], titles=("Thresholds",), selected_index=None)
         self.widget.add_class("ndbg-thresholds")
@@ -101,6 +103,8 @@ class ThresholdControls:
                             "</span>")
         self._set_values(self._base, notify=False, keep_moved=True)
         self.set_enabled(self._enabled)
+        for group, visible in self._groups.items():
+            self._apply_group(group, visible)
         self._body.children = [hint, *sliders.values(), reset]
         return sliders
 
@@ -116,6 +120,18 @@ class ThresholdControls:
     def reset_defaults(self) -> None:
         self._base = Thresholds()
         self._set_values(self._base, notify=True)
+
+    def show_group(self, group: str, visible: bool) -> None:
+        """Show or hide the sliders of one group of thresholds (``ranks``: only for multi-process runs)."""
+        self._groups[group] = visible
+        self._apply_group(group, visible)
+
+    def _apply_group(self, group: str, visible: bool) -> None:
+        if self._sliders is None:
+            return
+        for f in slider_fields():
+            if f.metadata.get("group", "") == group:
+                self._sliders[f.name].layout.display = "" if visible else "none"
 
     def expand(self, is_open: bool = True) -> None:
         """Open (or close) the collapsed "Thresholds" section."""

@@ -43,6 +43,7 @@ from ._chart import Chart, render_chart
 from ._controls import ThresholdControls
 from ._grid import HealthGrid, Row, fold, grid_html
 from ._outcome import outcome
+from ._ranks import RankSelector
 from ._states import Unobserved
 
 # Share of wall time the live dashboard may use while training (see the module docstring).
@@ -193,6 +194,7 @@ class Dashboard:
         self.panel = widgets.HTML(layout=plain, style=style)
         self.panel.add_class("ndbg-panel")
         self.controls = ThresholdControls(self._thresholds_changed)
+        self.ranks = RankSelector(self._rank_changed)
         self.status = widgets.HTML(layout=plain, style=style)
         # hides this dashboard's static companions wherever a live view of it renders
         self._hide = widgets.HTML(f'<style>.ndbg-static[data-ndbg="{self.uid}"]{{display:none}}'
@@ -200,8 +202,8 @@ class Dashboard:
                                   "</style>", layout=widgets.Layout(display="none"), style=style)
         right = widgets.VBox([self.note, self.panel], layout=widgets.Layout(flex="1 1 26em", min_width="22em"))
         body = widgets.HBox([self.grid.widget, right], layout=widgets.Layout(flex_flow="row wrap"))
-        self.root = _Root([self.progress, self.chart.widget, body, self.controls.widget, self.status, self._hide],
-                          layout=plain)
+        self.root = _Root([self.progress, self.ranks.widget, self.chart.widget, body, self.controls.widget,
+                           self.status, self._hide], layout=plain)
         self.root.add_class("ndbg-dashboard")
         self.root.text = f"NeuralDbg dashboard ({title})" if title else "NeuralDbg dashboard"
 
@@ -218,6 +220,7 @@ class Dashboard:
         self._last_rate_point = (dbg.step, self._t0)
         self.controls.set_thresholds(dbg.thresholds)
         self.controls.set_enabled(False)  # the kernel is busy while training: sliders act afterwards
+        self.ranks.update(dbg)
         self.refresh(chart=True)
         if self.threaded:
             self._renderer = _Renderer(self._draw)
@@ -230,15 +233,22 @@ class Dashboard:
         self._final()
 
     def show(self, dbg, outcome: str = "loaded") -> None:
-        """Show a session that is not training (loaded from a file, or an earlier run)."""
+        """Show a session that is not training (loaded from a file, or an earlier run). A merged
+        multi-process run opens on the rank where its top hypothesis starts."""
         self._stop_renderer()
         self.dbg = dbg
         self.state = outcome
+        if len(getattr(dbg, "ranks", None) or []) > 1:
+            top = [h for h in dbg.explain().confident if h.rank is not None]
+            if top:
+                dbg.view_rank(top[0].rank)
         self._final()
 
     def _final(self) -> None:
         self.controls.set_thresholds(self.dbg.thresholds)
         self.controls.set_enabled(True)
+        self.ranks.update(self.dbg)
+        self.controls.show_group("ranks", len(getattr(self.dbg, "ranks", None) or []) > 1)
         self.refresh(chart=True)
         self.publish_static()
 
@@ -327,7 +337,12 @@ class Dashboard:
             self._last_progress = self.clock()
         if frame.chart is not None and frame.chart_key is not None:
             self.chart.show(frame.chart_key, frame.chart)
+        self._show_ranks()
         self.updates += 1
+
+    def _show_ranks(self) -> None:
+        if self.ranks.visible and self.dbg is not None:
+            self.ranks.update(self.dbg)  # the ranks flagged follow the thresholds
 
     def _verdict(self) -> Verdict:
         return self.dbg.explain() if self._measured(self.dbg) else Verdict([], steps=self.dbg.step)
@@ -340,6 +355,7 @@ class Dashboard:
                 held.enter_context(w.hold_sync())
             self.grid.show(frame.grid, frame.groups, frame.types, frame.health)
             self.panel.value = frame.panel
+        self._show_ranks()
         return frame.verdict if frame.verdict is not None else self._verdict()
 
     def _progress_html(self) -> str:
@@ -364,6 +380,16 @@ class Dashboard:
             now = self._t_end if self._t_end is not None else self.clock()
             parts.append(f"{_elapsed(now - self._t0)} elapsed")
         return self._header_html() + f'<div style="{_FONT}">' + " &middot; ".join(parts) + "</div>"
+
+    def _rank_changed(self, rank: int) -> None:
+        if self.dbg is None:
+            return
+        try:
+            self.dbg.view_rank(rank)
+            self.refresh(chart=True)
+            self.publish_static()
+        except Exception as e:  # noqa: BLE001 - shown in the dashboard, not raised into a comm handler
+            self.status.value = f'<span style="color:#c62828">rank view failed: {html.escape(repr(e))}</span>'
 
     # -- thresholds -------------------------------------------------------------------------------
     def thresholds_view(self) -> widgets.VBox:

@@ -29,10 +29,11 @@ _CORE_FLAGS = {"model", "optimizer", "trainer", "loss", "every", "no_live", "out
 
 
 def _threshold_flags(func):
-    """One ``--name VALUE`` flag per ``Thresholds`` field, generated from its metadata."""
+    """One ``--name VALUE`` flag per ``Thresholds`` field a user would tune (those with a slider), generated
+    from its metadata; the others are reached with ``%config NeuralDbgMagics.thresholds``."""
     defaults = Thresholds()
     for f in reversed(dataclasses.fields(Thresholds)):
-        if f.name in _CORE_FLAGS:
+        if f.name in _CORE_FLAGS or not f.metadata.get("slider", True):
             continue
         value = getattr(defaults, f.name)
         kind = int if isinstance(value, int) and not isinstance(value, bool) else float
@@ -346,11 +347,12 @@ class NeuralDbgMagics(Magics, Configurable):
     @magic_arguments(name="neuraldbg")
     @argument("command", choices=("explain", "report", "save", "load", "thresholds"),
               help="what to do with the last session")
-    @argument("path", nargs="?", help="the trace file, for save and load")
+    @argument("path", nargs="?", help="the trace file, for save and load (load: or a run directory of rank files)")
     @line_magic("neuraldbg")
     def neuraldbg_line(self, line):
         """Work on the last session: explain, report, save PATH, load PATH (the dashboard of a saved
-        trace; the session goes into ``_ndbg``), thresholds (sliders that re-analyse the trace)."""
+        trace, or of the ranks of a run directory merged; the session goes into ``_ndbg``), thresholds
+        (sliders that re-analyse the trace)."""
         args = _parse(self.neuraldbg_line, line)
         path = args.path
         if path and len(path) >= 2 and path[0] == path[-1] and path[0] in "'\"":

@@ -18,6 +18,21 @@ class Cause(str, Enum):
     LOSS_PLATEAU = "loss_plateau"
     DATA = "data"
     ATTENTION_COLLAPSE = "attention_collapse"
+    # multi-process runs
+    REPLICA_DIVERGENCE = "replica_divergence"
+    DUPLICATE_DATA = "duplicate_data"
+    RANK_DATA = "rank_data"
+    BATCHNORM_RANK_MISMATCH = "batchnorm_rank_mismatch"
+    WORLD_SIZE_SCALING = "world_size_scaling"
 
     def __str__(self) -> str:  # print the value, not "Cause.DATA"
         return self.value
+
+    @property
+    def multi_rank(self) -> bool:
+        """A cause only a run of several processes can have (it compares ranks)."""
+        return self in MULTI_RANK
+
+
+MULTI_RANK = frozenset({Cause.REPLICA_DIVERGENCE, Cause.DUPLICATE_DATA, Cause.RANK_DATA,
+                        Cause.BATCHNORM_RANK_MISMATCH, Cause.WORLD_SIZE_SCALING})

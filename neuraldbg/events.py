@@ -14,15 +14,16 @@ import numpy as np
 from .formatting import number
 from .health import HealthTable, StateSeries
 from .states import (_State, ActState, AttnState, FiniteState, GainState, GradState, InputState, LossState,
-                     RangeState, Signal, SpikeState, UpdateState)
+                     LrState, RangeState, ScalerState, Signal, SpikeState, TargetState, UpdateState, WeightState)
 from .thresholds import Thresholds
 
 MAX_PER_SERIES = 16
 
 _STATE_OF: dict[Signal, type[_State]] = {
     Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState, Signal.FINITE: FiniteState,
-    Signal.UPDATE: UpdateState, Signal.INPUT: InputState, Signal.LOSS: LossState, Signal.ATTENTION: AttnState,
-    Signal.RANGE: RangeState, Signal.SPIKE: SpikeState}
+    Signal.UPDATE: UpdateState, Signal.INPUT: InputState, Signal.LOSS: LossState, Signal.TARGET: TargetState,
+    Signal.LR: LrState, Signal.ATTENTION: AttnState, Signal.RANGE: RangeState, Signal.SPIKE: SpikeState,
+    Signal.SCALER: ScalerState, Signal.WEIGHTS: WeightState}
 
 
 @dataclass
@@ -31,7 +32,8 @@ class SemanticEvent:
 
     ``layer`` is the module name, ``""`` for the model as a whole (updates, loss) or ``"input"``.
     ``values`` holds the numbers behind it at the onset; ``end`` is the step it left the state
-    (None while it still holds at the end of the trace).
+    (None while it still holds at the end of the trace). ``rank``: the process it was seen on, in a
+    multi-process run (None: one process, or every rank alike).
     """
 
     step: int
@@ -41,6 +43,7 @@ class SemanticEvent:
     after: _State
     values: dict = field(default_factory=dict)
     end: int | None = None
+    rank: int | None = None
 
     @property
     def bad(self) -> bool:
@@ -48,6 +51,8 @@ class SemanticEvent:
 
     def describe(self) -> str:
         where = {"": "the model", "input": "the input"}.get(self.layer, f"`{self.layer}`")
+        if self.rank is not None:
+            where += f" on rank {self.rank}"
         if self.signal == Signal.FINITE:
             return f"step {self.step}: " + (f"NaN/Inf appears in {where}" if self.bad else f"{where} is finite again")
         nums = ", ".join(f"{k} {number(v)}" for k, v in self.values.items())
@@ -116,7 +121,8 @@ def _series_events(series: StateSeries, stable: np.ndarray, cols: np.ndarray) ->
 
 
 def _global(series: StateSeries) -> bool:
-    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS)
+    return series.signal in (Signal.UPDATE, Signal.INPUT, Signal.LOSS, Signal.TARGET, Signal.LR, Signal.SCALER,
+                             Signal.WEIGHTS)
 
 
 def detect(table: HealthTable, th: Thresholds) -> list[SemanticEvent]:

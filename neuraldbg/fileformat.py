@@ -7,7 +7,9 @@ Layout (all integers little-endian)::
     8 bytes   header length H (uint64)
     H bytes   header: UTF-8 JSON with "meta", "layers", "nonfinite", "overflow", "capacity",
               "stat_columns" and "global_columns" (the names of the statistics' columns) and "arrays",
-              where each array is {"name", "dtype", "shape", "offset", "nbytes"}
+              where each array is {"name", "dtype", "shape", "offset", "nbytes"}; a trace of one rank of
+              a multi-process run adds "ranks" (see ``ranktrace``) and its ``rank_*`` arrays, which
+              readers without them skip
     ...       the arrays' raw bytes, C order, at ``offset`` from the end of the header
 
 Columns are matched by name: a statistic this version does not record is dropped, one the file lacks
@@ -25,6 +27,7 @@ import struct
 import numpy as np
 
 from .layers import LayerInfo
+from .ranktrace import LAYOUT_VERSION, RankSeries
 from .trace import GLOBAL_COLUMNS, BoundedSeries, NonFiniteOrigin, Trace
 from .stats import N_STATS, Stat
 
@@ -41,6 +44,7 @@ _MAX_HEADER = 64 * 1024 * 1024
 
 _ARRAYS = ("stats_steps", "stats", "globals", "loss_steps", "loss", "skipped_steps", "skipped")
 _ARRAYS_V1 = _ARRAYS[:5]
+_RANK_ARRAYS = ("rank_row_steps", "rank_rows", "rank_batch_steps", "rank_batches")  # present with "ranks"
 
 
 def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) -> None:
@@ -53,8 +57,10 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "skipped_steps": trace.skipped.steps.astype("<i8"),
         "skipped": trace.skipped.data.astype("<f8"),
     }
+    if trace.ranks is not None:
+        arrays.update(trace.ranks.arrays())
     specs, offset = [], 0
-    for name in _ARRAYS:
+    for name in arrays:
         a = np.ascontiguousarray(arrays[name])
         arrays[name] = a
         specs.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape), "offset": offset,
@@ -69,12 +75,14 @@ def save(trace: Trace, path: str | os.PathLike, extra_meta: dict | None = None) 
         "n_stats": N_STATS, "stat_columns": _STAT_NAMES, "global_columns": list(GLOBAL_COLUMNS),
         "arrays": specs,
     }
+    if trace.ranks is not None:
+        header["ranks"] = trace.ranks.header()
     blob = json.dumps(header, allow_nan=True, default=str).encode("utf-8")
     tmp = f"{os.fspath(path)}.tmp"
     with open(tmp, "wb") as f:
         f.write(_PREFIX.pack(MAGIC, VERSION, len(blob)))
         f.write(blob)
-        for name in _ARRAYS:
+        for name in arrays:
             f.write(arrays[name].tobytes())
     os.replace(tmp, path)
 
@@ -110,7 +118,9 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
             _fail(path, "corrupt header")
         body = size - _PREFIX.size - hlen
         try:
-            names = _ARRAYS if version >= 2 else _ARRAYS_V1
+            ranks = header.get("ranks")
+            ranked = isinstance(ranks, dict) and ranks.get("version") == LAYOUT_VERSION
+            names = (_ARRAYS if version >= 2 else _ARRAYS_V1) + (_RANK_ARRAYS if ranked else ())
             arrays = _read_arrays(f, header, _PREFIX.size + hlen, body, names)
             layers = [LayerInfo.from_dict(d) for d in header["layers"]]
             n_stats = int(header["n_stats"])
@@ -137,7 +147,10 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
                           skipped=BoundedSeries.from_arrays(skipped_steps, arrays.get("skipped", np.zeros(0)), lcap),
                           nonfinite=NonFiniteOrigin.from_dict(header["nonfinite"]) if header.get("nonfinite") else None,
                           overflow=NonFiniteOrigin.from_dict(header["overflow"]) if header.get("overflow") else None,
-                          meta=dict(header.get("meta") or {}))
+                          meta=dict(header.get("meta") or {}),
+                          ranks=RankSeries.from_arrays(ranks, arrays, len(layers)) if ranked else None)
+            if ranks is not None and not ranked:  # another version's rank statistics: the rest stands
+                trace.meta["ranks_skipped"] = "rank statistics of another format version"
         except ValueError as exc:
             if "not a readable NeuralDbg trace" in str(exc):
                 raise
@@ -159,7 +172,7 @@ def _by_name(data: np.ndarray, names: list[str], layout: list[str]) -> np.ndarra
     return out
 
 
-def _read_arrays(f, header: dict, base: int, body: int, names=_ARRAYS) -> dict[str, np.ndarray]:
+def _read_arrays(f, header: dict, base: int, body: int, names: tuple[str, ...] = _ARRAYS) -> dict[str, np.ndarray]:
     specs = {s["name"]: s for s in header["arrays"]}
     out = {}
     for name in names:

@@ -25,8 +25,8 @@ import weakref
 import numpy as np
 
 from .layers import Kind, LayerInfo
-from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, RangeState, Signal, SpikeState,
-                     UpdateState)
+from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, LrState, RangeState,
+                     ScalerState, Signal, SpikeState, TargetState, UpdateState, WeightState)
 from .stats import Stat
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
@@ -162,6 +162,7 @@ class Features:
     offset: np.ndarray         # per gain layer: |mean| / spread of its output (a bias far off shows here)
     segment: list[int]         # per gain layer: how many normalisation layers ran before it
     rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
+    wscale: np.ndarray         # per gain layer: its weights' spread vs the default init when watching started
     nonfinite: np.ndarray      # (T, L) bool
     ui: np.ndarray             # updated layers: their columns, update and weight norms, ratio (NaN: not usable)
     wu: np.ndarray
@@ -267,6 +268,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
             segment.append(seg)
     origin = np.stack(refs, axis=1) if refs else np.zeros((t, 0), dtype=np.float32)
     rscale = np.array([layers[i].extra.get("recurrent_scale", np.nan) for i in wi], dtype=np.float64)
+    wscale = np.array([layers[i].extra.get("weight_scale", np.nan) for i in wi], dtype=np.float64)
     nonfinite = act_nf | (cols.full(Stat.GRAD_NONFINITE) > 0)
     if len(gi):
         nonfinite[:, gi] |= np.isinf(wg) | np.isinf(wn)
@@ -287,22 +289,11 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, later=_later_max(rel), rel0=_first_finite(rel), wi=wi, own=own, prev=prev,
-                    origin=origin, offset=offset, segment=segment, rscale=rscale,
+                    origin=origin, offset=offset, segment=segment, rscale=rscale, wscale=wscale,
                     nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
                     growth=growth, has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
                     ai=ai, entropy=cols(ai, Stat.ATTN_ENTROPY), logit=logit, logit0=_first_finite(logit),
                     range_=cols.full(Stat.ACT_RANGE), absmax=cols.full(Stat.ACT_ABSMAX))
-
-
-def attenuation_series(trace: Trace) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The sampled steps and, per trainable weight layer, its relative gradient against the largest one
-    after it at each of them: how much of the gradient reaches it (threshold-independent)."""
-    f = features(trace)
-    if not len(f.steps) or not len(f.gi):
-        return f.steps, {}
-    with np.errstate(all="ignore"):
-        a = np.where(f.later > 0, f.rel / f.later, np.nan)
-    return f.steps, {f.names[i]: a[:, k] for k, i in enumerate(f.gi) if np.isfinite(a[:, k]).any()}
 
 
 def _max_ahead(reach: np.ndarray, segment: list[int]) -> np.ndarray:
@@ -338,9 +329,14 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
     rel, later = f.rel, f.later
     grad = np.zeros(rel.shape, dtype=np.int8)
     with np.errstate(invalid="ignore"):
+        grad[rel < later * max(th.diminishing_ratio, th.vanishing_ratio)] = GradState.DIMINISHING.code
         grad[rel < later * th.vanishing_ratio] = GradState.VANISHING.code
-        grad[(rel > later * th.exploding_ratio) | (rel > f.rel0 * th.exploding_ratio)] = GradState.EXPLODING.code
+        # far above the layers after it, or far above its own start while no smaller than them (a gradient that
+        # started attenuated and recovers has grown from a vanished start, not exploded)
+        grad[(rel > later * th.exploding_ratio) | ((rel > f.rel0 * th.exploding_ratio) & ~(rel < later))] = \
+            GradState.EXPLODING.code
     grad_values = {GradState.VANISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
+                   GradState.DIMINISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
                    GradState.EXPLODING: {"attenuation": _ratio(rel, later), "grad_growth": _ratio(rel, f.rel0),
                                          "relative_grad": _at(rel)}}
     out.append(StateSeries(Signal.GRADIENT, steps, grad, [names[i] for i in f.gi], grad_values))
@@ -369,10 +365,15 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         # from the default explodes or erases the state through time, whatever the output spread says
         gain[:, f.rscale < small] = GainState.SHRINKS.code
         gain[:, f.rscale > big] = GainState.AMPLIFIES.code
+        # weights started far below the default init's spread: the signal then rides on the biases, and the
+        # gradient through the weights vanishes, whatever the output's spread says (measured at the start only)
+        first = np.arange(len(gain)) < th.persist
+        gain[np.ix_(first, f.wscale < small)] = GainState.SHRINKS.code
     after_norm = np.broadcast_to(np.array(f.segment, dtype=np.float64) > 0, gain.shape).astype(np.float64)
     g_value = {"gain": _ratio(f.own, f.prev), "compounded": _at(reach), "offset": _at(f.offset),
                "after_norm": _at(after_norm),
-               "recurrent_scale": _at(np.broadcast_to(f.rscale, gain.shape))}
+               "recurrent_scale": _at(np.broadcast_to(f.rscale, gain.shape)),
+               "weight_scale": _at(np.broadcast_to(f.wscale, gain.shape))}
     out.append(StateSeries(Signal.GAIN, steps, gain, [names[i] for i in f.wi],
                            {GainState.SHRINKS: g_value, GainState.AMPLIFIES: g_value}))
 
@@ -487,8 +488,26 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
         inp[np.fmax(np.abs(mean), sd) > th.input_scale] = InputState.UNSCALED.code
     inp[g[:, col("input_nonfinite")] > 0] = InputState.NONFINITE.code
     in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
+    # the weights against their start (the median trainable layer): a collapse toward zero
+    with np.errstate(all="ignore"):
+        shrink = _row_median(np.where(f.wnu > 0, f.wnu / _first_finite(f.wnu), np.nan))
+    wts = np.where(shrink < 1.0 / th.weight_collapse, np.int8(WeightState.COLLAPSING.code), np.int8(0))
+    wts_values = {"weight_scale": _at(shrink)}
     return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], upd_by_state),
+            StateSeries(Signal.WEIGHTS, steps, wts[:, None], [""], {WeightState.COLLAPSING: wts_values}),
             StateSeries(Signal.INPUT, steps, inp[:, None], ["input"], {s: in_values for s in InputState}, persist=1)]
+
+
+def _row_median(x: np.ndarray) -> np.ndarray:
+    """The median of each row's finite values (NaN for a row with none), without numpy's NaN warnings."""
+    if x.shape[1] == 0:
+        return np.full(x.shape[0], np.nan)
+    s = np.sort(np.where(np.isfinite(x), x, np.inf), axis=1)
+    k = np.isfinite(x).sum(axis=1)
+    lo, hi = np.maximum((k - 1) // 2, 0), np.maximum(k // 2, 0)
+    rows = np.arange(x.shape[0])
+    med = (s[rows, np.minimum(lo, x.shape[1] - 1)] + s[rows, np.minimum(hi, x.shape[1] - 1)]) / 2
+    return np.where(k > 0, med, np.nan)
 
 
 def _rolling_median(v: np.ndarray, w: int) -> np.ndarray:
@@ -551,8 +570,23 @@ def loss_curve(values: np.ndarray, th: Thresholds) -> LossCurve:
     return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress)
 
 
+# the trend test reads at most this many losses, evenly spaced (its cost is quadratic)
+TREND_POINTS = 256
+
+
+def falling_z(v: np.ndarray) -> float:
+    """Mann-Kendall z of a downward trend: how many standard deviations more later losses are below
+    earlier ones than above them, against a loss that only moves by noise (about 2: clearly falling)."""
+    v = v[np.linspace(0, len(v) - 1, min(len(v), TREND_POINTS)).astype(int)]
+    n = len(v)
+    s = float(np.sign(v[:, None] - v[None, :])[np.triu_indices(n, 1)].sum())  # earlier minus later
+    _, ties = np.unique(v, return_counts=True)  # equal losses (a loss at exactly 0) narrow the spread
+    var = (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18
+    return s / math.sqrt(var) if var > 0 else 0.0
+
+
 def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> list[StateSeries]:
-    """A state per recorded loss: non-finite, diverging, oscillating, plateau or improving."""
+    """A state per recorded loss: non-finite, diverging, oscillating, plateau, stalled or improving."""
     steps, values = trace.loss.steps, trace.loss.data
     n = len(values)
     if n == 0:
@@ -566,12 +600,34 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     window_progress = (smooth[lag] - smooth) / scale
     enough = np.arange(n) + 1 >= th.plateau_steps
     state = np.zeros(n, dtype=np.int8)
+    state[enough & (c.progress < th.slow_progress)] = LossState.SLOW.code
     state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
+    # hysteresis: a plateau holds until the loss clearly improves (past slow_progress), so a loss hovering at
+    # the plateau threshold is one plateau, not a flicker between flat and slow
+    flat = state != 0
+    seg = np.cumsum(~flat)  # rows of one flat stretch share a number
+    was = np.zeros(n, dtype=bool)
+    if n:
+        plateau_rows = state == LossState.PLATEAU.code
+        first_of = np.full(int(seg.max()) + 1, n, dtype=np.int64)
+        np.minimum.at(first_of, seg[plateau_rows], np.nonzero(plateau_rows)[0])
+        was = np.arange(n) >= first_of[seg]
+    state[flat & was & (state == LossState.SLOW.code)] = LossState.PLATEAU.code
     state[enough & (osc > th.loss_oscillation) & (window_progress < th.loss_progress)] = LossState.OSCILLATING.code
+    # a run too short for a plateau: a loss that has not come down, or moves only by its batch noise
+    finite = values[c.ok].astype(np.float64)
+    z = math.nan
+    if th.min_losses <= len(finite) < th.plateau_steps:
+        z = falling_z(finite)
+        if c.progress[-1] < th.loss_progress or z < th.trend_z:
+            state[state == 0] = LossState.STALLED.code
     state[rise > th.loss_rise] = LossState.DIVERGING.code
     state[~c.ok] = LossState.NONFINITE.code
     start = c.start
-    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best)}
+    values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress),
+               "oscillation": _at(osc)}
+    stalled = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best),
+               "progress": lambda r: float(c.progress[-1]), "trend_z": lambda r: z}
     # spikes: a loss far above its recent level (its rolling median), by spike_factor times its typical
     # step-to-step change there and by at least what counts as progress on its own scale (a converged loss
     # at 1e-5 that jumps to 1e-3 has not spiked); one step is enough
@@ -582,14 +638,118 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
         spike = ((np.arange(n) > w) & (rise > th.spike_factor * noise) & (rise > th.loss_progress * scale)
                  & (noise > 0) & c.ok)
     spike_values = {"loss": _at(values[:, None]), "before": _at(level[:, None])}
-    return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: values_ for s in LossState}),
+    return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {s: (stalled if s == LossState.STALLED else values_)
+                                                                  for s in LossState}),
             StateSeries(Signal.SPIKE, steps, spike.astype(np.int8)[:, None], [""], {SpikeState.SPIKE: spike_values},
                         persist=1)]
+
+
+def _loss_reach(trace: Trace) -> tuple[float, float, float]:
+    """At the first step: the loss, the RMS of the model's output (the last layer to run), and how far the
+    loss is out of the output's reach, sqrt(loss) / RMS. Squared-error losses on targets of a scale the
+    outputs do not have start far above 1; a classification loss starts near it."""
+    order = trace.execution_order()
+    if not trace.loss.n or not trace.stats.n or not order or trace.loss.steps[0] != trace.stats.steps[0]:
+        return math.nan, math.nan, math.nan
+    row = trace.stats.data[0, order[-1].index]
+    rms = math.hypot(float(row[Stat.ACT_MEAN]), float(row[Stat.ACT_STD]))
+    loss = float(trace.loss.data[0])
+    if not (math.isfinite(loss) and math.isfinite(rms) and rms > 0):
+        return loss, rms, math.nan
+    return loss, rms, math.sqrt(abs(loss)) / rms
+
+
+def target_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
+    """What the loss says of the targets: a first loss whose square root is beyond the input-scale
+    threshold and that many times the outputs' RMS squared (a squared error against targets on a scale
+    the outputs do not have); a loss that falls below zero, past its own early scale, and on without
+    slowing (a cross-entropy against targets outside its range is unbounded below; a likelihood that may
+    go negative, a Gaussian NLL, slows down as it converges)."""
+    steps, v = trace.loss.steps, trace.loss.data.astype(np.float64)
+    n = len(v)
+    if n == 0:
+        return []
+    state = np.zeros(n, dtype=np.int8)
+    loss0, rms, reach = _loss_reach(trace)
+    if reach == reach and reach > th.input_scale ** 2 and math.sqrt(abs(loss0)) > th.input_scale:
+        state[0] = TargetState.OUT_OF_REACH.code
+    fall = {"start": math.nan, "lowest": math.nan, "depth": math.nan, "still_falling": 0.0}
+    ok = np.isfinite(v)
+    fv, fsteps = v[ok], steps[ok]
+    if len(fv) >= 12:
+        w = max(5, min(th.plateau_steps // 4, len(fv) // 10))
+        smooth = _rolling_median(fv, w)
+        below = np.nonzero(smooth < 0)[0]
+        if len(below):
+            # a loss per element is of order one nat or unit at most at the start: the floor keeps a loss
+            # that starts at ~0 (a negative cosine, a Gaussian NLL) from being deep below zero at -1
+            scale = max(abs(float(fv[0])), float(np.median(np.abs(np.diff(fv[:w + 1])))), 1.0)
+            q = len(fv) // 4
+            second, fourth = smooth[q] - smooth[2 * q], smooth[len(fv) - 1 - q] - smooth[-1]
+            depth = float(-smooth.min() / scale)
+            fall = {"start": float(fv[0]), "lowest": float(smooth.min()), "depth": depth,
+                    "still_falling": float(second > 0 and fourth >= 0.7 * second)}
+            if depth >= th.loss_below_zero and fall["still_falling"]:
+                # from where the steady fall began: targets out of range pull the loss down from the start
+                i = int(below[0])
+                while i > 0 and smooth[i - 1] >= smooth[i]:
+                    i -= 1
+                state[(steps >= int(fsteps[i])) & ok] = TargetState.UNBOUNDED.code
+    reach_values = {"loss": lambda r: loss0, "output_rms": lambda r: rms, "reach": lambda r: reach}
+    fall_values = {k: (lambda r, x=x: x) for k, x in fall.items()}
+    return [StateSeries(Signal.TARGET, steps, state[:, None], [""],
+                        {TargetState.OUT_OF_REACH: reach_values, TargetState.UNBOUNDED: fall_values}, persist=1)]
+
+
+def skip_run(steps: np.ndarray) -> tuple[int, int]:
+    """The longest run of skipped optimizer steps with at most one applied step between two of them
+    (skips share the step number of the next applied step): (its first step, its length)."""
+    best, start, length = (0, 0), 0, 0
+    for i, s in enumerate(steps):
+        if i and s - steps[i - 1] <= 1:
+            length += 1
+        else:
+            start, length = int(s), 1
+        if length > best[1]:
+            best = (start, length)
+    return best
+
+
+def scaler_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
+    """SKIPPING from the first step of the longest run of skipped optimizer steps when it is longer than
+    ``skipped_steps`` (a few at the start are a GradScaler's calibration, not a fault)."""
+    steps, scales = trace.skipped.steps, trace.skipped.data.astype(np.float64)
+    if not len(steps):
+        return []
+    start, length = skip_run(steps)
+    codes = np.zeros(len(steps), dtype=np.int8)
+    if length >= th.skipped_steps:
+        codes[steps >= start] = ScalerState.SKIPPING.code
+    low = float(np.nanmin(scales)) if np.isfinite(scales).any() else math.nan
+    values = {"run_start": lambda r: float(start), "run_length": lambda r: float(length), "lowest_scale": lambda r: low}
+    return [StateSeries(Signal.SCALER, steps, codes[:, None], [""], {ScalerState.SKIPPING: values}, persist=1)]
+
+
+def lr_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
+    """RAISED where the learning rate rises ``lr_jump`` times or more between sampled steps from a rate
+    that held steady before it (a warm-up ramp is no jump)."""
+    lr = trace.global_column("lr").astype(np.float64) if trace.globals.n else np.zeros(0)
+    state = np.zeros(len(lr), dtype=np.int8)
+    if len(lr) >= 3:
+        before, prior = lr[1:-1], lr[:-2]
+        with np.errstate(invalid="ignore"):
+            jump = (before > 0) & (lr[2:] >= th.lr_jump * before) & (np.abs(prior - before) <= th.lr_steady * before)
+        state[2:][jump] = LrState.RAISED.code
+    values = {"lr_before": lambda r: float(lr[r - 1]) if r > 0 else math.nan, "lr": _at(lr)}
+    return [StateSeries(Signal.LR, f.steps, state[:, None], [""], {LrState.RAISED: values}, persist=1)]
 
 
 def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> HealthTable:
     f = features(trace)
     series, latest = layer_series(f, th)
     series += global_series(trace, f, th)
+    series += lr_series(trace, f, th)
     series += loss_series(trace, th, curve)
+    series += target_series(trace, th)
+    series += scaler_series(trace, th)
     return HealthTable(steps=f.steps, layers=trace.layers, order=f.order, series=series, latest=latest)

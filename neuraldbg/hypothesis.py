@@ -15,6 +15,8 @@ class CausalHypothesis:
 
     ``layer``: the module name as in ``model.named_modules()``; ``""`` for the model as a whole;
     ``"input"`` for the data. ``chain``: cause to effect, in order. ``evidence``: the events behind it.
+    ``rank``: in a multi-process run, the rank where it starts first (None: one process, or every rank
+    at once).
     """
 
     cause: Cause
@@ -24,10 +26,12 @@ class CausalHypothesis:
     chain: list[str] = field(default_factory=list)
     evidence: list[SemanticEvent] = field(default_factory=list)
     suggestion: str = ""
+    rank: int | None = None
 
     @property
     def where(self) -> str:
-        return {"": "the model", "input": "the input data"}.get(self.layer, f"`{self.layer}`")
+        where = {"": "the model", "input": "the input data"}.get(self.layer, f"`{self.layer}`")
+        return where if self.rank is None else f"{where} on rank {self.rank}"
 
     def __str__(self) -> str:
         return f"{self.cause} in {self.where} from step {self.step} (confidence {self.confidence:.2f})"

@@ -79,7 +79,8 @@ class LayerInfo:
     n_trainable: int = 0
     channels_first: bool = False
     order: int | None = None             # set when first seen in a forward pass
-    # "recurrent_scale"; for a functional operation (a "site"): "owner", the module it is attributed to,
+    # "recurrent_scale", "weight_scale" (vs the default init, when watching starts); for a functional
+    # operation (a "site"): "owner", the module it is attributed to,
     # and "relation", "after" (it consumes that module's output) or "in" (it runs in its forward);
     # "passthrough": the module ran but only returned its input
     extra: dict = field(default_factory=dict)
@@ -116,13 +117,13 @@ class LayerInfo:
         return {"index": self.index, "name": self.name, "type": self.type_name, "kind": self.kind.value,
                 "bounds": list(self.bounds) if self.bounds else None, "n_params": self.n_params,
                 "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order,
-                "recurrent_scale": self.extra.get("recurrent_scale"),
+                "recurrent_scale": self.extra.get("recurrent_scale"), "weight_scale": self.extra.get("weight_scale"),
                 **{k: self.extra[k] for k in _EXTRA_TEXT + _EXTRA_FLAGS if k in self.extra}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LayerInfo":
         bounds = d.get("bounds")
-        extra: dict = {} if d.get("recurrent_scale") is None else {"recurrent_scale": float(d["recurrent_scale"])}
+        extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale") if d.get(k) is not None}
         extra.update({k: str(d[k]) for k in _EXTRA_TEXT if d.get(k) is not None})
         extra.update({k: True for k in _EXTRA_FLAGS if d.get(k)})
         return cls(index=int(d["index"]), name=str(d["name"]), type_name=str(d["type"]), kind=Kind(d["kind"]),
@@ -167,11 +168,29 @@ def recurrent_scale(module: nn.Module) -> float | None:
     return max(ratios, key=lambda r: abs(math.log(r)) if r > 0 else math.inf) if ratios else None
 
 
+def weight_scale(module: nn.Module) -> float | None:
+    """The spread of a Linear or convolution layer's weights against PyTorch's default init (uniform in
+    +-1/sqrt(fan_in): std 1/sqrt(3 fan_in)): 1 at the default, within a few times of it for the usual inits
+    (Kaiming, Xavier, N(0, 0.02) at the usual widths). None for other layers and weights that are all
+    zero (a deliberate zero init)."""
+    if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
+        return None
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() < 2 or w.is_meta or w.numel() < 2:
+        return None
+    with torch.no_grad():
+        std = float(w.detach().float().std())
+    fan_in = w[0].numel()
+    return std * math.sqrt(3 * fan_in) if std > 0 and math.isfinite(std) else None
+
+
 def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
     own = list(module.parameters(recurse=False))
     scale = recurrent_scale(module)
+    wscale = weight_scale(module)
     return LayerInfo(index=index, name=name, type_name=type(module).__name__, kind=classify(module),
                      bounds=output_bounds(module), n_params=sum(p.numel() for p in own),
                      n_trainable=sum(p.numel() for p in own if p.requires_grad),
                      channels_first=isinstance(module, _CHANNELS_FIRST),
-                     extra={} if scale is None else {"recurrent_scale": scale})
+                     extra={**({} if scale is None else {"recurrent_scale": scale}),
+                            **({} if wscale is None else {"weight_scale": wscale})})

@@ -37,6 +37,7 @@ class Described:
     evidence: tuple[str, ...]
     more_evidence: int      # events beyond the ones listed
     fix: str
+    on_rank: int | None = None  # the rank where it starts, in a multi-process run
 
     @property
     def weak(self) -> bool:
@@ -52,7 +53,8 @@ def describe(hyp: CausalHypothesis, rank: int | None = None) -> Described:
     return Described(rank=rank, cause=str(getattr(hyp.cause, "value", hyp.cause)), layer=str(hyp.layer),
                      where=hyp.where, step=int(hyp.step), confidence=float(hyp.confidence),
                      chain=tuple(str(c) for c in hyp.chain or ()), evidence=tuple(evidence[:MAX_EVIDENCE]),
-                     more_evidence=max(len(evidence) - MAX_EVIDENCE, 0), fix=str(hyp.suggestion or ""))
+                     more_evidence=max(len(evidence) - MAX_EVIDENCE, 0), fix=str(hyp.suggestion or ""),
+                     on_rank=getattr(hyp, "rank", None))
 
 
 def _split(hyps: Sequence[CausalHypothesis]) -> tuple[list[Described], list[Described]]:
@@ -183,7 +185,8 @@ def hypothesis_html(d: Described) -> str:
     parts = [
         f'<div class="ndbg-hyp{" ndbg-weak" if d.weak else ""}" data-cause="{html.escape(d.cause)}"'
         f' data-layer="{html.escape(d.layer)}" data-confidence="{d.confidence:.3f}"'
-        f' style="{_BOX};border-left:4px solid {edge};background:{tint}">',
+        + (f' data-rank="{int(d.on_rank)}"' if d.on_rank is not None else "")
+        + f' style="{_BOX};border-left:4px solid {edge};background:{tint}">',
         f"<div><b>{d.rank}. {html.escape(d.cause.replace('_', ' '))}</b> in {_h(where)}, from step {d.step}"
         f" &nbsp; {_bar(d.confidence)}</div>",
     ]

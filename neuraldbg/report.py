@@ -22,15 +22,16 @@ def _loss_line(trace) -> str | None:
             f"{int(trace.loss.steps[-1])} (best {number(float(ok.min()))}, {trace.loss.n} recorded)")
 
 
-def render_report(analysis, trace=None, step: int | None = None) -> str:
+def render_report(analysis, trace=None, step: int | None = None, extra: list[str] | None = None) -> str:
     """The verdict as text: what was watched (and what could not be), the loss, skipped steps, then the
-    verdict (the top cause, its chain, the numbers and the fix; then the others)."""
+    verdict (the top cause, its chain, the numbers and the fix; then the others). ``extra``: lines under
+    the heading (the ranks of a multi-process run)."""
     steps = step if step is not None else analysis.steps
     sampled = trace.stats.n if trace is not None else 0
     n_layers = len(trace.layers) if trace is not None else len(analysis.health)
     n_ops = sum(1 for l in trace.layers if l.is_site) if trace is not None else 0
     watched = f"{n_layers - n_ops} layers" + (f" and {n_ops} functional operations" if n_ops else "")
-    lines = [f"NeuralDbg report: {steps} steps, {sampled} sampled, {watched} watched"]
+    lines = [f"NeuralDbg report: {steps} steps, {sampled} sampled, {watched} watched", *(extra or [])]
     unobserved = trace.unobserved() if trace is not None and sampled else {}
     if unobserved:
         shown = [f"`{n}` ({why})" for n, why in list(unobserved.items())[:_MAX_LISTED]]

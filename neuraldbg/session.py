@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import fileformat
+from .distributed import AgreedSchedule, ignored_parameters, rank_info, unwrap
 from .recorder import Recorder
 from .schedule import Clock, Schedule, Throttle
 from .thresholds import Thresholds
@@ -32,29 +33,52 @@ class NeuralDbg:
     ``torch.amp.GradScaler`` of a mixed-precision loop: its scale is recorded and the gradient
     statistics are divided by it). A step the optimizer skips because its gradients hold NaN/Inf
     (a GradScaler's calibration) is not counted and is not a fault by itself; a run of them is.
+
+    Multi-process runs (a ``torch.distributed`` process group of two or more exists; ``distributed=False``
+    opts out, ``distributed=True`` opts in even in a world of one):
+    every rank records with the same schedule, ranks exchange statistics every ``merge_every`` steps over
+    a gloo group of their own (``merge_timeout`` seconds at most), and each rank writes
+    ``run_dir/rank00000.ndbg`` (its own rank) when watching stops, at merges (at most every
+    ``checkpoint_interval`` seconds) and on failure; ``NeuralDbg.load(run_dir)`` merges them. ``model``
+    may be the ``DistributedDataParallel`` wrapper or the module inside it (same layer names).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  thresholds: Thresholds | None = None, *, every: int | None = None, capacity: int = 2048,
                  on_step: Callable[["NeuralDbg"], None] | None = None, update_interval: float = 0.25,
                  clock: Clock | None = None, after_step: Callable[["NeuralDbg"], None] | None = None,
-                 scaler=None):
+                 scaler=None, run_dir: str | os.PathLike | None = None, distributed: bool | None = None,
+                 merge_every: int = 50, merge_timeout: float = 300.0, checkpoint_interval: float = 30.0):
         if thresholds is not None and not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds must be a neuraldbg.Thresholds, got {type(thresholds).__name__}")
         self.thresholds = thresholds or Thresholds()
+        unsynced = ignored_parameters(model)  # parameters a DDP wrapper leaves to each rank on purpose
+        model = unwrap(model)  # a DDP wrapper: the module inside, so that names carry no "module." prefix
         self.model: nn.Module | None = model
         self.optimizer = optimizer
         self._analysis = None
         self._analysis_key = None
         self._on_step = on_step
+        self._after_step = after_step
+        self._run = None
+        self._view = None
+        info = rank_info(required=distributed is True) if distributed is not False else None
         throttle = Throttle(update_interval, clock) if clock is not None else Throttle(update_interval)
         self._recorder: Recorder | None = Recorder(
-            model, optimizer, every=every, capacity=capacity, schedule=Schedule(every),
+            model, optimizer, every=every, capacity=capacity,
+            schedule=AgreedSchedule(every) if info is not None else Schedule(every),
             on_step=self._notify if on_step is not None else None, throttle=throttle,
-            after_step=(lambda: after_step(self)) if after_step is not None else None, scaler=scaler,
+            after_step=self._step_end if (after_step is not None or info is not None) else None, scaler=scaler,
             spike_factor=self.thresholds.spike_factor)
         self._trace: Trace = self._recorder.trace
         self._loaded_step = 0
+        self._ranks = None
+        if info is not None:
+            from .rankwatch import RankWatch
+
+            self._ranks = RankWatch.for_session(self, info, run_dir=run_dir, merge_every=merge_every,
+                                                merge_timeout=merge_timeout, checkpoint_interval=checkpoint_interval,
+                                                unsynced=unsynced)
 
     @classmethod
     def _from_trace(cls, trace: Trace, thresholds: Thresholds | None = None) -> "NeuralDbg":
@@ -68,6 +92,18 @@ class NeuralDbg:
         self._recorder = None
         self._trace = trace
         self._loaded_step = int(trace.meta.get("step", 0))
+        self._after_step = None
+        self._ranks = None
+        self._run = None
+        self._view = None
+        return self
+
+    @classmethod
+    def _from_run(cls, run, thresholds: Thresholds | None = None) -> "NeuralDbg":
+        self = cls._from_trace(run.traces[run.present[0]], thresholds)
+        self._run = run
+        self._view = run.present[0]
+        self._loaded_step = run.step
         return self
 
     # -- watching ---------------------------------------------------------------------------------
@@ -83,12 +119,26 @@ class NeuralDbg:
         if self._recorder is None:
             raise RuntimeError("a loaded session cannot watch a model; create a new NeuralDbg")
         self._recorder.attach()
+        if self._ranks is not None:
+            try:
+                self._ranks.attach()
+            except BaseException:
+                self._recorder.detach()
+                raise
         return self
 
     def stop(self) -> None:
         if self._recorder is not None:
             self._recorder.detach()
             self._trace.meta["step"] = self._recorder.step
+        if self._ranks is not None:
+            self._ranks.detach()  # writes this rank's file
+
+    def _step_end(self) -> None:
+        if self._ranks is not None and self._recorder is not None:
+            self._ranks.step_done(self._recorder.step - 1)
+        if self._after_step is not None:
+            self._after_step(self)
 
     @property
     def watching(self) -> bool:
@@ -123,6 +173,8 @@ class NeuralDbg:
         >>> loss = loss_of(model, batch)
         >>> dbg.end_forward(loss); loss.backward(); opt.step()
         """
+        if self._ranks is not None and self.watching:
+            self._ranks.probe.see_pass((inputs,), {})
         self._live_recorder().begin_pass((inputs,), {}, run)
 
     def end_forward(self, outputs) -> None:
@@ -162,13 +214,43 @@ class NeuralDbg:
 
     @property
     def trace(self) -> Trace:
-        """The recorded trace itself (internal layout; front ends read ``view``)."""
-        return self._trace
+        """The recorded trace (of the rank in view, for a merged multi-process run)."""
+        return self._run.traces[self._view] if self._run is not None else self._trace
+
+    # -- ranks ------------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int | None:
+        """This process's rank in a multi-process run, or the rank in view of a merged one; None otherwise."""
+        if self._run is not None:
+            return self._view
+        return self._ranks.info.rank if self._ranks is not None else self._trace.meta.get("rank")
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks whose traces this session holds ([] for one process)."""
+        if self._run is not None:
+            return self._run.present
+        return [self.rank] if self.rank is not None else []
+
+    def view_rank(self, rank: int) -> None:
+        """Show another rank of a merged run: ``trace`` and ``health()`` become that rank's."""
+        if self._run is None or rank not in self._run.traces:
+            raise ValueError(f"no trace of rank {rank!r} here (ranks: {self.ranks})")
+        self._view = int(rank)
+
+    def _merged(self):
+        """The multi-process run behind this session, or None for one process."""
+        if self._run is not None:
+            return self._run
+        from .merge import from_trace
+
+        return from_trace(self._trace, self.step)
 
     @property
     def view(self) -> TraceView:
-        """A read-only view of what was recorded: layers in forward order, sampled statistics, loss."""
-        return TraceView(self._trace)
+        """A read-only view of what was recorded: layers in forward order, sampled statistics, loss (of the
+        rank in view, for a merged multi-process run)."""
+        return TraceView(self.trace)
 
     def _notify(self) -> None:
         if self._on_step is not None:
@@ -181,12 +263,22 @@ class NeuralDbg:
 
         if self._recorder is not None:
             self._recorder.flush_losses()
+        ranked = self._trace.ranks
         key = (self._trace.stats.n, int(self._trace.stats.steps[-1]) if self._trace.stats.n else -1,
-               self._trace.loss.n, self._trace.nonfinite, self.thresholds, self.step)
+               self._trace.loss.n, self._trace.nonfinite, self.thresholds, self.step,
+               None if ranked is None else (ranked.rows.n, ranked.batches.n), id(self._run))
+        run = self._merged()
         if self._analysis is None or key != self._analysis_key:
-            self._analysis = analyze(self._trace, self.thresholds, steps=self.step)
+            if run is None:
+                self._analysis = analyze(self._trace, self.thresholds, steps=self.step)
+            else:
+                from .rankanalysis import analyze_run
+
+                self._analysis = analyze_run(run, self.thresholds)
             self._analysis_key = key
-        return self._analysis
+        if run is None:
+            return self._analysis
+        return self._analysis.view(self._view if self._run is not None else run.present[0])
 
     def explain(self) -> Verdict:
         """Ranked causal hypotheses, best first; ``[]`` when nothing is wrong. A ``Verdict``: a list
@@ -218,7 +310,9 @@ class NeuralDbg:
     def report(self) -> str:
         from .report import render_report
 
-        return render_report(self.analysis(), self._trace, step=self.step)
+        run = self._merged()
+        return render_report(self.analysis(), self.trace, step=self.step,
+                             extra=[run.summary()] if run is not None else None)
 
     def mermaid(self) -> str:
         """The causal graph of the top hypotheses as a Mermaid flowchart."""
@@ -228,20 +322,36 @@ class NeuralDbg:
 
     # -- files ------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
+        if self._run is not None:
+            raise ValueError("a merged run stays in its run directory; save one rank with "
+                             "NeuralDbg.load(run_dir).view_rank(r) ... from its own file")
         if self._recorder is not None:
             self._recorder.flush_losses()
         fileformat.save(self._trace, path, extra_meta={"step": self.step, "thresholds": self.thresholds.to_dict()})
 
     @classmethod
     def load(cls, path: str | os.PathLike, thresholds: Thresholds | None = None) -> "NeuralDbg":
+        """A saved trace (``run.ndbg``), or a run directory of rank files (``run_dir/rank00000.ndbg``, ...):
+        their ranks merged into one session."""
+        if os.path.isdir(path):
+            from .merge import load_run
+
+            run, meta = load_run(path)
+            return cls._from_run(run, thresholds or _saved_thresholds(meta))
         trace, meta = fileformat.load(path)
-        if thresholds is None and isinstance(meta.get("thresholds"), dict):
-            try:
-                thresholds = Thresholds.from_dict(meta["thresholds"])
-            except (TypeError, ValueError):
-                thresholds = None
-        return cls._from_trace(trace, thresholds)
+        return cls._from_trace(trace, thresholds or _saved_thresholds(meta))
 
     def __repr__(self) -> str:
         state = "watching" if self.watching else ("loaded" if self._recorder is None else "stopped")
-        return f"<NeuralDbg {state}, step {self.step}, {len(self._trace.layers)} layers>"
+        ranks = f", {len(self._run.present)} ranks" if self._run is not None else (
+            f", rank {self.rank}" if self.rank is not None else "")
+        return f"<NeuralDbg {state}, step {self.step}, {len(self._trace.layers)} layers{ranks}>"
+
+
+def _saved_thresholds(meta: dict) -> Thresholds | None:
+    if isinstance(meta.get("thresholds"), dict):
+        try:
+            return Thresholds.from_dict(meta["thresholds"])
+        except (TypeError, ValueError):
+            return None
+    return None

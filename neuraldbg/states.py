@@ -43,6 +43,7 @@ class GradState(_State):
     HEALTHY = "healthy"
     VANISHING = "vanishing"
     EXPLODING = "exploding"
+    DIMINISHING = "diminishing"   # attenuated toward the input, within ten times of vanishing
 
 
 class GainState(_State):
@@ -78,6 +79,37 @@ class LossState(_State):
     DIVERGING = "diverging"
     OSCILLATING = "oscillating"
     NONFINITE = "nonfinite"
+    STALLED = "stalled"       # a run too short for a plateau whose loss has not come down beyond its noise
+    SLOW = "slow"             # long enough for a plateau, it came down, but hardly (a failure when explained)
+
+
+class TargetState(_State):
+    """What the loss says of the targets (they are not seen themselves)."""
+
+    NORMAL = "normal"
+    OUT_OF_REACH = "out_of_reach"   # a first loss far beyond what the outputs' scale can reach
+    UNBOUNDED = "unbounded"         # a loss that cannot be negative falls deep below zero, still falling
+
+
+class WeightState(_State):
+    """The size of the weights against their start, for the model as a whole (the median layer)."""
+
+    NORMAL = "normal"
+    COLLAPSING = "collapsing"       # shrunk toward zero many times over (a weight decay that holds them there)
+
+
+class ScalerState(_State):
+    """A loss scaler (GradScaler) that skips optimizer steps whose gradients hold NaN/Inf."""
+
+    NORMAL = "normal"
+    SKIPPING = "skipping"           # a run of skipped steps longer than its calibration: no scale fixes it
+
+
+class LrState(_State):
+    """The learning rate of the first parameter group, as the optimizer reports it."""
+
+    STEADY = "steady"
+    RAISED = "raised"               # risen several times over from a rate that held steady
 
 
 class AttnState(_State):
@@ -113,6 +145,10 @@ class Signal(str, Enum):
     UPDATE = "update"
     INPUT = "input"
     LOSS = "loss"
+    TARGET = "target"
+    LR = "lr"
+    SCALER = "scaler"
+    WEIGHTS = "weights"
     ATTENTION = "attention"
     RANGE = "range"
     SPIKE = "spike"

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _f(default, label: str, scale: str, lo, hi, doc: str):
-    return field(default=default, metadata={"label": label, "scale": scale, "min": lo, "max": hi, "doc": doc})
+def _f(default, label: str, scale: str, lo, hi, doc: str, slider: bool = True, group: str = ""):
+    return field(default=default, metadata={"label": label, "scale": scale, "min": lo, "max": hi, "doc": doc,
+                                            "slider": slider, "group": group})
 
 
 @dataclass(frozen=True, init=False)
@@ -41,9 +42,15 @@ class Thresholds:
                                 "relative weight gradient of a layer vs the layers after it, below which it vanished")
     exploding_ratio: float = _f(1e3, "gradient amplification", "log", 3.0, 1e8,
                                 "relative weight gradient vs the layers after it, or vs its own start, that explodes")
+    diminishing_ratio: float = _f(1e-3, "gradient diminishing", "log", 1e-7, 0.5,
+                                  "relative weight gradient vs the layers after it below which it is diminishing "
+                                  "(a band above vanishing; with a loss that does not improve, it is why)")
     # -- updates -----------------------------------------------------------------------------------
     update_too_large: float = _f(0.1, "update/weight high", "log", 1e-3, 10.0,
                                  "update-to-weight ratio of a layer per step above which its update is too large")
+    weight_collapse: float = _f(10.0, "weight collapse", "log", 2.0, 1e6,
+                                "factor by which the weights (their median layer) shrink from their start toward "
+                                "zero that is a collapse (a weight decay holding them there)", slider=False)
     update_negligible: float = _f(1e-5, "update/weight low", "log", 1e-10, 1e-2,
                                   "largest update-to-weight ratio per step below which updates are negligible")
     # -- loss --------------------------------------------------------------------------------------
@@ -55,6 +62,15 @@ class Thresholds:
                               "least improvement of the smoothed loss, as a fraction of the start loss, not a plateau")
     plateau_steps: int = _f(50, "plateau steps", "linear", 5, 1000,
                             "recorded losses needed before the loss can be called flat")
+    min_losses: int = _f(10, "fewest losses", "linear", 3, 1000,
+                         "recorded losses needed before a run too short for a plateau can be called stalled",
+                         slider=False)
+    trend_z: float = _f(2.0, "trend z", "linear", 0.5, 5.0,
+                        "Mann-Kendall z of a falling loss, in standard deviations of pure noise, that counts as a "
+                        "downward trend in a short run", slider=False)
+    loss_below_zero: float = _f(1.0, "loss below zero", "log", 0.1, 1e4,
+                                "depth below zero, in units of the loss's early scale, past which a loss still falling "
+                                "as fast points at targets outside its range", slider=False)
     # -- attention ---------------------------------------------------------------------------------
     attention_entropy: float = _f(0.3, "attention entropy", "linear", 0.01, 0.9,
                                   "mean attention entropy, as a fraction of log(keys), below which attention "
@@ -62,9 +78,10 @@ class Thresholds:
     attention_logit_growth: float = _f(10.0, "attention logit growth", "log", 2.0, 1e4,
                                        "growth of the largest attention logit since the first sample that is "
                                        "growth without bound")
-    collapse_progress: float = _f(0.25, "progress with collapse", "log", 0.01, 0.9,
-                                  "improvement of the loss, as a fraction of the start loss, below which a "
-                                  "collapsed attention explains why it does not learn")
+    slow_progress: float = _f(0.25, "slow progress", "log", 0.01, 0.9,
+                              "improvement of the loss over a run long enough for a plateau, as a fraction of its "
+                              "start, below which it hardly comes down (a failure when a cause explains it, such as "
+                              "a collapsed attention)")
     # -- precision ---------------------------------------------------------------------------------
     range_margin: float = _f(10.0, "dtype range margin", "log", 1.5, 1e4,
                              "factor below the largest value of a layer's output dtype (float16: 65504) "
@@ -81,6 +98,72 @@ class Thresholds:
     # -- data --------------------------------------------------------------------------------------
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
                             "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
+    # -- ranks (multi-process runs) ----------------------------------------------------------------
+    replica_divergence: float = _f(1e-5, "replica divergence", "log", 1e-9, 1e-1,
+                                   "relative difference of a layer's weight checksum from the other ranks' above "
+                                   "which its replicas diverged (data-parallel replicas are bit-identical)",
+                                   group="ranks")
+    duplicate_batches: float = _f(0.5, "duplicate batches", "linear", 0.05, 1.0,
+                                  "share of steps with the same batch on two ranks, or at a fixed distance on one "
+                                  "rank (every epoch), for the data to be duplicated", group="ranks")
+    rank_input_scale: float = _f(5.0, "rank input scale", "log", 1.5, 1e4,
+                                 "RMS of a rank's batches over the median rank's (either way) above which its data "
+                                 "is out of scale", group="ranks")
+    bn_rank_spread: float = _f(0.5, "BatchNorm rank spread", "log", 0.01, 10.0,
+                               "difference of BatchNorm running means across ranks, in running standard "
+                               "deviations (or of their log variances), above which the ranks normalise "
+                               "differently", group="ranks")
+    grad_world_ratio: float = _f(1.25, "gradient world ratio", "log", 1.01, 100.0,
+                                 "gradient after the all-reduce over the mean of the ranks' own (an average gives "
+                                 "1, a sum the world size) above which it was summed over the ranks",
+                                 group="ranks")
+    # -- learning rate -----------------------------------------------------------------------------
+    lr_jump: float = _f(2.0, "lr jump", "log", 1.2, 100.0,
+                        "factor by which the learning rate rises between sampled steps, from a steady rate, "
+                        "that counts as a jump", slider=False)
+    lr_steady: float = _f(0.1, "lr steadiness", "linear", 0.0, 1.0,
+                          "relative change between the two samples before a rise under which the rate held steady "
+                          "(a warm-up ramp is no jump)", slider=False)
+    lr_jump_window: int = _f(16, "lr jump window", "linear", 1, 1000,
+                             "steps after a jump of the learning rate within which a failure is blamed on it",
+                             slider=False)
+    usual_lr: float = _f(1e-2, "usual lr", "log", 1e-6, 10.0,
+                         "a learning rate at least this large is not what makes updates negligible: the gradient is",
+                         slider=False)
+    input_reach: int = _f(3, "input reach", "linear", 1, 20,
+                          "layers from the input that an input out of scale harms directly", slider=False)
+    # -- the evidence model: one logistic function turns a hypothesis's evidence into its confidence
+    evidence_bias: float = _f(-3.0, "evidence: bias", "linear", -10.0, 10.0,
+                              "log-odds of a hypothesis with no evidence past its thresholds", slider=False)
+    evidence_severity: float = _f(2.0, "evidence: severity", "linear", 0.0, 10.0,
+                                  "weight of how far past its threshold the defining measurement is (0..1)",
+                                  slider=False)
+    evidence_persistence: float = _f(1.0, "evidence: persistence", "linear", 0.0, 10.0,
+                                     "weight of how long the defining state holds, as a share of the run (0..1)",
+                                     slider=False)
+    evidence_impact: float = _f(2.5, "evidence: impact", "linear", 0.0, 10.0,
+                                "weight of explaining the loss's failure (1; 0.5 when no loss is recorded)",
+                                slider=False)
+    evidence_floor: float = _f(0.25, "evidence: floor", "linear", 0.0, 1.0,
+                               "share of a loss failure a share of a layer's units (dead, saturated) just past its "
+                               "threshold explains (all of it from 1 - floor past it)", slider=False)
+    evidence_consequence: float = _f(1.5, "evidence: consequence", "linear", 0.0, 10.0,
+                                     "weight of explaining other abnormal events (blocked gradients, NaN)",
+                                     slider=False)
+    evidence_unknown_loss: float = _f(0.5, "evidence: unknown loss", "linear", 0.0, 1.0,
+                                      "impact counted when no loss is recorded", slider=False)
+    evidence_unharmed: float = _f(0.5, "evidence: unharmed", "linear", 0.0, 1.0,
+                                  "share of severity and persistence counted for a cause that is no failure by "
+                                  "itself (a weight scale) while it explains no loss failure or other event",
+                                  slider=False)
+    evidence_partial_loss: float = _f(0.5, "evidence: partial loss failure", "linear", 0.0, 1.0,
+                                      "how much of a failure a partial one is: the loss spiking for a step, or a short "
+                                      "run's loss that came down, but not beyond its batch noise", slider=False)
+    evidence_nan_consequence: float = _f(2.0, "evidence: NaN consequence", "linear", 1.0, 5.0,
+                                         "consequence counted for explaining a NaN/Inf (1 for other events)",
+                                         slider=False)
+    evidence_certain: float = _f(4.0, "evidence: certainty", "linear", 0.0, 10.0,
+                                 "weight of a fact that is a failure by itself (NaN/Inf produced)", slider=False)
     # -- events ------------------------------------------------------------------------------------
     persist: int = _f(2, "persistence", "linear", 1, 20,
                       "consecutive samples a state must hold before it becomes an event (hysteresis)")

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .layers import LayerInfo
 from .stats import N_STATS
+
+if TYPE_CHECKING:
+    from .ranktrace import RankSeries
 
 
 class BoundedSeries:
@@ -155,6 +159,7 @@ class Trace:
     nonfinite: NonFiniteOrigin | None = None
     overflow: NonFiniteOrigin | None = None   # where the NaN/Inf of the first skipped step came from
     meta: dict = field(default_factory=dict)
+    ranks: RankSeries | None = None      # the rank axis of a multi-process run
 
     def __post_init__(self):
         if self.stats is None:
@@ -171,7 +176,8 @@ class Trace:
         return Trace([dataclasses.replace(l, extra=dict(l.extra)) for l in self.layers], capacity=self.capacity,
                      loss_capacity=self.loss_capacity, stats=self.stats.copy(), globals=self.globals.copy(),
                      loss=self.loss.copy(), skipped=self.skipped.copy(), nonfinite=self.nonfinite,
-                     overflow=self.overflow, meta=dict(self.meta))
+                     overflow=self.overflow, meta=dict(self.meta),
+                     ranks=self.ranks.copy() if self.ranks is not None else None)
 
     def add_layers(self, layers: list[LayerInfo]) -> None:
         """Append layers found while watching (functional operations); their past rows are NaN."""

@@ -353,7 +353,8 @@ def test_sliders_come_from_the_thresholds_metadata(tmp_path):
     assert not dash.controls.built  # made when the section first opens (or when asked for)
     for f in dataclasses.fields(Thresholds):
         md = f.metadata
-        if "min" not in md:
+        if "min" not in md or not md["slider"]:
+            assert f.name not in dash.controls.sliders
             continue
         s = dash.controls.sliders[f.name]
         assert "ndbg-slider" in s._dom_classes and f"ndbg-slider-{f.name}" in s._dom_classes
@@ -394,13 +395,15 @@ def test_moving_a_slider_reanalyses_and_redraws_grid_and_panel():
     assert dash.note.value == ""
     dash.controls.sliders["dead_fraction"].value = 0.9  # as a user dragging it
     assert dbg.thresholds.dead_fraction == pytest.approx(0.9)
-    assert _verdict(dbg) == []  # re-analysed from the recorded trace, no retraining
-    assert 'class="ndbg-healthy"' in dash.panel.value and 'data-cause="dead_units"' not in dash.panel.value
+    # re-analysed from the recorded trace, no retraining: 69% of the units is no dead layer at 0.9; what is
+    # left is the bias of -50 behind them (the labels are random, so the loss cannot come down)
+    assert ("dead_units", "1") not in _verdict(dbg)
+    assert 'data-cause="dead_units"' not in dash.panel.value and dash.panel.value != before_panel
     assert 'data-layer="1" data-act="normal"' in rows_of(dash.grid)
     assert "Re-analysed with <code>dead_fraction=0.9</code>" in dash.note.value
     assert "the verdict changed" in dash.note.value
     static = dash.static_bundle()
-    assert static["text/plain"] == dbg.report() and "ndbg-healthy" in static["text/html"]
+    assert static["text/plain"] == dbg.report() and 'data-cause="dead_units"' not in static["text/html"]
 
     # a move that does not change the verdict still says that it ran, and with what
     dash.controls.sliders["exploding_ratio"].value = 1e4

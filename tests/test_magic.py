@@ -46,13 +46,14 @@ def test_threshold_flags_come_from_the_thresholds_fields_and_override_config(ip)
 
     from neuraldbg import Thresholds
     magics = magics_of(ip)
-    for f in dataclasses.fields(Thresholds):
-        assert f"--{f.name.replace('_', '-')}" in magics.neuraldbg_cell.__doc__
+    for f in dataclasses.fields(Thresholds):  # a flag for each threshold a user tunes; %config for the rest
+        flag = f"--{f.name.replace('_', '-')} "
+        assert (flag in magics.neuraldbg_cell.__doc__) == f.metadata["slider"], f.name
     ip.run_cell(DEAD_SETUP)
-    magics.thresholds = {"dead_fraction": 0.8, "persist": 3}
+    magics.thresholds = {"dead_fraction": 0.8, "persist": 3, "evidence_bias": -3.5}
     run(ip, "%%neuraldbg model --dead-fraction 0.9\n" + train(2))
     th = ip.user_ns["_ndbg"].thresholds
-    assert (th.dead_fraction, th.persist) == (0.9, 3)
+    assert (th.dead_fraction, th.persist, th.evidence_bias) == (0.9, 3, -3.5)
     assert th.vanishing_ratio == Thresholds().vanishing_ratio
     with pytest.raises(UsageError, match="invalid int value"):
         ip.run_cell_magic("neuraldbg", "model --persist 2.5", "ran = True")
@@ -515,6 +516,7 @@ def test_fuzzed_line_magic_commands_work_or_fail_in_one_line(ip, tmp_path, monke
     @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
     @given(line=st.lists(word, max_size=3).map(" ".join))
     def check(line):
+        ip.user_ns["_ndbg"] = session  # an earlier example's `load` may have replaced it
         try:
             with capture_output():
                 ip.run_line_magic("neuraldbg", line)

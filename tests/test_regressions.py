@@ -21,17 +21,7 @@ from regressions import (functional_cnn_adam, lstm_recurrent_too_large, postln_t
 CONFIDENT = 0.5
 ATTENTION = ("encoder.layers.0.self_attn", "encoder.layers.1.self_attn")
 
-KNOWN = {  # case -> the verdict measured today (strict xfail until the reasoner gets it right)
-    "tanh_mlp_sgd": "learning_rate_too_high 0.90 comes first, but vanishing_gradients in `0` (0.87) and "
-                    "learning_rate_too_low (0.70) stand as verdicts too, the latter's fix raising the learning "
-                    "rate from 0.5 to ~500",
-    "postln_transformer_200": "vanishing_gradients in `encoder.layers.0.linear1` (0.66); learning_rate_too_high "
-                              "only a weak signal (0.42)",
-    "postln_transformer_300": "vanishing_gradients in `encoder.layers.0.linear1` (0.66); learning_rate_too_high "
-                              "only a weak signal (0.42)",
-    "functional_cnn_adam": "vanishing_gradients in `conv2` (0.92) first; learning_rate_too_high (0.85) without "
-                           "the dead units in its chain: the F.relu after conv2 and fc1 is not seen",
-}
+KNOWN: dict[str, str] = {}  # case -> the verdict measured today (strict xfail until the reasoner gets it right)
 
 
 def _build(case: str):

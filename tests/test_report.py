@@ -17,7 +17,7 @@ def _report(name: str):
 def test_dead_layer_report():
     dbg, text = _report("dead_middle_relu")
     assert "Verdict: dead_units in `3`, from step 0." in text
-    assert "100% of the units of `3` output 0 for every input from step 0" in text
+    assert "100% of the units of `3` are dead: they output 0 for every input from step 0" in text
     assert "no gradient flows back through `3`: it vanishes in `0`, `2`" in text
     assert "fix: re-initialise `2` (bias to 0" in text and "LeakyReLU(0.01)" in text
     assert "dead_fraction 1" in text  # the number behind the event

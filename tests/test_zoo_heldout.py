@@ -9,11 +9,7 @@ from zoo import train
 from zoo_heldout import (FAULTY, HEALTHY, TemperedSoftmax, attention_warmup_1e6_steps, gru_grad_clip_1e_8,
                          softmax_head_sgd_lr)
 
-KNOWN_MISSES = {  # scenario -> why its verdict is wrong (an xfail until fixed)
-    "gru_recurrent_x30": "the GRU's recurrent weights start 30x their default scale, but nothing at its output "
-                         "or in the loss shows the harm: the scale alone is a weak signal (0.45), since a "
-                         "trained model's recurrent weights may differ from the default too",
-}
+KNOWN_MISSES: dict[str, str] = {}  # scenario -> why its verdict is wrong (an xfail until fixed)
 
 
 def _verdict(hyps) -> str:

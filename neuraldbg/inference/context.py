@@ -1,0 +1,100 @@
+"""What inference reads: the semantic events, the links between them, the layer table and the NaN origin.
+
+Nothing here holds raw statistics: the earlier stages have turned them into states and events.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..events import SemanticEvent
+from ..layers import LayerInfo
+from ..patterns import Link, LinkKind
+from ..states import FiniteState, LossState, Signal
+from ..thresholds import Thresholds
+from ..trace import NonFiniteOrigin
+
+if TYPE_CHECKING:
+    from ..rankevents import RankEvidence
+
+
+@dataclass
+class Context:
+    events: list[SemanticEvent]
+    links: list[Link]
+    layers: dict[str, LayerInfo]
+    rank: dict[str, int]            # forward order of the layers that ran
+    first_step: int                 # the first sampled step
+    last_step: int                  # the last step seen (sampled or with a loss)
+    nonfinite: NonFiniteOrigin | None
+    overflow: NonFiniteOrigin | None  # where the NaN/Inf of the first step a loss scaler skipped came from
+    lr: float                       # the latest learning rate (NaN: unknown)
+    lr_first: float                 # ... at the first sample
+    lr_peak: float                  # ... the largest
+    th: Thresholds
+    has_loss: bool
+    ranks: RankEvidence | None = None  # the other ranks of a multi-process run, else None
+    sampled: tuple[int, ...] = ()   # the steps whose layer statistics were sampled
+
+    def sample_before(self, step: int) -> int:
+        """The sampled step before ``step`` (``step`` itself when none is): an event dated at ``step`` began
+        somewhere after it."""
+        earlier = [s for s in self.sampled if s < step]
+        return earlier[-1] if earlier else step
+
+    def all(self, signal: Signal, *states) -> list[SemanticEvent]:
+        return [e for e in self.events if e.signal == signal and (not states or e.after in states)]
+
+    def linked(self, kind: LinkKind, cause: SemanticEvent) -> list[SemanticEvent]:
+        return [e for link in self.links if link.kind == kind and link.cause is cause for e in link.effects]
+
+    def from_start(self, ev: SemanticEvent | int) -> bool:
+        """An event linked as present from the first sample (or a step at or before it)."""
+        if isinstance(ev, int):
+            return ev <= self.first_step
+        return any(link.kind == LinkKind.FROM_START and link.cause is ev for link in self.links)
+
+    def preceding(self, ev: SemanticEvent) -> list[SemanticEvent]:
+        """The abnormal events the pattern stage linked as coming before ``ev`` (a critical event)."""
+        return [link.cause for link in self.links if link.kind == LinkKind.PRECEDES and ev in link.effects]
+
+    def previous(self, name: str) -> str | None:
+        """The layer that ran just before ``name`` in the forward pass."""
+        pos = self.rank.get(name)
+        if pos is None:
+            return None
+        before = [n for n, r in self.rank.items() if r < pos]
+        return max(before, key=self.rank.__getitem__) if before else None
+
+    def previous_weight_layer(self, name: str) -> str | None:
+        pos = self.rank.get(name, -1)
+        cands = [n for n, r in self.rank.items() if r < pos and self.layers[n].n_params > 0]
+        return max(cands, key=self.rank.__getitem__) if cands else None
+
+    def upstream(self, name: str, of: str) -> bool:
+        """``name`` runs before ``of`` in the forward pass."""
+        return self.rank.get(name, 1 << 30) < self.rank.get(of, -1)
+
+    def first_layers(self, k: int) -> list[str]:
+        return sorted(self.rank, key=self.rank.__getitem__)[:k]
+
+    def nonfinite_step(self) -> int | None:
+        """The first step with NaN/Inf anywhere: the replayed origin, a layer's statistics or the loss."""
+        steps = [e.step for e in self.all(Signal.FINITE, FiniteState.NONFINITE)]
+        steps += [e.step for e in self.all(Signal.LOSS, LossState.NONFINITE)]
+        if self.nonfinite is not None:
+            steps.append(self.nonfinite.step)
+        return min(steps) if steps else None
+
+    def warmed_up(self) -> bool:
+        """The learning rate started at less than half of its largest value (a warm-up, or a schedule that
+        raised it); unknown learning rates count as warmed up."""
+        return not (self.lr_first == self.lr_first and self.lr_peak > 0 and self.lr_first >= 0.5 * self.lr_peak)
+
+    def lr_text(self) -> tuple[str, str]:
+        """The current learning rate and a tenth of it, as text."""
+        from .wording import fmt
+
+        if self.lr == self.lr and self.lr > 0:
+            return fmt(self.lr), fmt(self.lr / 10)
+        return "its current value", "a tenth of it"

@@ -1,0 +1,45 @@
+"""Data: NaN/Inf in the input or in the targets, an input out of scale, targets out of the outputs' reach or
+outside the loss's range."""
+from __future__ import annotations
+
+from ..causes import Cause
+from ..states import GradState, InputState, Signal, TargetState
+from . import losses
+from .context import Context
+from .evidence import RATIO_CAP, Candidate, past_ratio, persistence
+
+def candidates(ctx: Context) -> list[Candidate]:
+    out = []
+    nf = ctx.nonfinite
+    bad_input = ctx.all(Signal.INPUT, InputState.NONFINITE)
+    if (nf is not None and nf.phase == "input") or bad_input:
+        step = nf.step if nf is not None and nf.phase == "input" else bad_input[0].step
+        out.append(Candidate(Cause.DATA, "input", step, "input_nonfinite", bad_input, severity=1.0, persistence=1.0,
+                             certain=True, loss_kinds=losses.ANY | losses.NONFINITE))
+    elif nf is not None and nf.phase == "loss":
+        out.append(Candidate(Cause.DATA, "input", nf.step, "loss_nonfinite", [], severity=1.0, persistence=1.0,
+                             certain=True, loss_kinds=losses.ANY | losses.NONFINITE))
+    unscaled = ctx.all(Signal.INPUT, InputState.UNSCALED)
+    if unscaled:
+        ev = unscaled[0]
+        v = ev.values
+        scale = max(abs(v.get("input_mean", 0.0)), v.get("input_std", 0.0))
+        first = set(ctx.first_layers(ctx.th.input_reach))
+        symptoms = [e for e in ctx.events if e.bad and e.layer in first and e.step >= ev.step
+                    and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE)
+                    and e.after not in (GradState.DIMINISHING,)]
+        out.append(Candidate(Cause.DATA, "input", ev.step, "unscaled", [ev],
+                             severity=past_ratio(scale, ctx.th.input_scale), persistence=persistence(ev, ctx),
+                             symptoms=symptoms, loss_kinds=losses.ANY, facts=dict(v)))
+    for ev in ctx.all(Signal.TARGET, TargetState.OUT_OF_REACH)[:1]:
+        out.append(Candidate(Cause.DATA, "input", ev.step, "targets_out_of_reach", [ev],
+                             severity=past_ratio(ev.values.get("reach", 0.0), ctx.th.input_scale ** 2),
+                             persistence=persistence(ev, ctx), loss_kinds=losses.ANY, facts=dict(ev.values)))
+    for ev in ctx.all(Signal.TARGET, TargetState.UNBOUNDED)[:1]:
+        out.append(Candidate(Cause.DATA, "input", ev.step, "targets_unbounded", [ev],
+                             # depth in units of the loss's early scale: linear, past the threshold
+                             severity=min(max(ev.values.get("depth", 0.0) / ctx.th.loss_below_zero - 1.0, 0.0),
+                                          RATIO_CAP),
+                             # a failure by itself, not one more loss failure it explains: its own event is the loss
+                             persistence=persistence(ev, ctx), facts=dict(ev.values)))
+    return out

@@ -1,0 +1,112 @@
+"""Gradients: one that grows without bound (named where it is amplified), one that collapses on its way back
+toward the input (named where the collapse starts, closest to the output), and one that persistently
+diminishes to within ten times of vanishing. None is a failure by itself: attention keys and deep
+normalised stacks train well with gradients far below the layers after them, and a gradient that grows for
+a while can settle; each is one when the loss fails with it or it produces what fails."""
+from __future__ import annotations
+
+import math
+
+from ..causes import Cause
+from ..events import SemanticEvent
+from ..layers import Kind
+from ..patterns import LinkKind
+from ..states import GradState, Signal
+from . import losses
+from .context import Context
+from .evidence import Candidate, below_ratio, past_ratio, persistence
+
+
+def _amplifier(ctx: Context, origin: str) -> str:
+    """Where a gradient amplified at weight layer ``origin`` was amplified: the weight layer itself, or a
+    custom module between it and the next weight layer (whose backward multiplies what passes)."""
+    pos = ctx.rank.get(origin)
+    if pos is None:
+        return origin
+    for name in sorted((n for n, r in ctx.rank.items() if r > pos), key=ctx.rank.__getitem__):
+        info = ctx.layers[name]
+        if info.n_params > 0:
+            break
+        if info.kind == Kind.OTHER:
+            return name
+    return origin
+
+
+def _origin(ctx: Context, events: list[SemanticEvent]) -> SemanticEvent:
+    linked = [link.cause for link in ctx.links if link.kind == LinkKind.PROPAGATES and link.cause in events]
+    if linked:
+        return linked[0]
+    first = min(e.step for e in events)
+    return max((e for e in events if e.step == first), key=lambda e: ctx.rank.get(e.layer, -1))
+
+
+def _attenuation_spans(ctx: Context) -> list[list[SemanticEvent]]:
+    """Per layer, runs of vanishing/diminishing events that follow each other without a healthy gap."""
+    by_layer: dict[str, list[SemanticEvent]] = {}
+    for e in ctx.all(Signal.GRADIENT, GradState.VANISHING, GradState.DIMINISHING):
+        by_layer.setdefault(e.layer, []).append(e)
+    spans = []
+    for evs in by_layer.values():
+        evs.sort(key=lambda e: e.step)
+        run = [evs[0]]
+        for e in evs[1:]:
+            if run[-1].end is not None and run[-1].end == e.step:
+                run.append(e)
+            else:
+                spans.append(run)
+                run = [e]
+        spans.append(run)
+    return spans
+
+
+def _span_persistence(span: list[SemanticEvent], ctx: Context) -> float:
+    first, last = span[0], span[-1]
+    whole = ctx.last_step - first.step
+    if last.end is None or whole <= 0:
+        return 1.0
+    return min(max((last.end - first.step) / whole, 0.0), 1.0)
+
+
+def candidates(ctx: Context) -> list[Candidate]:
+    out = []
+    exploding = ctx.all(Signal.GRADIENT, GradState.EXPLODING)
+    if exploding:
+        origin = _origin(ctx, exploding)
+        v = origin.values
+        amp = max(v.get("attenuation", 0.0) or 0.0, v.get("grad_growth", 0.0) or 0.0)
+        where = _amplifier(ctx, origin.layer)
+        out.append(Candidate(Cause.EXPLODING_GRADIENTS, where, origin.step, "exploding", [origin],
+                             severity=past_ratio(amp, ctx.th.exploding_ratio),
+                             persistence=persistence(origin, ctx), needs_harm=True,
+                             symptoms=[e for e in exploding if e is not origin], loss_kinds=losses.ANY,
+                             facts={"amplification": amp, "origin": origin.layer, "others": [e for e in exploding
+                                                                                            if e is not origin]}))
+    # a gradient that collapses toward the input, named where the collapse starts, closest to the output. A
+    # layer's vanishing and diminishing events that follow each other are one attenuation; one that still
+    # holds when the loss stops improving (or at the end, if it never does) says more than one that passes
+    # (a layer vanishing for a moment at the start). A gradient that only diminishes is a cause when the
+    # loss does not improve.
+    spans = _attenuation_spans(ctx)
+    flat = [e.step for e in ctx.all(Signal.LOSS, *losses.FLAT)]
+    held = min(flat) if flat else ctx.last_step
+    lasting = [run for run in spans if run[-1].end is None or run[-1].end > held]
+    lasting_v = [run for run in lasting if run[-1].after == GradState.VANISHING]
+    if lasting_v:
+        pool, kind = lasting_v, "vanishing"
+    elif lasting:
+        pool, kind = lasting, "diminishing"
+    else:
+        pool, kind = [run for run in spans if any(e.after == GradState.VANISHING for e in run)], "vanishing"
+    if pool:
+        first = min(run[0].step for run in pool)
+        span = max((run for run in pool if run[0].step == first), key=lambda run: ctx.rank.get(run[0].layer, -1))
+        origin = span[0]
+        att = min((e.values.get("attenuation", math.nan) for run in pool for e in run), default=math.nan)
+        out.append(Candidate(Cause.VANISHING_GRADIENTS, origin.layer, origin.step, kind, span,
+                             # from the diminishing threshold: one decade below it is (by default) vanishing
+                             severity=below_ratio(att, max(ctx.th.diminishing_ratio, ctx.th.vanishing_ratio)),
+                             persistence=_span_persistence(span, ctx), needs_harm=True,
+                             loss_kinds=losses.FLAT,
+                             facts={"attenuation": span[-1].values.get("attenuation", math.nan),
+                                    "others": [run[0] for run in pool if run[0].layer != origin.layer]}))
+    return out

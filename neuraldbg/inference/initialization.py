@@ -1,0 +1,86 @@
+"""Initialisation: a weight or bias scale that is wrong from step 0. Layers that amplify or shrink the signal
+far from unit gain (alone, or compounded along several layers), recurrent weights far from their default
+scale, and several bounded layers saturated from the first step behind their weight layers."""
+from __future__ import annotations
+
+import math
+
+from ..causes import Cause
+from ..states import ActState, GainState, Signal
+from . import losses
+from .context import Context
+from .evidence import Candidate, below_ratio, past_fraction, past_ratio, persistence
+
+
+def _recurrent_off(ctx: Context, e) -> bool:
+    r = e.values.get("recurrent_scale", math.nan)
+    return r == r and (r > ctx.th.layer_gain or r < 1 / ctx.th.layer_gain)
+
+
+def _decades(x: float) -> float:
+    return abs(math.log10(x)) if x == x and x > 0 else 0.0
+
+
+def _off(ctx: Context, scale: float) -> bool:
+    return scale == scale and (scale > ctx.th.layer_gain or scale < 1 / ctx.th.layer_gain)
+
+
+def candidates(ctx: Context) -> list[Candidate]:
+    out = []
+    gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e)]
+    recurrent = [e for e in gains if _recurrent_off(ctx, e)]
+    for e in recurrent:
+        r = e.values["recurrent_scale"]
+        sev = past_ratio(r, ctx.th.layer_gain) if r > 1 else below_ratio(r, 1 / ctx.th.layer_gain)
+        out.append(Candidate(Cause.BAD_INITIALIZATION, e.layer, e.step, "recurrent", [e], severity=sev,
+                             persistence=1.0, needs_harm=True, lasting=True, loss_kinds=losses.SLOWED,
+                             facts={"recurrent_scale": r}))
+    gains = [e for e in gains if e not in recurrent]
+    if gains:
+        amplify = [e for e in gains if e.after == GainState.AMPLIFIES]
+        shrink = [e for e in gains if e.after == GainState.SHRINKS]
+        group = amplify if len(amplify) >= len(shrink) else shrink
+        group.sort(key=lambda e: ctx.rank.get(e.layer, 0))
+        verb = "amplifies" if group is amplify else "shrinks"
+        finite = [g for g in (e.values.get("gain", math.nan) for e in group) if g == g]
+        worst = (max(finite) if verb == "amplifies" else min(finite)) if finite else math.nan
+        compounded = group[-1].values.get("compounded", math.nan)
+        # weights that start far below the default init's spread (the signal may ride on the biases)
+        wscales = [w for w in (e.values.get("weight_scale", math.nan) for e in group) if w == w]
+        wscale = min(wscales) if wscales else math.nan
+        # several layers each a little out of scale add up: the severity is the worse of the single gain and
+        # the compounded scale, each against its own threshold
+        if verb == "amplifies":
+            sev = max(past_ratio(worst, ctx.th.layer_gain), past_ratio(compounded, ctx.th.layer_gain ** 2))
+        else:
+            sev = max(below_ratio(worst, 1 / ctx.th.layer_gain), below_ratio(compounded, ctx.th.layer_gain ** -2),
+                      below_ratio(wscale, 1 / ctx.th.layer_gain))
+        # named after the layer that makes more than half of the compounded scale (in decades), if one does;
+        # else the fault is shared by all of them
+        logs = [max(_decades(e.values.get("gain", 1.0)), _decades(e.values.get("weight_scale", 1.0))
+                    if _off(ctx, e.values.get("weight_scale", 1.0)) else 0.0) for e in group]
+        total = sum(logs)
+        named = [e for e, lg in zip(group, logs) if total > 0 and lg > total / 2] or group
+        layer = named[0].layer if len(named) == 1 else ""
+        biased = bool(layer) and verb == "amplifies" and named[0].values.get("offset", 0.0) > 1.0
+        out.append(Candidate(Cause.BAD_INITIALIZATION, layer, group[0].step, verb, group, severity=sev,
+                             persistence=max(persistence(e, ctx) for e in group), needs_harm=True, lasting=True,
+                             loss_kinds=losses.SLOWED,
+                             facts={"gain": worst, "compounded": compounded, "biased": biased, "weight_scale": wscale,
+                                    "after_norm": group[-1].values.get("after_norm", 0.0) > 0,
+                                    "layers": [e.layer for e in group]}))
+    # several bounded layers saturated from the first step, each behind a weight layer: one root, the initial
+    # weight scale, rather than one saturation per layer
+    sat = [e for e in ctx.all(Signal.ACTIVATION, ActState.SATURATED)
+           if ctx.from_start(e) and ctx.previous_weight_layer(e.layer)]
+    if len({e.layer for e in sat}) >= 2:
+        sat.sort(key=lambda e: ctx.rank.get(e.layer, 0))
+        weights = list(dict.fromkeys(w for w in (ctx.previous_weight_layer(e.layer) for e in sat) if w))
+        fracs = [e.values.get("saturated_fraction", 1.0) for e in sat]
+        out.append(Candidate(Cause.BAD_INITIALIZATION, weights[0] if len(weights) == 1 else "", sat[0].step,
+                             "saturating", sat,
+                             severity=max(past_fraction(f, ctx.th.saturated_fraction) for f in fracs),
+                             persistence=max(persistence(e, ctx) for e in sat), needs_harm=True, lasting=True,
+                             loss_kinds=losses.SLOWED,
+                             facts={"layers": weights, "saturated": [e.layer for e in sat], "fractions": fracs}))
+    return out

@@ -1,0 +1,100 @@
+"""The learning rate: updates too large for the weights (a loss that diverges, oscillates or spikes, weights
+made NaN by an update, a weight layer that overflows during training, a layer's updates that spike far
+above their size the sample before; updates as large as the weights are a failure by themselves), or
+updates negligible next to the weights while the loss does not move. A flat loss is no evidence of a
+learning rate too high: updates large only next to weights that stay small (a task the model cannot
+fit, a weight decay holding them near zero) leave it flat. A jump of the learning rate shortly before the
+failure is named
+with it, and so is the layer whose updates spiked first."""
+from __future__ import annotations
+
+import math
+
+from ..causes import Cause
+from ..events import SemanticEvent
+from ..states import LossState, LrState, Signal, SpikeState, UpdateState
+from . import losses
+from .context import Context
+from .evidence import Candidate, below_ratio, past_ratio, persistence
+
+
+def _clusters(events: list[SemanticEvent], window: int) -> list[list[SemanticEvent]]:
+    """Evidence grouped by time: an event joins the group it starts within reach of (before the group ends,
+    or within as long again, and at least ``window`` steps after)."""
+    groups: list[list[SemanticEvent]] = []
+    for e in sorted(events, key=lambda e: e.step):
+        if groups:
+            g = groups[-1]
+            first = g[0].step
+            end = max(math.inf if x.end is None else x.end for x in g)
+            if e.step <= end + max(window, end - first):
+                g.append(e)
+                continue
+        groups.append([e])
+    return groups
+
+
+def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
+    out: list[Candidate] = []
+    large = ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
+    unstable = ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING)
+    # a layer's updates far above their size at the sample before (the spiking step is sampled)
+    spikes = [e for e in ctx.all(Signal.SPIKE, SpikeState.SPIKE) if e.layer]
+    # NaN in the weights after an update, or an overflow of a weight layer during training: the updates grew them
+    nan = [c for c in found if c.cause == Cause.NON_FINITE and c.kind in ("weights", "overflow")]
+    # one candidate per burst of evidence: updates too large at the start and a loss that oscillates hundreds
+    # of steps later are two stories
+    for group in _clusters(large + unstable + spikes, ctx.th.lr_jump_window) or [[]]:
+        g_large = [e for e in group if e.signal == Signal.UPDATE]
+        g_unstable = [e for e in group if e.signal == Signal.LOSS]
+        g_spikes = sorted((e for e in group if e.signal == Signal.SPIKE),
+                          key=lambda e: (e.step, -(e.values.get("spike", 0.0) or 0.0), ctx.rank.get(e.layer, 0)))
+        end = max((math.inf if e.end is None else e.end for e in group), default=math.inf)
+        g_nan = [c for c in nan if (not group or group[0].step <= c.step <= end + ctx.th.lr_jump_window)
+                 and all(c not in x.facts.get("nan", []) for x in out)]
+        if not group and not g_nan:
+            continue
+        out.append(_too_large(ctx, g_large, g_unstable, g_spikes, g_nan))
+    small = ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE)
+    nf_step = ctx.nonfinite_step()
+    if nf_step is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the learning rate
+        small = [e for e in small if e.step < nf_step]
+    if small:
+        ev = small[0]
+        typical = ev.values.get("update_typical", math.nan)
+        out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ev.step, "negligible", [ev],
+                             severity=below_ratio(typical, ctx.th.update_negligible), persistence=persistence(ev, ctx),
+                             needs_harm=True, loss_kinds=losses.FLAT, facts={"update_typical": typical}))
+    return out
+
+
+def _too_large(ctx: Context, large: list, unstable: list, spikes: list, nan: list) -> Candidate:
+    step = min([e.step for e in large + unstable + spikes[:1]] + [c.step for c in nan])
+    # the run's largest update-to-weight ratio: a figure that does not move with the thresholds
+    top = max((e.values.get("update_peak", 0.0) or 0.0 for e in large), default=0.0)
+    jump = None
+    for e in ctx.all(Signal.LR, LrState.RAISED):
+        if step - ctx.th.lr_jump_window <= e.step <= step:
+            jump = e
+    if jump is not None:
+        step = jump.step
+    # how far past their thresholds: the largest update, the rise of a diverging loss over its best, the
+    # swing of an oscillating one, a spike; NaN weights or an overflow prove the updates outgrew the weights
+    sev = past_ratio(top, ctx.th.update_too_large) if large else 0.0
+    for e in unstable:
+        v = e.values
+        scale = max(abs(v.get("start", 0.0)), 1e-12)
+        rise = (v.get("loss", 0.0) - v.get("best", 0.0)) / scale
+        sev = max(sev, past_ratio(rise, ctx.th.loss_rise) if e.after == LossState.DIVERGING else
+                  past_ratio(v.get("oscillation", 0.0), ctx.th.loss_oscillation))
+    if nan:
+        sev = max(sev, 1.0)
+    if spikes:  # as far as the jump is past its factor, and the update it jumped to past too large
+        s = spikes[0].values
+        sev = max(sev, min(past_ratio(s.get("spike", 0.0), ctx.th.spike_factor),
+                           past_ratio(s.get("update_ratio", 0.0), ctx.th.update_too_large)))
+    first = large[0] if large else (unstable[0] if unstable else None)
+    return Candidate(Cause.LEARNING_RATE_TOO_HIGH, "", step, "too_large", large + unstable + spikes[:1],
+                     severity=sev, persistence=persistence(first, ctx) if first is not None else 0.0,
+                     loss_kinds=losses.UNSTABLE | losses.SPIKES,
+                     facts={"update_max": top, "large": large, "jump": jump, "nan": nan, "spikes": spikes})

@@ -1,0 +1,54 @@
+"""A loss that stops improving when nothing more specific explains it; weights that collapse toward zero
+(a weight decay holding them there) as the reason it does.
+
+The flat stretch is the loss's plateau and "hardly comes down" states that follow each other to the end
+(a loss hovering at the plateau threshold flickers between the two); its severity is how little it came
+down, against the threshold of hardly coming down.
+"""
+from __future__ import annotations
+
+from ..causes import Cause
+from ..events import SemanticEvent
+from ..states import LossState, Signal, WeightState
+from .context import Context
+from .evidence import Candidate, clip01, past_ratio
+
+_FLAT = (LossState.PLATEAU, LossState.SLOW)
+
+
+def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
+    """The plateau/slow events that follow each other up to the end of the run, when a plateau is among them
+    (a loss that was flat for a while and then learned had a slow start, not a plateau)."""
+    flat = ctx.all(Signal.LOSS, *_FLAT)
+    run: list[SemanticEvent] = []
+    for e in flat:
+        if run and run[-1].end == e.step:
+            run.append(e)
+        else:
+            run = [e]
+    return run if run and run[-1].end is None and any(e.after == LossState.PLATEAU for e in run) else []
+
+
+def candidates(ctx: Context) -> list[Candidate]:
+    run = _flat_stretch(ctx)
+    if not run:
+        return []
+    last = run[-1]
+    whole = ctx.last_step - run[0].step
+    held = (ctx.last_step if last.end is None else last.end) - run[0].step
+    progress = last.values.get("progress", 0.0)
+    severity = clip01(1.0 - progress / ctx.th.slow_progress) if progress == progress else 1.0
+    out = [Candidate(Cause.LOSS_PLATEAU, "", run[0].step, "plateau", run, severity=severity,
+                     persistence=clip01(held / whole) if whole > 0 else 1.0,
+                     loss_kinds=frozenset(_FLAT))]
+    collapsing = ctx.all(Signal.WEIGHTS, WeightState.COLLAPSING)
+    if collapsing:
+        ev = collapsing[0]
+        scale = ev.values.get("weight_scale", float("nan"))
+        out.append(Candidate(Cause.LOSS_PLATEAU, "", ev.step, "weights_collapse", [ev],
+                             severity=past_ratio(1.0 / scale if scale == scale and scale > 0 else float("inf"),
+                                                 ctx.th.weight_collapse),
+                             persistence=1.0 if ev.end is None else clip01((ev.end - ev.step) / max(whole, 1)),
+                             needs_harm=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED},
+                             facts={"weight_scale": scale}))
+    return out

@@ -1,0 +1,38 @@
+"""NaN/Inf first produced inside the model: the module where it appears, forward or backward, and the step
+(from the replay of the failing pass, or from the statistics when no replay was possible)."""
+from __future__ import annotations
+
+from ..causes import Cause
+from ..layers import Kind
+from ..states import FiniteState, LossState, Signal
+from . import losses
+from .context import Context
+from .evidence import Candidate
+
+# layers that compute only products and sums of their inputs and weights: they cannot leave a domain,
+# only overflow when values have grown too large
+OVERFLOW_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENTION})
+
+
+def candidates(ctx: Context) -> list[Candidate]:
+    nf = ctx.nonfinite
+    finite_ev = ctx.all(Signal.FINITE, FiniteState.NONFINITE)
+    if (nf is None and not finite_ev) or (nf is not None and nf.phase in ("input", "loss")):
+        return []  # NaN/Inf from the data or the loss: the data family's
+    if nf is not None and nf.phase == "forward" and nf.dtype == "float16":
+        return []  # out of float16's range: the precision family's
+    if nf is None and ctx.overflow is not None:
+        return []  # NaN/Inf only in steps a loss scaler skipped: the precision family's
+    step = nf.step if nf is not None else finite_ev[0].step
+    layer = nf.layer if nf is not None else finite_ev[0].layer
+    phase = nf.phase if nf is not None else "forward"
+    info = ctx.layers.get(layer)
+    # (an operation named inside the layer, "torch.log in `2`", is what left its domain, not the layer's product)
+    overflow = (phase == "forward" and info is not None and info.kind in OVERFLOW_KINDS and not ctx.from_start(step)
+                and not (nf is not None and nf.op))
+    kind = "weights" if phase == "weights" else "overflow" if overflow else phase
+    return [Candidate(Cause.NON_FINITE, layer, step, kind, finite_ev + ctx.all(Signal.LOSS, LossState.NONFINITE),
+                      severity=1.0, persistence=1.0, certain=True, loss_kinds=losses.NONFINITE,
+                      facts={"phase": phase, "detail": nf.detail if nf is not None else "",
+                             "type": info.type_name if info is not None else "", "origin": nf,
+                             "weight_layer": info is not None and info.n_params > 0})]

@@ -1,0 +1,593 @@
+"""Every sentence inference writes: a hypothesis's chain (cause to effect) and its fix, per mechanism.
+
+A root's chain is its own account, then one line per candidate it explains (in step order), then the loss.
+Fixes never point the other way of the run's evidence: no larger learning rate next to updates that were too
+large or a loss that rose.
+"""
+from __future__ import annotations
+
+import math
+
+from ..causes import Cause
+from ..events import SemanticEvent
+from ..formatting import number
+from ..states import LossState, Signal, TargetState
+from .context import Context
+from .evidence import Candidate
+
+
+fmt = number
+
+
+def layer_list(names: list[str], limit: int = 4) -> str:
+    unique = list(dict.fromkeys(n for n in names if n))
+    shown = ", ".join(f"`{n}`" for n in unique[:limit])
+    return shown + (f" and {len(unique) - limit} more" if len(unique) > limit else "")
+
+
+def names(events: list[SemanticEvent], limit: int = 4) -> str:
+    return layer_list([e.layer for e in events], limit)
+
+
+# float16's largest finite value
+FP16_MAX = 65504.0
+
+
+def name_sites(ctx: Context, text: str) -> str:
+    """A functional operation's row named as the user wrote it: "`conv2:relu`" -> "F.relu after `conv2`"."""
+    if "`" not in text:
+        return text
+    for info in sorted((l for l in ctx.layers.values() if l.is_site), key=lambda l: -len(l.name)):
+        text = text.replace(f"`{info.name}`", info.where())
+    return text
+
+
+def loss_text(ev: SemanticEvent) -> str:
+    v = ev.values
+    if ev.signal == Signal.SPIKE:
+        return (f"the loss spikes at step {ev.step}: {fmt(v.get('loss', math.nan))}, "
+                f"from {fmt(v.get('before', math.nan))}")
+    if ev.signal == Signal.TARGET:
+        return (f"the loss falls below zero and on, down to {fmt(v.get('lowest', math.nan))}"
+                if ev.after == TargetState.UNBOUNDED else "the loss starts far above what the outputs can reach")
+    if ev.after == LossState.PLATEAU:
+        return (f"the loss stays flat ({fmt(v.get('start', math.nan))} at the start, "
+                f"best {fmt(v.get('best', math.nan))})")
+    if ev.after == LossState.DIVERGING:
+        return (f"the loss diverges from step {ev.step} (best {fmt(v.get('best', math.nan))}, "
+                f"then {fmt(v.get('loss', math.nan))})")
+    if ev.after == LossState.OSCILLATING:
+        return f"the loss oscillates from step {ev.step} without progress"
+    if ev.after == LossState.SLOW:
+        return f"the loss hardly comes down: {max(v.get('progress', math.nan), 0.0):.0%} of its start over the run"
+    if ev.after == LossState.STALLED:
+        return (f"the loss has not come down in {ev.values.get('n', 'these')} steps: it moves only by its batch noise"
+                if v.get("progress", 0.0) >= 0 else "the loss has not come down: its latest values are above the first")
+    return f"the loss becomes NaN/Inf at step {ev.step}"
+
+
+def _update_line(ev: SemanticEvent, ctx: Context, why: str = "") -> str:
+    lr, _ = ctx.lr_text()
+    text = (f"updates of up to {fmt(ev.values.get('update_peak', math.nan))} x the weights per step (lr {lr}) "
+            f"from step {ev.step}")
+    return text + (f": {why}" if why else "")
+
+
+# -- one account per mechanism -----------------------------------------------------------------------------------
+
+def _own(c: Candidate, ctx: Context) -> list[str]:
+    f, k = c.facts, c.kind
+    if c.cause.multi_rank:
+        return _rank_lines(c, ctx)
+    if c.cause == Cause.DATA:
+        if k == "input_nonfinite":
+            return [f"the input batch at step {c.step} contains NaN/Inf",
+                    "every layer downstream computes NaN/Inf (non_finite)", "the loss and all gradients become NaN"]
+        if k == "loss_nonfinite":
+            return [f"the model output is finite at step {c.step}",
+                    "the loss (or its gradient) is NaN/Inf: NaN in the targets, or a loss undefined for them",
+                    "all gradients become NaN (non_finite)"]
+        if k == "unscaled":
+            return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
+                    f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
+        if k == "targets_out_of_reach":
+            target = math.sqrt(abs(f.get("loss", math.nan)))
+            return [f"the loss starts at {fmt(f.get('loss', math.nan))}, while the outputs' RMS is "
+                    f"{fmt(f.get('output_rms', math.nan))}: the targets are ~{fmt(target)}, "
+                    f"{fmt(f.get('reach', math.nan))}x out of the outputs' reach"]
+        return [f"the loss starts at {fmt(f.get('start', math.nan))} and falls below zero, down to "
+                f"{fmt(f.get('lowest', math.nan))}" + (", still falling as fast" if f.get("still_falling") else ""),
+                "a cross-entropy, a binary cross-entropy or a squared error cannot be negative: targets outside the "
+                "loss's range make it unbounded below, and the model learns to push its outputs without limit"]
+    if c.cause == Cause.DEAD_UNITS:
+        lines = [f"{f['fraction']:.0%} of the units of `{c.layer}` are dead: they output 0 for every input from step "
+                 f"{c.step}"]
+        if ctx.from_start(c.step) and f.get("previous"):
+            lines.append(f"present from step {c.step}: `{f['previous']}` feeds `{c.layer}` only non-positive values "
+                         "(its bias or weight scale)")
+        if f["blocked"]:
+            lines.append(f"no gradient flows back through `{c.layer}`: it vanishes in {names(f['blocked'])}")
+        if f["downstream"]:
+            lines.append(f"the layers after it receive a constant signal: {symptom_lines(f['downstream'], 1)[0]}")
+        return lines
+    if c.cause == Cause.SATURATED_ACTIVATIONS:
+        kind = ctx.layers[c.layer].type_name if c.layer in ctx.layers else "activation"
+        lines = [f"{f['fraction']:.0%} of the outputs of `{c.layer}` ({kind}) are pinned at its bounds "
+                 f"from step {c.step}"]
+        if ctx.from_start(c.step) and f.get("previous"):
+            lines.append(f"present from step {c.step}: the pre-activations from `{f['previous']}` are too large")
+        if f["blocked"]:
+            lines.append(f"its derivative is ~0, so the gradient vanishes in {names(f['blocked'])}")
+        return lines
+    if c.cause == Cause.BAD_INITIALIZATION:
+        return _init_lines(c, ctx)
+    if c.cause == Cause.NON_FINITE:
+        if k in ("fp16_overflow", "skipping", "near_limit"):
+            return _precision_lines(c, ctx)
+        where = f"`{c.layer}`" if c.layer else "the model"
+        kind = f" ({f['type']})" if f.get("type") else ""
+        origin = f.get("origin")
+        if k == "forward" and origin is not None and origin.op:
+            rel = kind if origin.relation != "after" else ""
+            return [f"at step {c.step}, {origin.where()}{rel} is the first operation to turn finite values into "
+                    "NaN/Inf",
+                    "every layer after it, the loss and all gradients become NaN"]
+        if k == "forward":
+            return [f"at step {c.step}, the forward pass of {where}{kind} is the first to output NaN/Inf "
+                    "from finite inputs and weights", "every layer after it, the loss and all gradients become NaN"]
+        if k == "backward":
+            return [f"at step {c.step}, the backward pass of {where}{kind} turns a finite gradient into NaN/Inf",
+                    "the parameter gradients of every layer before it become NaN"]
+        if k == "weights":
+            return [f"the parameters of {where} become NaN/Inf after the update before step {c.step}"]
+        if k == "overflow":
+            return [f"weights and activations grow during training until {where}{kind} overflows",
+                    f"non_finite: NaN/Inf first produced in {where} (forward) at step {c.step}"]
+        return [f"NaN/Inf appears at step {c.step}; {f.get('detail', '')}".strip()]
+    if c.cause == Cause.EXPLODING_GRADIENTS:
+        lines = [f"the relative gradient of `{f['origin']}` is {fmt(f['amplification'])}x that of the layers after it "
+                 f"or of its start, from step {c.step}"]
+        if c.layer != f["origin"]:
+            lines.insert(0, f"the backward pass of `{c.layer}` ({ctx.layers[c.layer].type_name}) multiplies the "
+                            "gradient that flows through it")
+        if f["others"]:
+            lines.append(f"the growth reaches {names(f['others'])}")
+        return lines
+    if c.cause == Cause.VANISHING_GRADIENTS:
+        word = "is typically" if k == "diminishing" else "is"
+        lines = [f"the relative gradient of `{c.layer}` {word} {fmt(f['attenuation'])}x that of the layers after it "
+                 f"from step {c.step}"]
+        if f["others"]:
+            lines.append(f"it fades further toward the input: {names(f['others'])}")
+        lines.append("the layers near the input barely learn")
+        return lines
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
+        lines = []
+        jump = f.get("jump")
+        if jump is not None:
+            lines.append(f"the learning rate rises from {fmt(jump.values.get('lr_before', math.nan))} to "
+                         f"{fmt(jump.values.get('lr', math.nan))} at step {jump.step}")
+        spikes = f.get("spikes") or []
+        spike_lines = []
+        if spikes:
+            s = spikes[0]
+            spike_lines.append(f"the updates of `{s.layer}` spike first, at step {s.step}: "
+                               f"{fmt(s.values.get('spike', math.nan))}x their size at the sample before "
+                               f"({fmt(s.values.get('update_ratio', math.nan))} x its weights)")
+            later = [e.layer for e in spikes[1:] if e.layer != s.layer]
+            if later:
+                spike_lines.append(f"then those of {layer_list(later)}")
+        large_lines = ([_update_line(f["large"][0], ctx) + ("" if ctx.warmed_up() else ", with no warm-up")]
+                       if f["large"] else [])
+        first_spike = spikes and (not f["large"] or spikes[0].step <= f["large"][0].step)
+        return lines + (spike_lines + large_lines if first_spike else large_lines + spike_lines)
+    if c.cause == Cause.ATTENTION_COLLAPSE:
+        return _attention_lines(c, ctx)
+    if c.cause == Cause.LOSS_PLATEAU and k == "weights_collapse":
+        return [f"the weights shrink toward zero: by step {c.step} they are {fmt(f['weight_scale'])}x their size at "
+                "the start (a weight decay, or an L2 penalty, strong enough to hold them there)"]
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW:
+        return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
+                f"the weights per step (lr {fmt(ctx.lr)})"]
+    return []
+
+
+def _ranks_text(ranks: list[int], world: int) -> str:
+    if len(ranks) == world:
+        return "every rank"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(str(r) for r in ranks[:-1]) + f" and {ranks[-1]}"
+
+
+def _verb(who: str, verb: str) -> str:
+    """``who`` and ``verb`` agreeing: "every rank sees", "ranks 0 and 2 see"."""
+    return f"{who} {verb}" if who.startswith("ranks ") else f"{who} {verb}s"
+
+
+def _rank_lines(c: Candidate, ctx: Context) -> list[str]:
+    f = c.facts
+    if c.cause == Cause.RANK_DATA:
+        v = f["values"]
+        lines = [f"the batches of {_ranks_text(f['ranks'], f['world'])} are {fmt(v.get('ratio', math.nan))}x the "
+                 f"scale of the other ranks' (input RMS {fmt(v.get('input_rms', math.nan))} against "
+                 f"{fmt(v.get('others_rms', math.nan))}) from step {c.step}"]
+        if f["bn"]:
+            lines.append(f"the BatchNorm statistics of {names(f['bn'])} differ across ranks")
+        return lines
+    if c.cause == Cause.DUPLICATE_DATA:
+        lines = []
+        rep = f["repeated"]
+        rep_text = (f"{_verb(_ranks_text(f['rep_ranks'], f['world']), 'see')} the same batches in the same "
+                    f"order every {int(rep[0].values.get('period', 0))} steps from step {rep[0].step}: each epoch "
+                    "repeats the one before") if rep else ""
+        if f["shared"]:
+            e = f["shared"][0]
+            world = f["world"]
+            groups = f["groups"] or [tuple(range(world))]
+            who = "; ".join(_ranks_text(list(g), world) for g in groups)
+            copies = max(len(g) for g in groups)
+            lines += [f"{_verb(who, 'train')} on the same batches ({e.values.get('share', math.nan):.0%} of the steps "
+                      f"compared) from step {e.step}",
+                      f"the all-reduce averages {copies} copies of the same gradient: {world} processes do the work of "
+                      f"{world - sum(len(g) - 1 for g in groups)}, each epoch covers only part of the data"]
+            if rep_text:
+                lines.append(rep_text)
+            return lines
+        return [rep_text, "the model meets the data in one fixed order, epoch after epoch: the batches are no "
+                          "longer a fresh random sample"]
+    if c.cause == Cause.REPLICA_DIVERGENCE:
+        onset = f["onset"]
+        where = f"all {len(f['names'])} weight layers" if c.layer == "" else layer_list(f["names"])
+        rel = max(e.values.get("divergence", 0.0) for e in onset)
+        lines = [f"the weights of {where} on {_ranks_text(f['ranks'], f['world'])} differ from rank "
+                 f"{f['reference']}'s (relative {fmt(rel)}) from step {c.step}"]
+        if _replicas_synced(c, ctx):
+            lines.append("their gradients after the all-reduce are the same on every rank: the weights are changed "
+                         "outside the synchronised update")
+        else:
+            lines.append("their gradients after the all-reduce differ across ranks: these parameters are not "
+                         "synchronised")
+        lines.append("the replicas compute different functions: each rank's loss and gradients drift away from the "
+                     "others'")
+        return lines
+    if c.cause == Cause.BATCHNORM_RANK_MISMATCH:
+        return [f"the running statistics of {layer_list(f['names'])} differ across ranks by "
+                f"{fmt(max(x.values.get('spread', 0.0) for x in c.events))} running standard deviations from step "
+                f"{c.step}",
+                "each rank normalises with the statistics of its own batches and keeps its own running estimates "
+                "(BatchNorm is not synchronised across ranks)",
+                "the model behaves differently in evaluation depending on the rank whose weights are saved"]
+    world = f["world"]
+    return [f"the gradient after the all-reduce is {fmt(f['ratio'])}x the mean of the ranks' own gradients from "
+            f"step {c.step} (world size {world}): it is summed over the ranks, not averaged",
+            f"every update is up to {world}x larger than one process would take, and changes with the number of "
+            "processes"]
+
+
+def _replicas_synced(c: Candidate, ctx: Context) -> bool:
+    return all(e.values.get("grad_divergence", 0.0) <= ctx.th.replica_divergence for e in c.facts["onset"])
+
+
+def _rank_fix(c: Candidate, ctx: Context) -> str:
+    f = c.facts
+    if c.cause == Cause.RANK_DATA:
+        return (f"check the data pipeline of rank {f['rank']}: the shard it reads is scaled differently "
+                "(unnormalised pixels, another preprocessing, a corrupt file); normalise every shard the same way "
+                "(the same mean and std) and check a batch's scale where it is loaded")
+    if c.cause == Cause.DUPLICATE_DATA:
+        if c.kind == "shared":
+            return ("give each rank its own part of the data: DataLoader(dataset, batch_size=..., "
+                    "sampler=torch.utils.data.distributed.DistributedSampler(dataset)) (the sampler shuffles; no "
+                    "shuffle=True on the loader), and call sampler.set_epoch(epoch) at the start of every epoch")
+        return ("call sampler.set_epoch(epoch) at the start of every epoch (a DistributedSampler draws the same order "
+                "again until told the epoch), or shuffle at all (DistributedSampler(dataset, shuffle=True))")
+    if c.cause == Cause.REPLICA_DIVERGENCE:
+        if _replicas_synced(c, ctx):
+            return (f"find what changes the weights of rank {f['rank'] if f['rank'] is not None else f['ranks'][0]} "
+                    "outside optimizer.step(): a rank-dependent in-place edit (if rank == ...: p.data ...), a per-rank "
+                    "optimizer setting (learning rate, weight decay), or a checkpoint loaded on one rank only; to "
+                    "resynchronise, broadcast rank 0's weights (dist.broadcast(p.data, src=0) for every parameter)")
+        return ("wrap the model in DistributedDataParallel after every parameter exists and sits on its device (DDP "
+                "synchronises only the parameters it saw when it was built), and keep them out of "
+                "_ddp_params_and_buffers_to_ignore")
+    if c.cause == Cause.BATCHNORM_RANK_MISMATCH:
+        return ("synchronise BatchNorm across ranks: model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before "
+                "DistributedDataParallel(model) (keeping broadcast_buffers=True, the default); if ranks read different "
+                "kinds of data, shuffle it across them (DistributedSampler)")
+    return ("DistributedDataParallel already averages the gradients: remove the extra dist.all_reduce of the "
+            "gradients (or divide its result by dist.get_world_size()), and do not scale the loss by the world size")
+
+
+def _attention_lines(c: Candidate, ctx: Context) -> list[str]:
+    f = c.facts
+    lines = []
+    if not ctx.warmed_up() and ctx.lr_first == ctx.lr_first:
+        lines.append(f"the learning rate is {fmt(ctx.lr_first)} from the first step, with no warm-up")
+    growth = f["logit_growth"]
+    if growth == growth and growth > 1:
+        lines.append(f"the largest attention logit of `{c.layer}` grows from {fmt(f['first_logit'])} to "
+                     f"{fmt(f['max_logit'])} ({fmt(growth)}x) by step {c.events[0].step}")
+    others = [n for n in f["layers"] if n != c.layer]
+    if c.kind == "collapsed":
+        lines.append(f"the attention of `{c.layer}` collapses from step {c.events[0].step}: its entropy falls to "
+                     f"{f['entropy']:.0%} of log(keys), each query attends to one or two keys"
+                     + (f"; so does {layer_list(others)}" if others else ""))
+    else:
+        also = f" (so do those of {layer_list(others)})" if others else ""
+        lines.append(f"the logits grow without bound{also}; "
+                     f"the entropy is down to {f['entropy']:.0%} of log(keys)")
+    return lines
+
+
+def _precision_lines(c: Candidate, ctx: Context) -> list[str]:
+    f = c.facts
+    lines = []
+    first, origin, skipping, overflow = f["first"], f["origin"], f["skipping"], f["overflow"]
+    if first is not None:
+        v = first.values
+        lines.append(f"the output of `{first.layer}` reaches {fmt(v.get('act_absmax', math.nan))} at step "
+                     f"{first.step}, {v.get('range_used', math.nan):.0%} of the largest value its dtype holds")
+    if origin is not None:
+        lines.append(f"fp16 overflow: under float16 autocast, {origin.where()} exceeds {fmt(FP16_MAX)} at step "
+                     f"{origin.step} and becomes Inf")
+    if skipping is not None:
+        v = skipping.values
+        low = v.get("lowest_scale", math.nan)
+        scale = f" (its loss scale falls to {fmt(low)})" if low == low else ""
+        if origin is None and overflow is not None:
+            lines.append(f"NaN/Inf first in {overflow.where()} ({overflow.phase}) at step {overflow.step}")
+        lines.append(f"the loss scaler skips {int(v.get('run_length', 0))} optimizer steps in a row from step "
+                     f"{int(v.get('run_start', c.step))}{scale}: no scale fixes it, the model does not train")
+    return lines
+
+
+def _init_lines(c: Candidate, ctx: Context) -> list[str]:
+    f, k = c.facts, c.kind
+    if k == "recurrent":
+        r = f["recurrent_scale"]
+        return [f"at step {c.step}, `{c.layer}` starts with recurrent (hidden-to-hidden) weights {fmt(r)}x the spread "
+                "of the default init",
+                "applied once per time step, they grow the hidden state until its units saturate or overflow"
+                if r > 1 else "applied once per time step, they erase the hidden state: only the last steps reach "
+                "the output, and the gradient through time vanishes"]
+    if k == "saturating":
+        kinds = sorted({ctx.layers[n].type_name for n in f["saturated"] if n in ctx.layers})
+        fr = f["fractions"]
+        return [f"at step {c.step}, {layer_list(f['layers'])} start with weights too large for the {'/'.join(kinds)} "
+                "after them",
+                f"{min(fr):.0%}-{max(fr):.0%} of the outputs of {layer_list(f['saturated'])} are pinned at their "
+                "bounds "
+                f"from step {c.step}"]
+    group = c.events
+    ws = f.get("weight_scale", math.nan)
+    if k == "shrinks" and ws == ws and ws < 1 / ctx.th.layer_gain:
+        who = f"`{c.layer}` starts" if c.layer else f"{len(group)} layers ({names(group)}) start"
+        return [f"at step {c.step}, {who} with weights {fmt(ws)}x the spread of PyTorch's default init: the "
+                "signal rides on the biases, and the gradient through the weights all but vanishes"]
+    if c.layer:
+        what = ("its bias: its outputs sit at an offset larger than their spread" if f["biased"] else
+                "its weight scale")
+        line = f"at step {c.step}, `{c.layer}` {k} its input's scale (RMS) {fmt(f['gain'])}x ({what})"
+    else:
+        gs = [e.values.get("gain", math.nan) for e in group]
+        finite = [g for g in gs if g == g]
+        plural = "shrink" if k == "shrinks" else "amplify"
+        line = (f"at step {c.step}, {len(group)} layers ({names(group)}) each {plural} the signal "
+                f"{fmt(min(finite, default=math.nan))}-{fmt(max(finite, default=math.nan))}x (their weight scale)")
+    deep = f["compounded"]
+    if deep == deep and (deep > ctx.th.layer_gain or deep < 1 / ctx.th.layer_gain):
+        since = "the last normalisation layer before it" if f["after_norm"] else "the input"
+        line += f"; compounded, the scale reaching `{group[-1].layer}` is {fmt(deep)}x that of {since}"
+    return [line]
+
+
+def symptom_lines(events: list[SemanticEvent], limit: int = 4) -> list[str]:
+    """One line per kind of symptom (signal and state), naming the layers and the first step."""
+    groups: dict[tuple, list[SemanticEvent]] = {}
+    for e in events:
+        groups.setdefault((e.signal, e.after), []).append(e)
+    lines = []
+    for (signal, state), evs in list(groups.items())[:limit]:
+        if signal in (Signal.LOSS, Signal.TARGET):
+            lines.append(loss_text(evs[0]))
+        elif signal == Signal.FINITE:
+            lines.append(f"NaN/Inf in {names(evs)} from step {min(e.step for e in evs)}")
+        else:
+            lines.append(f"{signal} {state} in {names(evs)} from step {min(e.step for e in evs)}")
+    return lines
+
+
+def _summary(c: Candidate, ctx: Context) -> str:
+    """The one line an explained candidate contributes to its root's chain."""
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH and c.facts.get("large"):
+        return _update_line(c.facts["large"][0], ctx, "the gradients, and so the updates, are as out of scale")
+    if c.cause == Cause.NON_FINITE and c.kind not in ("fp16_overflow", "skipping", "near_limit"):
+        origin = c.facts.get("origin")
+        where = origin.where() if origin is not None and origin.op else (f"`{c.layer}`" if c.layer else "the model")
+        return f"non_finite: NaN/Inf first produced in {where} ({c.facts.get('phase', 'forward')}) at step {c.step}"
+    if c.cause == Cause.ATTENTION_COLLAPSE:
+        return _attention_lines(c, ctx)[-1] + " (a symptom: the updates are still too large)"
+    if c.cause == Cause.LOSS_PLATEAU:
+        return loss_text(c.events[0])
+    own = _own(c, ctx)
+    return own[0] if own else symptom_lines(c.events, 1)[0]
+
+
+def chain(root: Candidate, ctx: Context) -> list[str]:
+    lines = _own(root, ctx)
+    named = root.events + root.symptoms
+    for c in sorted(root.explained(), key=lambda c: (c.step, c.family)):
+        if c.events and all(any(e is n for n in named) for e in c.events):
+            continue  # the root's own lines already say it
+        line = _summary(c, ctx)
+        if line not in lines:
+            lines.append(line)
+    for e in sorted(root.loss, key=lambda e: e.step)[:2]:
+        text = loss_text(e)
+        if text not in lines:
+            lines.append(text)
+    return lines
+
+
+# -- fixes -------------------------------------------------------------------------------------------------------
+
+def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
+    """The change to try first. ``lr_way``: "lower" when the run says the updates were too large (never raise
+    the lr), "raise" when a learning rate too low is the confident verdict (never lower it), else ""."""
+    f, k = c.facts, c.kind
+    lr, lr10 = ctx.lr_text()
+    may_lower = lr_way != "raise"
+    if c.cause.multi_rank:
+        return _rank_fix(c, ctx)
+    if c.cause == Cause.DATA:
+        if k == "input_nonfinite":
+            return (f"the batch at step {c.step} carries NaN/Inf in the input: find it in the data pipeline "
+                    "(assert torch.isfinite(x).all()), then drop or impute those samples")
+        if k == "loss_nonfinite":
+            return (f"check the targets of the batch at step {c.step} (assert torch.isfinite(y).all()) and that they "
+                    "are in the loss's domain (class indices in range, probabilities in [0, 1]); mask or drop samples "
+                    "with NaN targets")
+        if k == "unscaled":
+            m, s, a = f.get("input_mean", math.nan), f.get("input_std", math.nan), f.get("input_absmax", math.nan)
+            return (f"normalise the input: x = (x - {fmt(m)}) / {fmt(s)}" +
+                    ("; for 0-255 images, divide by 255 first, then subtract the per-channel mean and divide by the std"
+                     if a == a and 200 <= a <= 256 else ""))
+        if k == "targets_out_of_reach":
+            target = math.sqrt(abs(f.get("loss", math.nan)))
+            return ("standardise the targets (y = (y - y.mean()) / y.std(), computed on the training set; invert it on "
+                    f"the predictions), or scale the loss down by ~{fmt(target ** 2)}")
+        return ("check the targets' range: binary_cross_entropy(_with_logits) needs targets in [0, 1] (divide 0/255 "
+                "masks by 255), cross_entropy class indices in [0, classes) or probabilities summing to 1; if the loss "
+                "is meant to go negative (a Gaussian NLL), check that its variance is bounded below")
+    if c.cause == Cause.DEAD_UNITS:
+        prev = f.get("previous")
+        text = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{c.layer}` by "
+                "nn.LeakyReLU(0.01)" if prev else f"replace `{c.layer}` by nn.LeakyReLU(0.01)")
+        if not ctx.from_start(c.step) and may_lower:
+            text += f"; if the units died during training, lower the learning rate from {lr} to ~{lr10}"
+        return text
+    if c.cause == Cause.SATURATED_ACTIVATIONS:
+        prev = f.get("previous")
+        kind = ctx.layers[c.layer].type_name if c.layer in ctx.layers else "it"
+        return (f"scale down the pre-activations of `{c.layer}`: re-initialise `{prev}` with nn.init.xavier_uniform_ "
+                f"(gain 1), or add nn.LayerNorm/BatchNorm before `{c.layer}`; or use ReLU/GELU instead of {kind}"
+                if prev else f"normalise what enters `{c.layer}` or use ReLU/GELU instead of {kind}")
+    if c.cause == Cause.BAD_INITIALIZATION:
+        return _init_fix(c, ctx)
+    if c.cause == Cause.ATTENTION_COLLAPSE:
+        if not may_lower:
+            text = "add a learning-rate warm-up (linear from ~0 over the first 5-10% of the steps)"
+        elif not ctx.warmed_up():
+            text = ("add a learning-rate warm-up (linear from ~0 over the first 5-10% of the steps) or lower the "
+                    f"learning rate from {lr} to ~{lr10}")
+        else:
+            text = f"lower the learning rate from {lr} to ~{lr10} or lengthen its warm-up"
+        text += ("; to keep the attention stable at the rate you want, normalise queries and keys (QK-norm: a "
+                 "LayerNorm on q and on k per head) or soft-cap the logits (cap * tanh(logits / cap), cap ~ 30-50)")
+        if f["hand_written"]:
+            text += "; check that q @ k^T is scaled by 1/sqrt(head_dim) before the softmax"
+        return text
+    if c.cause == Cause.NON_FINITE and k in ("fp16_overflow", "near_limit") or (k == "skipping" and f["first"]):
+        where = f"`{c.layer}`" if c.layer else "the layer that overflows"
+        return ("run autocast in bfloat16 instead (torch.autocast(device, dtype=torch.bfloat16): float32's range, no "
+                f"GradScaler needed), or add a normalisation (nn.LayerNorm) before or in {where}, or scale its input "
+                f"or weights down; or keep {where} in float32 (with torch.autocast(device, enabled=False): ... on "
+                "float inputs)")
+    if c.cause == Cause.NON_FINITE and k == "skipping":
+        where = f["overflow"].where() if f["overflow"] is not None else "the model"
+        return (f"find why the gradients hold NaN/Inf at any scale ({where}): run one step in float32 with "
+                "torch.autograd.detect_anomaly(); if they are finite there, use bfloat16 autocast")
+    if c.cause == Cause.NON_FINITE:
+        origin = f.get("origin")
+        op = origin.op if origin is not None else ""
+        if k == "forward":
+            text = (f"guard {'the ' + op if op else 'the operation'} in `{c.layer}` that leaves its domain: add an eps "
+                    "to a denominator "
+                    "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), "
+                    "torch.log(x.clamp_min(1e-12))), or use a stable form (torch.logsumexp, F.softmax / F.log_softmax "
+                    "instead of exp/sum)")
+            if f.get("weight_layer"):
+                text += ("; if it divides by a parameter of its own (a temperature, a scale), keep that off 0: leave "
+                         "it out of weight decay, or learn its log (t = self.log_t.exp())")
+            return text
+        if k == "backward":
+            return (f"the derivative of an operation in `{c.layer}` is infinite at the values it sees (sqrt or pow at "
+                    "0, log of 0, division by ~0): add an eps (torch.sqrt(x + 1e-12)) or clamp its input")
+        if k in ("weights", "overflow"):
+            return ((f"lower the learning rate from {lr} to ~{lr10} and clip gradients " if may_lower else
+                     "clip gradients ") + "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))")
+        return "run the failing step under torch.autograd.detect_anomaly() to find the operation"
+    if c.cause == Cause.EXPLODING_GRADIENTS:
+        text = "clip gradients with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)"
+        info = ctx.layers.get(f["origin"])
+        if info is not None and str(info.kind) == "recurrent":
+            text += (f" and initialise the recurrent weights of `{f['origin']}` orthogonally with gain <= 1 "
+                     "(nn.init.orthogonal_)")
+        if may_lower:
+            text += f"; if it persists, lower the learning rate from {lr} to ~{lr10}"
+        if c.layer != f["origin"]:
+            text = f"check the backward of `{c.layer}` (a gradient scale or reversal coefficient far above 1?); " + text
+        return text
+    if c.cause == Cause.VANISHING_GRADIENTS:
+        bounded = sorted({n for n, l in ctx.layers.items() if str(l.kind) == "bounded" and n in ctx.rank},
+                         key=ctx.rank.__getitem__)
+        if bounded:
+            kinds = sorted({ctx.layers[n].type_name for n in bounded})
+            return (f"replace the {'/'.join(kinds)} activations ({layer_list(bounded, 3)}) by ReLU or GELU, "
+                    "or add BatchNorm/LayerNorm after each weight layer or residual connections")
+        return ("add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with "
+                "nn.init.kaiming_normal_")
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
+        text = (f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")
+        if f.get("spikes"):
+            text += f" (a clip caps a spike like the one in `{f['spikes'][0].layer}`)"
+        jump = f.get("jump")
+        if jump is not None:
+            before = fmt(jump.values.get("lr_before", math.nan))
+            text += f"; it was {before} before step {jump.step}: check the schedule that raised it"
+        return text
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW:
+        lrv = ctx.lr
+        target = lrv * 1e3 if lrv == lrv and lrv > 0 else math.nan
+        text = (f"raise the learning rate from {fmt(lrv)} to ~{fmt(target)} (updates of ~1e-3 x the weights per step "
+                "are typical; 1e-3 is a usual start for Adam)" if target == target else
+                "raise the learning rate until updates are ~1e-3 x the weights per step")
+        if lrv == lrv and lrv >= ctx.th.usual_lr:
+            text = (f"the learning rate ({fmt(lrv)}) is not small, the gradient reaching the optimizer is: check for a "
+                    "gradient clipped to ~0 (clip_grad_norm_'s max_norm) or a loss multiplied by a tiny factor; else "
+                    + text)
+        return text
+    if k == "weights_collapse":
+        return ("lower the weight decay (AdamW's weight_decay, or SGD's L2 term) by 10-100x: with lr x weight_decay "
+                "near 1 it pulls the weights to zero every step; then check the learning rate")
+    text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
+            "(loss, label range)")
+    if lr_way != "lower":
+        text += f"; then try a larger learning rate than {lr} (x3) or a schedule"
+    else:
+        text += f"; the updates were large: try a smaller learning rate than {lr} or a warm-up"
+    return text
+
+
+def _init_fix(c: Candidate, ctx: Context) -> str:
+    f, k = c.facts, c.kind
+    if k == "recurrent":
+        return (f"re-initialise the recurrent weights of `{c.layer}` (weight_hh_l*) with nn.init.orthogonal_, or keep "
+                "PyTorch's default init (uniform in +-1/sqrt(hidden_size))")
+    if k == "saturating":
+        kinds = sorted({ctx.layers[n].type_name for n in f["saturated"] if n in ctx.layers})
+        gain = "5/3, nn.init.calculate_gain('tanh')" if "Tanh" in kinds else "1"
+        return (f"re-initialise {layer_list(f['layers'])} with nn.init.xavier_uniform_ (gain {gain}) instead of their "
+                f"current scale, or add nn.LayerNorm before each {'/'.join(kinds)}")
+    target = f"`{c.layer}` starts" if c.layer else "the weight layers start"
+    g = f["gain"]
+    if f["biased"]:
+        return (f"`{c.layer}` starts with a bias far off zero: reset it (nn.init.zeros_(...bias)) and check what set "
+                "it; clip gradients at max_norm=1.0 meanwhile")
+    if k == "amplifies":
+        return (f"{target} with weights ~{fmt(g)}x too large: re-initialise with nn.init.xavier_uniform_ "
+                f"(or kaiming_uniform_ for ReLU), or scale them down by {fmt(g)}; clip gradients at max_norm=1.0 "
+                "meanwhile")
+    return (f"{target} with weights too small (each scales the signal by ~{fmt(g)}): use a variance-preserving init, "
+            "nn.init.xavier_normal_ for tanh/sigmoid or nn.init.kaiming_normal_ for ReLU")
