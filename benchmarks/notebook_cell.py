@@ -11,7 +11,9 @@ from the moment it starts to the moment it ends (IPython's ``pre_run_cell`` / ``
 the session's set-up, every step from the first, the dashboard's updates, the verdict and the static
 copy after the cell. Each watched cell is a new session, so every round pays a run's start again.
 
-The ratios are watched/bare per round; the table shows their median and range. Cells of the longer
+The ratios are watched/bare per round, by the wall clock; the table shows their median and range, and
+the median ratio of the kernel process's CPU time with the live dashboard (its renderer thread
+included; less disturbed than the wall clock by other jobs on a shared machine). Cells of the longer
 length take minutes for the two heavy workloads: their number of rounds is cut so that a workload's
 rounds at that length fit ``--long-budget`` seconds (at least one), and the table says how many ran.
 Targets: live <= 1.10x at 200 steps and <= 1.05x at 2000; --no-live <= 1.05x at 200.
@@ -38,24 +40,25 @@ VARIANTS = {"bare": "", "live": "%%neuraldbg model --optimizer opt\n",
 TARGETS = {("live", "short"): 1.10, ("live", "long"): 1.05, ("no-live", "short"): 1.05, ("no-live", "long"): 1.05}
 
 SETUP = """\
-%load_ext ndbg_jupyter
 import sys, time, torch, torch.nn.functional as F
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{root!r}, {here!r}]  # the code of this checkout, and the workloads
+%load_ext ndbg_jupyter
 torch.set_num_threads(1)
 from workloads import build
 model, data = build({name!r})
 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-_bench = {{"depth": 1, "start": 0.0, "times": []}}  # (this cell's own end is seen, not its start)
+_bench = {{"depth": 1, "start": (0.0, 0.0), "times": []}}  # (this cell's own end is seen, not its start)
 
 def _bench_pre(info):  # the outermost cell only (the magic runs the cell's body as a cell of its own)
     if _bench["depth"] == 0:
-        _bench["start"] = time.perf_counter()
+        _bench["start"] = (time.perf_counter(), time.process_time())
     _bench["depth"] += 1
 
 def _bench_post(result):
     _bench["depth"] -= 1
     if _bench["depth"] == 0:
-        _bench["times"].append(time.perf_counter() - _bench["start"])
+        wall, cpu = _bench["start"]
+        _bench["times"].append((time.perf_counter() - wall, time.process_time() - cpu))
 
 get_ipython().events.register("pre_run_cell", _bench_pre)
 get_ipython().events.register("post_run_cell", _bench_post)
@@ -71,7 +74,7 @@ for step in range({steps}):
 """
 
 # the previous cell's time, and for a watched cell how many of its steps were sampled
-READ = """print(_bench["times"][-1], _ndbg.trace.stats.n if "_ndbg" in globals() else -1)"""
+READ = """print(*_bench["times"][-1], _ndbg.trace.stats.n if "_ndbg" in globals() else -1)"""
 
 
 class Kernel:
@@ -91,20 +94,21 @@ class Kernel:
         self.client.execute_cell(cell, len(self.nb.cells) - 1)
         return cell
 
-    def timed(self, source: str) -> tuple[float, int]:
-        """Run ``source``; its time inside the kernel, and the sampled steps of its session (-1: none)."""
+    def timed(self, source: str) -> tuple[float, float, int]:
+        """Run ``source``; its wall and CPU time inside the kernel, and the sampled steps of its session
+        (-1: none)."""
         self.run(source)
         out = self.run(READ).outputs
         text = "".join(o.get("text", "") for o in out if o.get("output_type") == "stream")
-        seconds, sampled = text.split()
-        return float(seconds), int(sampled)
+        wall, cpu, sampled = text.split()
+        return float(wall), float(cpu), int(sampled)
 
 
 def bench(name: str, lengths: list[int], rounds: int, long_budget: float, cwd: Path) -> list[dict]:
     kernel = Kernel(cwd)
     rows = []
     with kernel.client.setup_kernel():
-        kernel.run(SETUP.format(here=str(HERE), name=name))
+        kernel.run(SETUP.format(root=str(HERE.parent), here=str(HERE), name=name))
         for prefix in VARIANTS.values():  # first runs: imports, the allocator, the first widgets
             kernel.run(prefix + LOOP.format(steps=10))
         step_s = kernel.timed(LOOP.format(steps=10))[0] / 10
@@ -113,25 +117,28 @@ def bench(name: str, lengths: list[int], rounds: int, long_budget: float, cwd: P
             if steps > min(lengths):  # long cells: as many rounds as fit the budget
                 n = max(1, min(rounds, math.floor(long_budget / (len(VARIANTS) * steps * step_s))))
             times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
             sampled: dict[str, list[int]] = {v: [] for v in VARIANTS}
             order = list(VARIANTS)
             for r in range(n):
                 for variant in order[r % len(order):] + order[:r % len(order)]:
-                    t, s = kernel.timed(VARIANTS[variant] + LOOP.format(steps=steps))
+                    t, c, s = kernel.timed(VARIANTS[variant] + LOOP.format(steps=steps))
                     times[variant].append(t)
+                    cpu[variant].append(c)
                     sampled[variant].append(s)
-            rows.append({"name": name, "steps": steps, "rounds": n, "times": times, "sampled": sampled})
+            rows.append({"name": name, "steps": steps, "rounds": n, "times": times, "cpu": cpu,
+                         "sampled": sampled})
             print_row(rows[-1], lengths)
     return rows
 
 
-def ratios(row: dict, variant: str) -> list[float]:
-    return [w / b for w, b in zip(row["times"][variant], row["times"]["bare"])]
+def ratios(row: dict, variant: str, clock: str = "times") -> list[float]:
+    return [w / b for w, b in zip(row[clock][variant], row[clock]["bare"])]
 
 
 def print_header() -> None:
     print(f"{'workload':64s} {'steps':>5s} {'rounds':>6s} {'bare ms/step':>12s} "
-          f"{'live (range)':>20s} {'--no-live (range)':>20s} {'sampled':>8s}")
+          f"{'live (range)':>20s} {'--no-live (range)':>20s} {'live, CPU':>10s} {'sampled':>8s}")
 
 
 def print_row(row: dict, lengths: list[int]) -> None:
@@ -144,8 +151,9 @@ def print_row(row: dict, lengths: list[int]) -> None:
         cells.append(f"{statistics.median(rs):.3f}x ({min(rs):.2f}-{max(rs):.2f}){mark}")
     ms = statistics.median(row["times"]["bare"]) / row["steps"] * 1e3
     sampled = statistics.median(row["sampled"]["live"])
+    live_cpu = statistics.median(ratios(row, "live", "cpu"))
     print(f"{WORKLOADS[row['name']][1]:64s} {row['steps']:5d} {row['rounds']:6d} {ms:12.2f} "
-          f"{cells[0]:>20s} {cells[1]:>20s} {sampled:8.0f}", flush=True)
+          f"{cells[0]:>20s} {cells[1]:>20s} {live_cpu:9.3f}x {sampled:8.0f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
