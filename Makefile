@@ -28,8 +28,11 @@ test: venv
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks/01_quickstart.ipynb
 	$(VENV)/bin/bandit -q -r neuraldbg ndbg_jupyter -ll
 
+# Speed: watched/bare ratios in a script (whole run and steady state), whole cells in a kernel, and
+# a multi-process run.
 bench: venv
-	$(PY) benchmarks/overhead.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/overhead.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/notebook_cell.py
 	$(PY) benchmarks/distributed.py
 
 # The fault generator's runs scored against their expected verdicts (minutes on two cores).

@@ -1,13 +1,15 @@
 """The chart: loss curve and gradient flow, rendered as SVG text (crisp at any width and pixel density).
 
-``render_chart(view, rows)`` is the one place that draws: a read-only trace view and the grid's rows
-in, SVG markup out; no widget, no state. The ``Chart`` widget only decides when to call it.
+``render_chart(view, rows, members)`` is the one place that draws: a read-only trace view and the
+grid's rows in, HTML and SVG markup out; no widget, no state. The ``Chart`` widget only decides when
+to call it.
 
-Gradient flow is a heatmap of log10 RMS(d loss / d output) over steps (columns), one row per row of
-the health grid (a folded group is the median of its layers), every row labelled, input at the top:
-vanishing gradients read as a dark band spreading from the top, exploding ones as a bright one. The
-cells are a small PNG inside the SVG, scaled without smoothing; text and axes are vector. Colours of
-text and axes follow the notebook's theme (``currentColor``).
+Gradient flow is a heatmap of log10 RMS(d loss / d output) over steps (columns), one line per row of
+the health grid (a folded group is the median of its layers), every line labelled, input at the top:
+vanishing gradients read as a dark band spreading from the top, exploding ones as a bright one. Each
+line is a slice of one small PNG, scaled without smoothing; text and axes are vector. The lines of a
+folded group's members are there too, hidden until the grid's ``<details>`` of that group opens (a
+style rule, in the browser: no redraw). Colours of text and axes follow the notebook's theme.
 """
 from __future__ import annotations
 
@@ -147,6 +149,28 @@ def _x_axis(x0: float, x1: float, y: float, lo: int, hi: int) -> list[str]:
 
 # -- the two panels ----------------------------------------------------------------------------------
 
+def _curve_points(loss: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Indices of the losses drawn: all of them, or beyond ``2 * _LOSS_POINTS`` each bin's lowest and highest
+    finite value, in order (a bin with none keeps its first index: a break in the curve)."""
+    n = len(loss)
+    if n <= 2 * _LOSS_POINTS:
+        return np.arange(n)
+    bins = np.linspace(0, n, _LOSS_POINTS + 1).astype(int)
+    which = np.repeat(np.arange(_LOSS_POINTS), np.diff(bins))
+    order = np.lexsort((np.arange(n), np.where(ok, loss, np.inf), which))   # per bin, ascending, NaN last
+    first = bins[:-1]
+    counts = np.bincount(which[ok], minlength=_LOSS_POINTS)
+    lo = order[first]                                        # the lowest finite value of each bin
+    order_hi = np.lexsort((np.arange(n), np.where(ok, -loss, np.inf), which))
+    hi = order_hi[first]                                     # the highest (the first of equal ones)
+    keep = np.where(counts > 0, np.minimum(lo, hi), first)
+    other = np.where(counts > 0, np.maximum(lo, hi), -1)
+    both = np.stack([keep, other], axis=1).reshape(-1)
+    both = both[both >= 0]
+    _, unique = np.unique(both, return_index=True)  # a bin whose extremes are one point keeps it once
+    return both[np.sort(unique)]
+
+
 def loss_svg(view: TraceView, end: int, width: int = 360, height: int = 230) -> str:
     left, right, top, bottom = 54, 12, 24, 40
     x0, x1, y0, y1 = left, width - right, top, height - bottom
@@ -188,111 +212,154 @@ def loss_svg(view: TraceView, end: int, width: int = 360, height: int = 230) -> 
     parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="currentColor" stroke-opacity="0.5"/>')
     parts += _x_axis(x0, x1, y1, 0, span)
     # the curve: NaN/Inf losses break it; long runs keep each bin's extremes
-    idx = np.arange(len(loss))
-    if len(idx) > 2 * _LOSS_POINTS:
-        bins = np.linspace(0, len(loss), _LOSS_POINTS + 1).astype(int)
-        keep = []
-        for a, b in zip(bins[:-1], bins[1:]):
-            seg = np.arange(a, b)
-            good = seg[ok[a:b]]
-            if len(good):
-                keep += sorted({int(good[np.argmin(loss[good])]), int(good[np.argmax(loss[good])])})
-            else:
-                keep.append(a)
-        idx = np.array(keep)
-    path, pen = [], False
-    for i in idx:
-        if not ok[i]:
-            pen = False
-            continue
-        path.append(f"{'L' if pen else 'M'}{_t(px(steps[i]))} {_t(py(loss[i]))}")
-        pen = True
-    parts.append(f'<path class="ndbg-loss-curve" d="{" ".join(path)}" fill="none" stroke="#1e88e5" '
+    idx = _curve_points(loss, ok)
+    good = idx[ok[idx]]
+    # a point starts a new stroke (M) after a NaN/Inf or at the start, else continues it (L)
+    pen = np.zeros(len(idx), dtype=bool)
+    pen[1:] = ok[idx[:-1]]
+    pen = pen[ok[idx]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xs = x0 + steps[good] / span * (x1 - x0)
+        ys = y1 - (f(loss[good]) - lo_v) / (hi_v - lo_v) * (y1 - y0)
+    path = " ".join(f"{'L' if p else 'M'}{_t(x)} {_t(y)}" for p, x, y in zip(pen.tolist(), xs.tolist(), ys.tolist()))
+    parts.append(f'<path class="ndbg-loss-curve" d="{path}" fill="none" stroke="#1e88e5" '
                  f'stroke-width="1.5" stroke-linejoin="round"/>')
     parts.append("</svg>")
     return "".join(parts)
 
 
-def flow_svg(view: TraceView, rows: Sequence[Row], end: int, width: int = 560) -> str:
-    """The gradient-flow heatmap, one labelled line per grid row."""
+def _css_string(s: str) -> str:
+    """``s`` as a CSS string literal (inside an HTML attribute selector)."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _bar_png() -> str:
+    bar = _LUT[::-1][np.linspace(0, 255, 64).astype(int)][:, None, :]
+    rgba = np.concatenate([bar, np.full((64, 1, 1), 255)], axis=2).astype(np.uint8)
+    return "data:image/png;base64," + base64.b64encode(png(rgba)).decode("ascii")
+
+
+_BAR_URI = _bar_png()
+
+
+def flow_html(view: TraceView, rows: Sequence[Row], end: int, members: dict[str, Sequence[Row]] | None = None,
+              width: int = 560) -> str:
+    """The gradient-flow heatmap, one labelled line per grid row; after a group's line, its members'
+    lines (``members``), shown while the grid's ``<details>`` of that group is open."""
+    members = members or {}
     n = max(len(rows), 1)
-    row_h = max(13.0, min(26.0, 160.0 / n))
-    label_w, right, top, bottom = 190, 70, 24, 40
-    x0, x1, y0 = label_w, width - right, top
-    y1 = y0 + n * row_h
-    height = int(math.ceil(max(y1 + bottom, y0 + max(y1 - y0, 40) + 34)))
-    matrix, lo, hi = row_flow(view, rows, end)
-    rgba, vmin, vmax = colours(matrix if len(rows) else np.full((1, 1), np.nan))
+    row_h = int(max(13, min(26, 160 // n)))
+    label_w, right, top = 190, 70, 24
+    plot_w = width - label_w - right
+    lines: list[tuple[Row, str | None]] = []  # (row, the group it belongs to, for a member line)
+    for row in rows:
+        lines.append((row, None))
+        lines.extend((m, row.key) for m in members.get(row.key, ()))
+    matrix, lo, hi = row_flow(view, [r for r, _ in lines], end)
+    rgba, vmin, vmax = colours(matrix if lines else np.full((1, 1), np.nan))
     uri = "data:image/png;base64," + base64.b64encode(png(rgba)).decode("ascii")
-    parts = [_SVG.format(cls="ndbg-flow", w=width, h=height, label="gradient flow per grid row over steps"),
-             _text(4, 14, "gradient flow: log10 RMS(dL/d output), one line per grid row", extra=' font-weight="bold"'),
-             f'<image class="ndbg-flow-cells" x="{x0}" y="{y0}" width="{x1 - x0}" height="{_t(y1 - y0)}" '
-             f'preserveAspectRatio="none" image-rendering="optimizeSpeed" style="image-rendering:pixelated" '
-             f'href="{uri}"/>',
-             f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{_t(y1 - y0)}" fill="none" stroke="currentColor" '
-             f'stroke-opacity="0.3"/>']
     chars = int((label_w - 10) / 6.6)
-    for r, row in enumerate(rows):
-        y = y0 + (r + 0.5) * row_h + 3.5
+    # the PNG once, in a custom property every line's background reads
+    out = [f'<div class="ndbg-flow" role="img" aria-label="gradient flow per grid row over steps" '
+           f'style="width:{width}px;max-width:100%;color:var(--jp-ui-font-color1,#212121);{_FONT};'
+           f'--ndbg-flow-cells:url({uri})">']
+    rules = "".join(f":is(.ndbg-dashboard,.ndbg-static):has(details.ndbg-fold-block[data-group={_css_string(k)}]"
+                    f"[open]) .ndbg-flow-member[data-group={_css_string(k)}]{{display:flex!important}}"
+                    for k in members)
+    if members:  # (where styles are stripped, every member line shows: the heatmap unfolded)
+        out.append(f"<style>.ndbg-flow-member{{display:none!important}}{html.escape(rules, quote=False)}</style>")
+    out.append(f'<div style="height:{top}px;font-weight:bold;line-height:{top - 6}px;padding-left:4px">'
+               "gradient flow: log10 RMS(dL/d output), one line per grid row</div>")
+    out.append('<div style="display:flex;align-items:flex-start">')
+    out.append(f'<div style="width:{label_w + plot_w}px;font-family:{_MONO};font-size:10.5px;'
+               f'line-height:{row_h}px">')
+    label_css = f"flex:none;width:{label_w - 6}px;margin-right:6px;text-align:right;overflow:hidden;white-space:nowrap"
+    size = f"{plot_w}px {len(lines) * row_h}px"
+    for k, (row, group) in enumerate(lines):
         label = _shorten(row.key, chars)
         tip = f"{row.key} ({len(row.members)} layers, median)" if row.group else row.key
-        weight = ' font-weight="bold"' if row.group else ""
-        parts.append(f'<text class="ndbg-flow-label" data-row="{html.escape(row.key)}" x="{x0 - 6}" y="{_t(y)}" '
-                     f'text-anchor="end" fill="currentColor" font-family="{_MONO}" font-size="10.5"{weight}>'
-                     f"<title>{html.escape(tip)}</title>{html.escape(label)}</text>")
-    parts += _x_axis(x0, x1, y1, lo, hi)
-    # colour bar: magma over the range, ticks at whole powers of ten
-    bar_x, bar_w = x1 + 8, 10
-    bar = np.repeat(_LUT[::-1][np.linspace(0, 255, 64).astype(int)][:, None, :], 1, axis=1)
-    bar_png = np.concatenate([bar, np.full((64, 1, 1), 255)], axis=2).astype(np.uint8)
-    bar_uri = "data:image/png;base64," + base64.b64encode(png(bar_png)).decode("ascii")
-    bar_h = max(y1 - y0, 40)
-    parts.append(f'<image x="{bar_x}" y="{y0}" width="{bar_w}" height="{_t(bar_h)}" preserveAspectRatio="none" '
-                 f'href="{bar_uri}"/>')
+        weight = ";font-weight:bold" if row.group else ""
+        cls, data_group = "ndbg-flow-row", ""
+        if group is not None:
+            cls, data_group = "ndbg-flow-row ndbg-flow-member", f' data-group="{html.escape(group)}"'
+        # this line's slice of the one PNG: the image scaled to every line's height, moved up to this one
+        out.append(f'<div class="{cls}"{data_group} style="display:flex;height:{row_h}px">'
+                   f'<span class="ndbg-flow-label" data-row="{html.escape(row.key)}" title="{html.escape(tip)}" '
+                   f'style="{label_css}{weight}">{html.escape(label)}</span>'
+                   f'<span class="ndbg-flow-cells" style="flex:none;width:{plot_w}px;background:var(--ndbg-flow-cells) '
+                   f'0 {-k * row_h}px/{size} no-repeat;image-rendering:pixelated"></span></div>')
+    axis = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + plot_w}" height="40" '
+            f'style="display:block;overflow:visible">']
+    axis += _x_axis(label_w, label_w + plot_w, 0, lo, hi)
+    axis.append("</svg>")
+    out.append("".join(axis) + "</div>")
+    out.append(_colour_bar(vmin, vmax, max(n * row_h, 40)))  # the height of the lines with every group folded
+    out.append("</div></div>")
+    return "".join(out)
+
+
+def _colour_bar(vmin: float, vmax: float, bar_h: float) -> str:
+    """The colour scale: magma over the range, ticks at whole powers of ten; then "zero" and "n/a"."""
+    bar_w, width = 10, 62
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{_t(bar_h + 30)}" '
+             f'style="flex:none;margin-left:8px;overflow:visible;{_FONT}">',
+             f'<image x="0" y="0" width="{bar_w}" height="{_t(bar_h)}" preserveAspectRatio="none" href="{_BAR_URI}"/>']
     powers = list(range(math.ceil(vmin), math.floor(vmax) + 1))
     every = max(1, math.ceil(len(powers) * 14 / bar_h))  # labels 14 px apart at least
     ticks = [(k, f"1e{k}") for k in powers[::-1][::every]]
     if len(ticks) < 2:  # less than a decade: the two ends
         ticks = [(vmax, number(10 ** vmax)), (vmin, number(10 ** vmin))]
     for k, label in ticks:
-        y = y0 + (vmax - k) / (vmax - vmin) * bar_h
-        parts.append(_text(bar_x + bar_w + 3, min(max(y + 4, y0 + 8), y0 + bar_h), label))
-    parts.append(f'<rect x="{bar_x}" y="{_t(y0 + bar_h + 6)}" width="{bar_w}" height="8" fill="rgb{_ZERO}"/>')
-    parts.append(_text(bar_x + bar_w + 3, y0 + bar_h + 14, "zero"))
-    parts.append(f'<rect x="{bar_x}" y="{_t(y0 + bar_h + 20)}" width="{bar_w}" height="8" fill="none" '
+        y = (vmax - k) / (vmax - vmin) * bar_h
+        parts.append(_text(bar_w + 3, min(max(y + 4, 8), bar_h), label))
+    parts.append(f'<rect x="0" y="{_t(bar_h + 6)}" width="{bar_w}" height="8" fill="rgb{_ZERO}"/>')
+    parts.append(_text(bar_w + 3, bar_h + 14, "zero"))
+    parts.append(f'<rect x="0" y="{_t(bar_h + 20)}" width="{bar_w}" height="8" fill="none" '
                  f'stroke="currentColor" stroke-opacity="0.4"/>')
-    parts.append(f'<text x="{bar_x + bar_w + 3}" y="{_t(y0 + bar_h + 28)}" fill="currentColor">'
+    parts.append(f'<text x="{bar_w + 3}" y="{_t(bar_h + 28)}" fill="currentColor">'
                  "<title>not measured</title>n/a</text>")
     parts.append("</svg>")
     return "".join(parts)
 
 
-def render_chart(view: TraceView, rows: Sequence[Row]) -> str:
-    """The whole chart as HTML text (two inline SVGs that wrap on a narrow page)."""
+def render_chart(view: TraceView, rows: Sequence[Row], members: dict[str, Sequence[Row]] | None = None) -> str:
+    """The whole chart as HTML text (the loss and the gradient flow, side by side; they wrap on a narrow
+    page). ``members``: per folded group of ``rows``, the lines it shows when opened."""
     loss_steps, steps = view.loss_steps, view.steps
     end = max(int(loss_steps[-1]) if len(loss_steps) else 0, int(steps[-1]) if len(steps) else 0)
     return ('<div class="ndbg-chart" style="display:flex;flex-flow:row wrap;gap:8px;align-items:flex-start">'
-            + loss_svg(view, end) + flow_svg(view, rows, end) + "</div>")
+            + loss_svg(view, end) + flow_html(view, rows, end, members) + "</div>")
 
 
 class Chart:
     """An ``ipywidgets.HTML`` showing ``render_chart`` of a session; redrawn only when the trace or the
-    rows changed."""
+    rows changed. ``layout``/``style``: shared widget models to use."""
 
-    def __init__(self) -> None:
-        self.widget = widgets.HTML(layout=widgets.Layout(max_width="100%"))
+    def __init__(self, layout: widgets.Layout | None = None, style=None) -> None:
+        extra = {"style": style} if style is not None else {}
+        self.widget = widgets.HTML(layout=layout or widgets.Layout(max_width="100%"), **extra)
         self.widget.add_class("ndbg-chart-box")
         self._key: tuple | None = None
         self.renders = 0
 
-    def update(self, view: TraceView, rows: Sequence[Row]) -> bool:
-        """Redraw when ``view`` has new data or the rows changed; returns whether it rendered."""
-        key = (view.version, tuple(rows))
-        if key == self._key:
-            return False
+    def key(self, view: TraceView, rows: Sequence[Row], members: dict | None = None) -> tuple:
+        return (view.version, tuple(rows), tuple((k, tuple(v)) for k, v in (members or {}).items()))
+
+    def stale(self, key: tuple) -> bool:
+        return key != self._key
+
+    def show(self, key: tuple, markup: str) -> None:
+        """Show ``markup`` (``render_chart`` of the state ``key`` describes)."""
         self._key = key
-        self.widget.value = render_chart(view, rows)
+        self.widget.value = markup
         self.renders += 1
+
+    def update(self, view: TraceView, rows: Sequence[Row], members: dict | None = None) -> bool:
+        """Redraw when ``view`` has new data or the rows changed; returns whether it rendered."""
+        key = self.key(view, rows, members)
+        if not self.stale(key):
+            return False
+        self.show(key, render_chart(view, rows, members))
         return True
 
     def close(self) -> None:

@@ -52,29 +52,61 @@ def _slider(f: dataclasses.Field, value) -> widgets.Widget:
 
 
 class ThresholdControls:
-    """Sliders + reset. ``set_thresholds`` shows a session's thresholds without calling ``on_change``."""
+    """Sliders + reset. ``set_thresholds`` shows a session's thresholds without calling ``on_change``.
+
+    The section starts collapsed and its sliders are made when it first opens (or when ``sliders`` is
+    read): a dashboard that nobody tunes costs no slider (each is a few widget models, and each model a
+    message to the front end while the training cell runs)."""
 
     def __init__(self, on_change: Callable[[Thresholds], None]):
         self.on_change = on_change
         self._base = Thresholds()
-        self.sliders: dict[str, widgets.Widget] = {f.name: _slider(f, getattr(self._base, f.name))
-                                                   for f in slider_fields()}
-        self.reset = widgets.Button(description="Reset thresholds", icon="undo",
-                                    tooltip="back to the default thresholds")
-        self.reset.add_class("ndbg-reset")
-        self.reset.on_click(lambda _: self.reset_defaults())
+        self._enabled = True
+        self._sliders: dict[str, widgets.Widget] | None = None
+        self._reset: widgets.Button | None = None
         self._quiet = False
         self._moved: dict[str, float] = {}  # values set by the user since the last set/reset
-        for name, s in self.sliders.items():
+        self._groups: dict[str, bool] = {"ranks": False}  # groups of sliders shown (ranks: multi-process runs)
+        self._body = widgets.VBox([])
+        self.widget = widgets.Accordion(children=[self._body], titles=("Thresholds",), selected_index=None)
+        self.widget.add_class("ndbg-thresholds")
+        self.widget.observe(lambda change: self._build() if change["new"] is not None else None,
+                            names="selected_index")
+
+    @property
+    def built(self) -> bool:
+        return self._sliders is not None
+
+    @property
+    def sliders(self) -> dict[str, widgets.Widget]:
+        return self._build()
+
+    @property
+    def reset(self) -> widgets.Button:
+        self._build()
+        assert self._reset is not None
+        return self._reset
+
+    def _build(self) -> dict[str, widgets.Widget]:
+        if self._sliders is not None:
+            return self._sliders
+        sliders = {f.name: _slider(f, getattr(self._base, f.name)) for f in slider_fields()}
+        reset = widgets.Button(description="Reset thresholds", icon="undo", tooltip="back to the default thresholds")
+        reset.add_class("ndbg-reset")
+        reset.on_click(lambda _: self.reset_defaults())
+        for name, s in sliders.items():
             s.observe(lambda change, name=name: self._changed(name, change["new"]), names="value")
+        self._sliders, self._reset = sliders, reset
         hint = widgets.HTML('<span style="color:var(--jp-ui-font-color2,#616161)">Each slider re-analyses the '
                             "recorded run (no retraining); the same names work in "
                             "<code>_ndbg.reanalyze(name=value)</code> and <code>%%neuraldbg --name VALUE</code>."
                             "</span>")
-        body = widgets.VBox([hint, *self.sliders.values(), self.reset])
-        self.widget = widgets.Accordion(children=[body], titles=("Thresholds",), selected_index=None)
-        self.widget.add_class("ndbg-thresholds")
-        self.show_group("ranks", False)
+        self._set_values(self._base, notify=False, keep_moved=True)
+        self.set_enabled(self._enabled)
+        for group, visible in self._groups.items():
+            self._apply_group(group, visible)
+        self._body.children = [hint, *sliders.values(), reset]
+        return sliders
 
     @property
     def thresholds(self) -> Thresholds:
@@ -91,26 +123,36 @@ class ThresholdControls:
 
     def show_group(self, group: str, visible: bool) -> None:
         """Show or hide the sliders of one group of thresholds (``ranks``: only for multi-process runs)."""
+        self._groups[group] = visible
+        self._apply_group(group, visible)
+
+    def _apply_group(self, group: str, visible: bool) -> None:
+        if self._sliders is None:
+            return
         for f in slider_fields():
             if f.metadata.get("group", "") == group:
-                self.sliders[f.name].layout.display = "" if visible else "none"
+                self._sliders[f.name].layout.display = "" if visible else "none"
 
     def expand(self, is_open: bool = True) -> None:
         """Open (or close) the collapsed "Thresholds" section."""
         self.widget.selected_index = 0 if is_open else None
 
     def set_enabled(self, enabled: bool) -> None:
-        for w in (*self.sliders.values(), self.reset):
-            w.disabled = not enabled
+        self._enabled = enabled
+        if self._sliders is not None and self._reset is not None:
+            for w in (*self._sliders.values(), self._reset):
+                w.disabled = not enabled
 
-    def _set_values(self, thresholds: Thresholds, notify: bool) -> None:
-        self._moved = {}
-        self._quiet = True
-        try:
-            for name, s in self.sliders.items():
-                s.value = getattr(thresholds, name)
-        finally:
-            self._quiet = False
+    def _set_values(self, thresholds: Thresholds, notify: bool, keep_moved: bool = False) -> None:
+        if not keep_moved:
+            self._moved = {}
+        if self._sliders is not None:
+            self._quiet = True
+            try:
+                for name, s in self._sliders.items():
+                    s.value = getattr(thresholds, name)
+            finally:
+                self._quiet = False
         if notify:
             self.on_change(self.thresholds)
 

@@ -3,15 +3,19 @@
 Columns have a header and the states a legend (each explained on hover); a name or a type too long
 for its column ends in an ellipsis and shows in full on hover. Models with more than ``fold_above``
 layers fold into their parent modules (``blocks.0`` .. ``blocks.11``): a folded row shows the worst
-state of its members and unfolds on click. An early warning shows in amber (drifting, narrowing,
-diminishing) in its column, over a healthy state. The widgets are built once per layer layout; updates only
-change HTML values. ``rows()`` is what the chart's gradient-flow heatmap draws, row for row.
+state of its members and unfolds on click. The grid is one HTML widget, the same markup live and in
+the static copy: a folded group is an HTML ``<details>`` element, opened and closed by the browser
+itself (no widget per group, no round trip to the kernel, and it works in an exported page). The
+chart's gradient-flow heatmap draws ``rows()`` and, for each group, its ``members()``; a style rule
+shows a group's member lines in the heatmap while its ``<details>`` is open, so the heatmap keeps the
+grid's rows, line for line. An early warning shows in amber (drifting, narrowing, diminishing) in its
+column, over a healthy state.
 """
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ipywidgets as widgets
@@ -215,129 +219,81 @@ def group_html(group: Group, health: dict, is_open: bool, indent: str = "0") -> 
             f'{chip(look(grad) if grad else UNKNOWN, f"worst gradient state in {group.key}")}{_flag(nonfinite)}</div>')
 
 
-def static_grid_html(groups: Sequence[Group], types: dict[str, str], health: dict) -> str:
-    """The whole grid as static HTML (an exported notebook): folded groups unfold on click, with no script."""
+# the fold marker turns when its group opens; the browser's own marker is hidden
+_FOLD_STYLE = ("<style>.ndbg-fold-block>summary{list-style:none;cursor:pointer;display:flex;align-items:center}"
+               ".ndbg-fold-block>summary::-webkit-details-marker{display:none}"
+               ".ndbg-fold-block[open]>summary .ndbg-unfold{transform:rotate(90deg)}</style>")
+
+
+def grid_html(groups: Sequence[Group], types: dict[str, str], health: dict) -> str:
+    """The whole grid as self-contained HTML: header, rows, legend; a folded group is a ``<details>``
+    (closed) whose summary is the group's row and whose body its members' rows."""
     rows = [header_html()]
+    folds = False
     for g in groups:
         if not g.foldable:
             rows.append(row_html(g.key, types.get(g.key, ""), health.get(g.key)))
             continue
+        folds = True
         head = group_html(g, health, is_open=False, indent=GUTTER)
         head = head.replace(f"padding-left:{GUTTER}", "padding-left:0", 1)
         members = "".join(row_html(m, types.get(m, ""), health.get(m), indent=_INDENT, parent=_prefix(g))
                           for m in g.members)
-        rows.append(f'<details><summary style="list-style:none;cursor:pointer;display:flex;align-items:center">'
-                    f'<span style="width:{GUTTER};flex:none;text-align:center">\u25b8</span>'
+        key = html.escape(g.key)
+        rows.append(f'<details class="ndbg-fold-block" data-group="{key}"><summary>'
+                    f'<span class="ndbg-unfold" title="unfold {key}" style="width:{GUTTER};flex:none;'
+                    f'text-align:center;transition:transform .1s">\u25b8</span>'
                     f'<span style="flex:1;min-width:0">{head}</span></summary>{members}</details>')
-    return f'<div class="ndbg-grid" style="min-width:30em">{"".join(rows)}{legend_html()}</div>'
+    style = _FOLD_STYLE if folds else ""
+    return f'<div class="ndbg-grid" style="min-width:30em">{style}{"".join(rows)}{legend_html()}</div>'
+
+
+static_grid_html = grid_html  # the static copy is the live markup
 
 
 class HealthGrid:
-    """The grid widget. ``update(layers, health)`` with ``layers`` (name and type_name) in display order;
-    ``on_fold`` is called after a group folds or unfolds (the chart follows the rows)."""
+    """The grid widget. ``update(layers, health)`` with ``layers`` (name and type_name) in display order.
+    ``layout``/``style``: shared widget models to use (one comm message fewer each)."""
 
-    def __init__(self, fold_above: int = 40, on_fold: Callable[[], None] | None = None):
+    def __init__(self, fold_above: int = 40, layout: widgets.Layout | None = None, style=None):
         self.fold_above = int(fold_above)
-        self.on_fold = on_fold
-        self._head = widgets.HTML(header_html())
-        self._legend = widgets.HTML(legend_html())
-        self.widget = widgets.VBox([self._head, self._legend],
-                                   layout=widgets.Layout(min_width="30em", flex="1 1 34em"))
+        extra = {"style": style} if style is not None else {}
+        self.widget = widgets.HTML(layout=layout or widgets.Layout(min_width="30em", flex="1 1 34em"), **extra)
         self.widget.add_class("ndbg-grid")
         self._key: tuple | None = None
         self.groups: list[Group] = []
         self._types: dict[str, str] = {}
         self._health: dict = {}
-        self._flat: widgets.HTML | None = None
-        self._headers: dict[str, widgets.HTML] = {}
-        self._bodies: dict[str, widgets.HTML] = {}
-        self.toggles: dict[str, widgets.ToggleButton] = {}
 
-    # -- structure (built once per layer layout) --------------------------------------------------
-    def _build(self, layers) -> None:
-        names = [l.name for l in layers]
-        self._types = {l.name: l.type_name for l in layers}
-        self.groups = fold(names, self.fold_above)
-        self._headers.clear()
-        self._bodies.clear()
-        self.toggles.clear()
-        if not any(g.foldable for g in self.groups):
-            self._flat = widgets.HTML()
-            self.widget.children = [self._head, self._flat, self._legend]
-            return
-        self._flat = None
-        children: list[widgets.Widget] = [self._head]
-        for g in self.groups:
-            if not g.foldable:
-                body = widgets.HTML()
-                self._bodies[g.key] = body
-                children.append(body)
-                continue
-            toggle = widgets.ToggleButton(value=False, description="\u25b8", tooltip=f"unfold {g.key}",
-                                          layout=widgets.Layout(width="1.8em", height="1.6em", padding="0"))
-            toggle.add_class("ndbg-unfold")
-            toggle.observe(lambda change, key=g.key: self._toggle(key, change["new"]), names="value")
-            header = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", min_width="0"))
-            body = widgets.HTML(layout=widgets.Layout(display="none"))
-            self.toggles[g.key], self._headers[g.key], self._bodies[g.key] = toggle, header, body
-            children.append(widgets.VBox([widgets.HBox([toggle, header], layout=widgets.Layout(align_items="center")),
-                                          body]))
-        children.append(self._legend)
-        self.widget.children = children
-
-    def _toggle(self, key: str, is_open: bool) -> None:
-        toggle, body = self.toggles[key], self._bodies[key]
-        with toggle.hold_sync(), body.hold_sync():
-            toggle.description = "\u25be" if is_open else "\u25b8"
-            toggle.tooltip = f"{'fold' if is_open else 'unfold'} {key}"
-            body.layout.display = "" if is_open else "none"
-            self._fill_group(next(g for g in self.groups if g.key == key))
-        if self.on_fold is not None:
-            self.on_fold()
-
-    def unfold(self, key: str, is_open: bool = True) -> None:
-        """Open (or close) a folded group, as its toggle button does."""
-        self.toggles[key].value = is_open
-
-    # -- values -----------------------------------------------------------------------------------
     def update(self, layers, health: dict, warnings=()) -> None:
         """Show ``health`` (each layer's latest state, by name) and the early ``warnings`` over it."""
         key = tuple(l.name for l in layers)
         if key != self._key:
-            self._build(layers)
+            self._types = {l.name: l.type_name for l in layers}
+            self.groups = fold(list(key), self.fold_above)
             self._key = key
         self._health = with_warnings(health, warnings) if warnings else health
-        if self._flat is not None:
-            self._flat.value = "".join(row_html(n, self._types[n], self._health.get(n)) for n in key)
-            return
-        for g in self.groups:
-            self._fill_group(g)
+        self.widget.value = self.html()
 
-    def _fill_group(self, g: Group) -> None:
-        if not g.foldable:
-            self._bodies[g.key].value = row_html(g.key, self._types[g.key], self._health.get(g.key))
-            return
-        is_open = self.toggles[g.key].value
-        self._headers[g.key].value = group_html(g, self._health, is_open)
-        # a closed group's members are rendered only when it opens
-        self._bodies[g.key].value = ("".join(row_html(m, self._types[m], self._health.get(m), indent=_INDENT,
-                                                      parent=_prefix(g)) for m in g.members) if is_open else "")
+    def show(self, markup: str, groups: list[Group], types: dict[str, str], health: dict) -> None:
+        """Show ``markup``, the ``grid_html`` of ``groups`` drawn elsewhere (the dashboard's renderer)."""
+        self.groups, self._types, self._health = groups, types, health
+        self._key = tuple(m for g in groups for m in g.members)
+        self.widget.value = markup
+
+    def html(self) -> str:
+        return grid_html(self.groups, self._types, self._health)
 
     def rows(self) -> list[Row]:
-        """The rows as shown, top to bottom: a folded group is one row; an open one, its header then its members."""
-        out = []
-        for g in self.groups if self._flat is None else [Group(n, (n,)) for n in (self._key or ())]:
-            if not g.foldable:
-                out.append(Row(g.key, g.members))
-                continue
-            out.append(Row(g.key, g.members, group=True))
-            if self.toggles[g.key].value:
-                out.extend(Row(m, (m,)) for m in g.members)
-        return out
+        """The rows as shown with every group folded, top to bottom (a group: its summary row)."""
+        return [Row(g.key, g.members, group=True) if g.foldable else Row(g.key, g.members) for g in self.groups]
+
+    def members(self) -> dict[str, list[Row]]:
+        """Per folded group, the rows its ``<details>`` shows when opened."""
+        return {g.key: [Row(m, (m,)) for m in g.members] for g in self.groups if g.foldable}
 
     def static_html(self) -> str:
-        groups = self.groups if self._flat is None else [Group(n, (n,)) for n in (self._key or ())]
-        return static_grid_html(groups, self._types, self._health)
+        return self.html()
 
     def widgets_to_sync(self) -> list:
-        return [self._flat] if self._flat is not None else list(self._headers.values()) + list(self._bodies.values())
+        return [self.widget]

@@ -130,27 +130,44 @@ def _softmax_dim(args, kwargs) -> int | None:
     return dim if isinstance(dim, int) else None
 
 
+def _undispatched():
+    """A context in which torch functions run as they are: no function mode, no subclass dispatch."""
+    return torch._C.DisableTorchFunction()
+
+
 class ModuleTracker:
     """For one forward pass: the stack of running modules and the module that produced each tensor.
 
     Global module hooks, registered only while the pass runs; modules outside ``names`` (another
-    model) are ignored."""
+    model) are ignored. ``hooks``: per module (by id), a forward hook called with its output, after the
+    tracker's own bookkeeping (one global hook serves every layer: nothing to register per module).
+    The hooks run with torch functions undispatched: a function mode active for the pass does not see
+    what they compute."""
 
-    def __init__(self, names: dict[int, str]):
+    def __init__(self, names: dict[int, str], hooks: dict[int, Callable] | None = None):
         self.names = names
+        self.hooks = hooks or {}
         self.stack: list[str] = []
         self._outputs: dict[int, tuple[weakref.ref, str]] = {}
         self.versions: dict[int, int] = {}   # per module: the version counter of its first input when it started
         self.calls: dict[str, int] = {}      # per module: how many times it has started in this pass
         self._handles: list = []
+        self._full = True
 
     def __enter__(self) -> "ModuleTracker":
+        return self.start()
+
+    def start(self, full: bool = True) -> "ModuleTracker":
+        """Start tracking a pass. ``full=False``: only call ``hooks`` (no stack of running modules, no
+        producers, no input versions: what a function mode needs to attribute operations)."""
         self.stack.clear()
         self._outputs.clear()
         self.versions.clear()
         self.calls.clear()
-        self._handles = [_module.register_module_forward_pre_hook(self._pre),
-                         _module.register_module_forward_hook(self._post, always_call=True)]
+        self._full = full
+        self._handles = [_module.register_module_forward_hook(self._post, always_call=True)]
+        if full:
+            self._handles.append(_module.register_module_forward_pre_hook(self._pre))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -166,8 +183,10 @@ class ModuleTracker:
         if name is not None:
             self.stack.append(name)
             self.calls[name] = self.calls.get(name, 0) + 1
-            if args and isinstance(args[0], torch.Tensor) and not args[0].is_inference():
-                self.versions[id(module)] = args[0]._version
+            if args and isinstance(args[0], torch.Tensor):
+                with _undispatched():
+                    if not args[0].is_inference():
+                        self.versions[id(module)] = args[0]._version
 
     def unchanged(self, module, t: torch.Tensor) -> bool | None:
         """Whether ``t``, the input ``module`` received this pass, was not modified in place since
@@ -179,12 +198,16 @@ class ModuleTracker:
         name = self.names.get(id(module))
         if name is None:
             return None
-        if self.stack and self.stack[-1] == name:
-            self.stack.pop()
-        if isinstance(output, (tuple, list)):
-            output = output[0] if output else None
-        if isinstance(output, torch.Tensor):
-            self._outputs[id(output)] = (weakref.ref(output), name)
+        if self._full:
+            if self.stack and self.stack[-1] == name:
+                self.stack.pop()
+            first = output[0] if isinstance(output, (tuple, list)) and output else output
+            if isinstance(first, torch.Tensor):
+                self._outputs[id(first)] = (weakref.ref(first), name)
+        hook = self.hooks.get(id(module))
+        if hook is not None:
+            with _undispatched():
+                hook(module, args, output)
         return None
 
     @property

@@ -79,6 +79,9 @@ def _innermost_last(fired: list[tuple[str, int]]) -> str:
 
 def autocast_state() -> list[tuple[str, torch.dtype]]:
     """The devices autocast is on for now, with its dtype (to replay a pass as it ran)."""
+    any_on = getattr(torch._C, "_is_any_autocast_enabled", None)
+    if any_on is not None and not any_on():
+        return []  # the usual case, every pass: one call
     out = []
     for dev in ("cpu", "cuda"):
         try:

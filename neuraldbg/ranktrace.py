@@ -134,6 +134,10 @@ class RankSeries:
             ok = (idx < len(have)) & (have[np.minimum(idx, len(have) - 1)] == steps)
             self.batches.data[idx[ok], rank] = batches[ok]
 
+    def copy(self) -> "RankSeries":
+        """The rows and batches so far, copied (the copy does not change when this series does)."""
+        return RankSeries(self.layout, self.world, self.rank, rows=self.rows.copy(), batches=self.batches.copy())
+
     # -- reading ---------------------------------------------------------------------------------
     def ranks_with_rows(self) -> list[int]:
         known = np.isfinite(self.rows.data).any(axis=(0, 2)) if self.rows.n else np.zeros(self.world, bool)

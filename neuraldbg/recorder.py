@@ -30,10 +30,10 @@ from . import nanhunt
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
+from .paramnorms import ParamNorms
 from .schedule import Schedule, SpikeWatch, Throttle
 from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
-                    dtype_max, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, levels, max_abs,
-                    param_view, per_layer_norms)
+                    dtype_max, finite_norm, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, max_abs)
 from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
@@ -60,18 +60,24 @@ class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
-                 "attn")
+                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
         self.grad: dict[int, object] = {}
         self.fwd_small: dict[tuple, list] = {}   # batching key -> [(layer index, tensor copy)]
         self.grad_small: dict[tuple, list] = {}
+        # outputs kept as they are (no copy: their layer is known not to change them in place afterwards),
+        # measured together when the forward pass ends, their gradients retained and measured at step end
+        self.fwd_kept: dict[tuple, list] = {}    # batching key -> [(layer index, output, its version)]
+        self.fwd_rows: list[tuple[list[int], torch.Tensor]] = []  # (layer indices, their stats rows)
+        self.grad_kept: list[tuple[int, torch.Tensor, int | None]] = []  # (layer index, output, unit dim)
+        self.watch: list[tuple[int, torch.Tensor, int]] = []  # copied outputs seen for the first time
         self.dtype: dict[int, torch.dtype] = {}  # per layer index: the dtype of its output
         self.attn: dict[int, torch.Tensor] = {}  # per layer index: attention statistics (2,)
         self.params: torch.Tensor | None = None      # (3, n_layers): weight, grad, update norms
         self.input: torch.Tensor | None = None
-        self.prev_params: list[torch.Tensor] | None = None
+        self.prev_params: list | None = None
         self.forward_done = False
 
 
@@ -105,6 +111,9 @@ class Recorder:
         self._tracker = ModuleTracker({id(m): name for name, m in self.inner.named_modules()})
         self._activation_leaves = activation_leaves(self.inner)
         self._observer: FunctionalObserver | None = None
+        self._tracking = False       # the tracker's hooks are on (a sampled eager pass)
+        self._ops_found = False      # the function mode has seen a functional operation
+        self._quiet_passes = 0       # sampled passes so far that showed none
         self._sites: dict[tuple, int] = {}      # (owner, relation, op, occurrence in the pass) -> layer index
         self._pass_ops: dict[tuple, int] = {}   # (owner, op, call of owner) -> occurrences so far
         owner_of: dict[int, int] = {}
@@ -117,15 +126,17 @@ class Recorder:
                     owner_of[id(p)] = index_of[id(m)]
         all_params = {id(p): p for p in self.inner.parameters()}
         self._params = [all_params[k] for k in owner_of]
-        self._owner = torch.tensor([owner_of[id(p)] for p in self._params], dtype=torch.long)
-        self._owner_list = self._owner.tolist()
+        self._owner_list = [owner_of[id(p)] for p in self._params]
+        sparse = {i for i, o in enumerate(self._owner_list) if getattr(self.modules[o], "sparse", False)}
+        self._pnorms = ParamNorms(self._params, self._owner_list, sparse)
         # per layer, its smallest trainable parameter: NaN/Inf flowing back through a layer reaches
         # it, so checking these few small gradients every step is enough to notice a bad backward
         smallest: dict[int, nn.Parameter] = {}
         for p, o in zip(self._params, self._owner_list):
             if p.requires_grad and (o not in smallest or p.numel() < smallest[o].numel()):
                 smallest[o] = p
-        self._sentinels = list(smallest.values())
+        # (a sparse embedding's gradient is never checked: it holds only the rows a batch used)
+        self._sentinels = [p for o, p in smallest.items() if not getattr(self.modules[o], "sparse", False)]
         if optimizer is not None:
             self._check_optimizer(optimizer)
 
@@ -137,18 +148,21 @@ class Recorder:
         self._rec: _StepRecord | None = None
         self._sample_now = self.schedule.should_sample(0)
         self._handles: list = []
-        self._layer_handles: list = []
         self._opt_handles: list = []
         self._explicit = False        # a pass begun by ``begin_pass``, its forward part not yet ended
         self._replay_run: Callable | None = None  # how to replay the latest pass (None: the model's forward)
         self._next_order = 0
         self._pass_step = 0           # the step the latest forward pass belongs to
         self._seen_lr = self._lr(sync=False)  # the learning rate of the latest step, to see it rise
+        self._seen_lr_value: object = None    # ... as the optimizer holds it (unchanged while it is the same object)
         self._pending_losses: list = []
         self._out_grads: list = []
         self._out_leaves: list = []
         self._last_inputs = None
         self._rng_state = None
+        # whether the forward pass draws random numbers (dropout...), as seen on sampled passes: only then
+        # must the random state be kept every pass, for a replay to draw the same (None: not seen yet)
+        self._forward_draws: bool | None = None
         self._autocast: list = []
         # NaN/Inf in the latest pass's gradients: a fault once the optimizer steps on them, a skipped
         # step (a GradScaler's business) when the next pass starts without an optimizer step
@@ -164,6 +178,12 @@ class Recorder:
         self.attached = False
         self._no_params = np.array([i for i, l in enumerate(self.layers) if l.n_params == 0], dtype=np.int64)
         self._fwd_hooks = [self._make_forward_hook(i, l) for i, l in enumerate(self.layers)]
+        # eager sampled passes: the tracker's one global hook calls each layer's (none to register per layer)
+        self._tracker.hooks = {id(m): h for m, h in zip(self.modules, self._fwd_hooks)}
+        self._out_grad_hooks: list[Callable] = []  # by output index, made once
+        # layers whose small outputs need no copy on a sampled pass: seen once, and nothing changed them in
+        # place before the pass ended (a layer followed by an in-place op, e.g. ReLU(inplace=True), is copied)
+        self._settled: set[int] = set()
 
     # -- attach / detach ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -176,7 +196,7 @@ class Recorder:
         try:
             self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True))
             # always called, also when the forward raises: the observer never outlives the pass
-            self._handles.append(self.model.register_forward_hook(self._on_forward_end, with_kwargs=True,
+            self._handles.append(self.model.register_forward_hook(self._on_forward_end,
                                                                   always_call=True))
             self._hook_optimizer()
             if self.compiled:  # permanent, excluded from the graph: no recompiles
@@ -196,9 +216,8 @@ class Recorder:
             self._end_skipped_step()
         elif self._bad_pass:
             self._commit_nonfinite()
-        for h in self._layer_handles + self._handles + self._opt_handles:
+        for h in self._handles + self._opt_handles:
             h.remove()
-        self._layer_handles.clear()
         self._handles.clear()
         self._opt_handles.clear()
         self._rec = None
@@ -241,7 +260,9 @@ class Recorder:
 
     # -- loss --------------------------------------------------------------------------------------
     def record_loss(self, loss) -> None:
-        if isinstance(loss, torch.Tensor):
+        if isinstance(loss, torch.Tensor) and loss.is_cpu and loss.dtype is torch.float32 and loss.numel() == 1:
+            value = loss.item()  # the usual case: no copy to make
+        elif isinstance(loss, torch.Tensor):
             value = loss.detach()
             value = value.float().mean() if value.numel() != 1 else value.reshape(()).float()
             if value.device.type == "cpu":
@@ -251,6 +272,13 @@ class Recorder:
         self._pending_losses.append((self._pass_step, value))
         if len(self._pending_losses) >= 256:
             self.flush_losses()
+
+    def latest_loss(self) -> float | None:
+        """The loss recorded last, if it is not in the trace yet (None otherwise)."""
+        if not self._pending_losses:
+            return None
+        value = self._pending_losses[-1][1]
+        return float(value) if isinstance(value, torch.Tensor) else value
 
     def flush_losses(self) -> None:
         if not self._pending_losses:
@@ -266,8 +294,7 @@ class Recorder:
         """A training pass starts that may not call the model's own forward (see ``NeuralDbg.begin_pass``)."""
         if not self.attached or self._replaying:
             return
-        self._stop_observer()
-        self._close_layer_hooks()  # a pass begun and never ended (a skipped step)
+        self._stop_observer()  # a pass begun and never ended (a skipped step)
         self._explicit = True
         self._start_pass(args, kwargs or {}, run)
 
@@ -289,11 +316,12 @@ class Recorder:
         if self._awaiting and self.optimizer is not None and (self._bad_pass or self._scaler_moved_on()):
             self._end_skipped_step()  # the last pass's NaN/Inf gradients were not stepped on
         if self._pass_step != self.step:  # the first forward pass of a step (not a second, accumulated one)
+            self._pass_step = self.step
             self._watch_lr()
-        self._pass_step = self.step
         self._last_inputs = (args, kwargs)
         if self.trace.nonfinite is None:
-            self._rng_state = torch.get_rng_state()
+            if self._sample_now or self._forward_draws is not False:
+                self._rng_state = torch.get_rng_state()
             self._autocast = nanhunt.autocast_state()
         if self._sample_now and (self._rec is None or not self._rec.forward_done):
             if self._rec is None:
@@ -302,61 +330,113 @@ class Recorder:
             if x:
                 self._rec.input = forward_stats(x[0], None, None)[:4]
             if not self.compiled:
-                for m, h in zip(self.modules, self._fwd_hooks):
-                    self._layer_handles.append(m.register_forward_hook(h))
                 self._start_observer()
+
+    # A model whose forward passes showed no functional operation (every activation a module, no
+    # attention written as functions) is looked at again on one sampled pass in this many: a function
+    # mode costs a Python call per torch call of the forward pass.
+    QUIET_OPS_EVERY = 8
+    QUIET_OPS_FIRST = 4  # ... after this many sampled passes that showed none
+
+    def _watch_ops(self) -> bool:
+        """Whether this sampled pass runs the function mode."""
+        if self._ops_found:
+            return True
+        self._quiet_passes += 1
+        return self._quiet_passes <= self.QUIET_OPS_FIRST or self._quiet_passes % self.QUIET_OPS_EVERY == 0
 
     def _start_observer(self) -> None:
         self._pass_ops.clear()
-        self._tracker.__enter__()
+        ops = self._watch_ops()
+        self._tracker.start(full=ops)
+        self._tracking = True
+        if not ops:
+            return
         try:
             self._observer = FunctionalObserver(self._tracker, self._activation_leaves, self._on_op, _attention_logits)
             self._observer.__enter__()
         except BaseException:
             self._observer = None
+            self._tracking = False
             self._tracker.__exit__(None, None, None)
             raise
 
     def _stop_observer(self) -> None:
         obs, self._observer = self._observer, None
-        if obs is None:
+        if not self._tracking:
             return
+        self._tracking = False
         try:
-            try:
-                from torch.overrides import _get_current_function_mode_stack
-                top = _get_current_function_mode_stack()[-1:]
-            except (ImportError, AttributeError):  # a torch without it: ours is the one on top
-                top = [obs]
-            if top and top[0] is obs:  # never pop a mode the user entered inside the forward
-                obs.__exit__(None, None, None)
+            if obs is not None:
+                try:
+                    from torch.overrides import _get_current_function_mode_stack
+                    top = _get_current_function_mode_stack()[-1:]
+                except (ImportError, AttributeError):  # a torch without it: ours is the one on top
+                    top = [obs]
+                if top and top[0] is obs:  # never pop a mode the user entered inside the forward
+                    obs.__exit__(None, None, None)
         finally:
             self._tracker.__exit__(None, None, None)
 
-    def _on_forward_end(self, module, args, kwargs, output):
+    def _on_forward_end(self, module, args, output):
         if self._explicit:
             return None  # the model's forward inside a pass begun by begin_pass: the pass goes on
-        self._stop_observer()
+        if self._tracking:
+            self._stop_observer()
         if self._replaying or not torch.is_grad_enabled():
             return None
         self._end_forward(output)
         return None
 
-    def _close_layer_hooks(self) -> None:
-        for h in self._layer_handles:
-            h.remove()
-        self._layer_handles.clear()
-
     def _end_forward(self, output) -> None:
-        self._stop_observer()
-        self._close_layer_hooks()
-        if self._rec is not None:
-            self._rec.forward_done = True
+        if self._tracking:
+            self._stop_observer()
+        rec = self._rec
+        if rec is not None:
+            if not rec.forward_done:
+                if self._forward_draws is not True and self._rng_state is not None:
+                    self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
+                self._measure_kept(rec)
+            rec.forward_done = True
         # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
-        self._out_leaves = [t for t in nanhunt.float_tensors(output) if t.requires_grad]
-        self._out_grads = [None] * len(self._out_leaves)
+        if isinstance(output, torch.Tensor):  # the usual case, without a walk through a structure
+            leaves = [output] if output.requires_grad and output.is_floating_point() else []
+        else:
+            leaves = [t for t in nanhunt.float_tensors(output) if t.requires_grad]
+        self._out_leaves = leaves
+        self._out_grads = [None] * len(leaves)
         self._backward_queued = False
-        for i, t in enumerate(self._out_leaves):
-            t.register_hook(self._make_output_grad_hook(i))
+        hooks = self._out_grad_hooks
+        for i, t in enumerate(leaves):
+            if i == len(hooks):
+                hooks.append(self._make_output_grad_hook(i))
+            t.register_hook(hooks[i])
+
+    def _measure_kept(self, rec: _StepRecord) -> None:
+        """The forward pass is over: outputs copied for the first time tell which layers need no copy
+        (nothing changed them since); outputs kept as they are are measured now, stacked by shape. One
+        that something did change is dropped (not measured this step) and copied from now on."""
+        for idx, t, version in rec.watch:
+            if t._version == version:
+                self._settled.add(idx)
+        rec.watch = []
+        if not rec.fwd_kept:
+            return
+        changed = set()
+        with torch.no_grad():
+            for key, items in rec.fwd_kept.items():
+                ok = [(i, t) for i, t, v in items if t._version == v]
+                changed.update(i for i, t, v in items if t._version != v)
+                if ok:
+                    stats = forward_stats_batch(torch.stack([t for _, t in ok]), key[3], key[4], key[5])
+                    rec.fwd_rows.append(([i for i, _ in ok], stats))
+        rec.fwd_kept = {}
+        if changed:
+            self._settled -= changed
+            for i in changed:
+                rec.fwd.pop(i, None)
+                rec.dtype.pop(i, None)
+            rec.grad_kept = [g for g in rec.grad_kept if g[0] not in changed]
 
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         def hook(module, args, output):
@@ -388,10 +468,22 @@ class Recorder:
         unit_dim = layer.unit_dim(t.dim())
         dead = layer.kind in _DEAD_KINDS
         rec.dtype[idx] = t.dtype
-        if t.numel() <= BATCH_NUMEL:  # a copy: later in-place ops must not change what we measure
+        if t.numel() <= BATCH_NUMEL:
             key = (tuple(t.shape), t.dtype, t.device, unit_dim, layer.bounds, dead)
-            rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
             rec.fwd[idx] = True
+            if idx in self._settled:  # kept as it is: measured when the pass ends, its gradient retained
+                rec.fwd_kept.setdefault(key, []).append((idx, t, t._version))
+                if t.requires_grad:
+                    if t.grad_fn is not None:
+                        t.retain_grad()
+                        rec.grad_kept.append((idx, t, unit_dim))
+                    else:
+                        t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+                return
+            # a copy: later in-place ops must not change what we measure
+            rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
+            if not self.compiled:
+                rec.watch.append((idx, t, t._version))
         else:
             rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=dead)
         if t.requires_grad:
@@ -400,6 +492,7 @@ class Recorder:
     # -- functional operations ------------------------------------------------------------------------
     def _on_op(self, owner: str, rel: Relation, spec: OpSpec, out: torch.Tensor | None, logits) -> None:
         """A functional activation or attention computation seen by the observer (a sampled pass)."""
+        self._ops_found = True
         rec = self._rec
         if rec is None or rec.forward_done or self._replaying:
             return
@@ -464,18 +557,6 @@ class Recorder:
         return hook
 
     # -- backward / optimizer -----------------------------------------------------------------------
-    def _param_norms(self, tensors: list[torch.Tensor], owners: list[int]) -> torch.Tensor:
-        """Per-layer L2 norms of (strided subsets of) ``tensors``; NaN for layers with none."""
-        n = len(self.layers)
-        if not tensors:
-            return torch.full((n,), float("nan"))
-        views = [param_view(t) for t in tensors]
-        scale = torch.tensor([f for _, f in views], dtype=torch.float32)
-        out = per_layer_norms([v for v, _ in views], torch.tensor(owners, dtype=torch.long), n, scale)
-        present = torch.zeros(n, dtype=torch.bool)
-        present[owners] = True
-        return torch.where(present.to(out.device), out, torch.full_like(out, float("nan")))
-
     def _on_backward_end(self) -> None:
         if not self.attached:
             return
@@ -483,8 +564,8 @@ class Recorder:
         self._awaiting = True
         if self.scaler is not None:
             self._round = getattr(self.scaler, "_per_optimizer_states", None)
-        level = self._grad_level([p.grad for p in self._sentinels if p.grad is not None and not p.grad.is_sparse])
-        if level is not None and not math.isfinite(level[0]):
+        level = self._grad_level()
+        if level is not None and not level[0]:
             self._nonfinite_pass()
         elif level is not None and self._grad_spikes(level[1]) and self.schedule.burst(self.step):
             # a gradient spike between sampled steps: this step's updates are measured, and the next steps
@@ -507,19 +588,19 @@ class Recorder:
         under gradient accumulation the step keeps the gradient of its whole window."""
         if not self._params:
             return
-        w = self._param_norms(self._params, self._owner_list) if rec.params is None else rec.params[0]
-        with_grad = [(p.grad, o) for p, o in zip(self._params, self._owner_list)
-                     if p.grad is not None and not p.grad.is_sparse]
-        gn = self._param_norms([g for g, _ in with_grad], [o for _, o in with_grad])
+        n = len(self.layers)
+        w = self._pnorms.weights(n) if rec.params is None else rec.params[0]
+        gn = self._pnorms.grads(n)
         upd = torch.full_like(w, float("nan")) if rec.params is None else rec.params[2]
         rec.params = torch.stack([w, gn.to(w.device), upd])
 
-    def _grad_level(self, grads: list[torch.Tensor]) -> list[float] | None:
-        """The every-step check, over the output's gradient and each layer's smallest parameter's: the
-        largest |gradient| (NaN/Inf when any is not finite) and their norm (for spikes), read back to the
-        host together (the only per-step sync). None when nothing was checked."""
-        checked = grads + [g for g in self._out_grads if g is not None]
-        return levels(checked).tolist() if checked else None
+    def _grad_level(self) -> tuple[bool, float] | None:
+        """The every-step check, over the output's gradient and each layer's smallest parameter's: whether
+        all are finite, and their norm (for spikes), read back to the host together (the only per-step
+        sync). None when nothing was checked."""
+        checked = [g for g in [p.grad for p in self._sentinels] if g is not None]
+        checked += [g for g in self._out_grads if g is not None]
+        return finite_norm(checked) if checked else None
 
     def _nonfinite_pass(self) -> None:
         """NaN/Inf in this pass's gradients. Whether it is a fault shows later: the optimizer steps on them,
@@ -571,10 +652,10 @@ class Recorder:
         self._bad_pass, self._awaiting = False, False
         self._stop_observer()
         rec, self._rec = self._rec, None
-        self._close_layer_hooks()
         if rec is not None:
             rec.grad.clear()
             rec.grad_small.clear()
+            rec.grad_kept = []
             rec.params, rec.prev_params = None, None
             self._flush(rec, scale=None)
         self.schedule.step_done(self.step, sampled=rec is not None)
@@ -590,21 +671,18 @@ class Recorder:
             self._rec = _StepRecord()
         rec = self._rec
         if rec is not None and self._params:
-            views = [param_view(p)[0] for p in self._params]
-            rec.prev_params = torch._foreach_mul(views, 1.0)  # one fused copy
+            rec.prev_params = self._pnorms.snapshot()
         return None
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
         self._in_step = False
         rec = self._rec
         if rec is not None and rec.prev_params is not None:
-            views = [param_view(p) for p in self._params]
-            diffs = torch._foreach_sub([v for v, _ in views], rec.prev_params)
-            scale = torch.tensor([f for _, f in views], dtype=torch.float32)
-            upd = per_layer_norms(diffs, self._owner, len(self.layers), scale)
+            n = len(self.layers)
+            upd = self._pnorms.updates(rec.prev_params, n)
             if rec.params is None:
                 nan = torch.full_like(upd, float("nan"))
-                rec.params = torch.stack([self._param_norms(self._params, self._owner_list).to(upd.device), nan, nan])
+                rec.params = torch.stack([self._pnorms.weights(n).to(upd.device), nan, nan])
             rec.params[2] = upd.to(rec.params.device)
             rec.prev_params = None
         self._finish_step()
@@ -613,12 +691,12 @@ class Recorder:
     def _finish_step(self) -> None:
         self._awaiting = False
         rec, self._rec = self._rec, None
-        self._close_layer_hooks()
         if rec is not None:
             self._flush(rec)
-        self.schedule.step_done(self.step, sampled=rec is not None)
+        schedule = self.schedule
+        schedule.step_done(self.step, rec is not None)
         self.step += 1
-        self._sample_now = self.schedule.should_sample(self.step)
+        self._sample_now = schedule.should_sample(self.step)
         self._out_grads = []
         self._out_leaves = []
         if self.after_step is not None:
@@ -633,6 +711,15 @@ class Recorder:
             scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         fwd_idx, fwd_parts = self._rows(rec.fwd, rec.fwd_small,
                                         lambda x, key: forward_stats_batch(x, key[3], key[4], key[5]))
+        for ids, stats in rec.fwd_rows:
+            fwd_idx.extend(ids)
+            fwd_parts.append(stats)
+        for idx, t, unit_dim in rec.grad_kept:  # retained gradients, batched as the hooks' copies are
+            g = t.grad
+            if g is not None and rec.grad.get(idx) is None:
+                rec.grad_small.setdefault((tuple(g.shape), g.dtype, g.device, unit_dim), []).append((idx, g))
+                rec.grad[idx] = True
+        rec.grad_kept = []
         grad_idx, grad_parts = self._rows(rec.grad, rec.grad_small, lambda x, key: grad_stats_batch(x, key[3]))
         parts = fwd_parts + grad_parts
         attn_idx = list(rec.attn)
@@ -692,6 +779,11 @@ class Recorder:
     def _watch_lr(self) -> None:
         """A learning rate that rises (x2 or more, e.g. a schedule) starts a burst of sampled steps: what
         a new learning rate does shows in its first steps."""
+        groups = self.optimizer.param_groups if self.optimizer is not None else None
+        raw = groups[0].get("lr") if groups else None
+        if raw is self._seen_lr_value and type(raw) is float:
+            return  # the very value of the last step: unchanged (a tensor may have changed in place)
+        self._seen_lr_value = raw
         lr, seen = self._lr(sync=False), self._seen_lr
         self._seen_lr = lr
         if lr > 0 and seen > 0 and lr >= 2 * seen and self.schedule.burst(self.step):

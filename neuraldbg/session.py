@@ -198,6 +198,24 @@ class NeuralDbg:
         """Completed steps: optimizer steps when an optimizer was given, else backward passes."""
         return self._recorder.step if self._recorder is not None else self._loaded_step
 
+    def snapshot(self) -> "NeuralDbg":
+        """What is recorded so far, as a session of its own that watches nothing (its trace is a copy):
+        another thread can analyse it while this session goes on recording. Take it between steps."""
+        if self._recorder is not None:
+            self._recorder.flush_losses()
+        snap = NeuralDbg._from_trace(self._trace.copy(), self.thresholds)
+        snap._loaded_step = self.step
+        return snap
+
+    @property
+    def last_loss(self) -> float:
+        """The latest recorded loss (NaN when none): for a progress line, without recording anything."""
+        if self._recorder is not None:
+            latest = self._recorder.latest_loss()
+            if latest is not None:
+                return latest
+        return float(self._trace.loss.data[-1]) if self._trace.loss.n else float("nan")
+
     @property
     def trace(self) -> Trace:
         """The recorded trace (of the rank in view, for a merged multi-process run)."""

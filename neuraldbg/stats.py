@@ -6,6 +6,7 @@ per sampled step.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from enum import IntEnum
 
@@ -134,8 +135,9 @@ def grad_stats(g: torch.Tensor, unit_dim: int | None = None) -> torch.Tensor:
     return grad_stats_batch(g.unsqueeze(0), unit_dim)[0]
 
 
-def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
-    """``ord``-norm of each tensor, as one 1-D float32 tensor (one fused kernel where available)."""
+def norms(tensors: list[torch.Tensor], ord: float = 2.0, uniform: bool = False) -> torch.Tensor:
+    """``ord``-norm of each tensor, as one 1-D float32 tensor (one fused kernel where available).
+    ``uniform``: the tensors are known to share one dtype and device."""
     if not tensors:
         return torch.zeros(0)
     out: Sequence[torch.Tensor]
@@ -143,6 +145,8 @@ def norms(tensors: list[torch.Tensor], ord: float = 2.0) -> torch.Tensor:
         out = torch._foreach_norm(tensors, ord)
     except (RuntimeError, TypeError):  # mixed devices or dtypes
         out = [torch.linalg.vector_norm(t.detach().float(), ord) for t in tensors]
+    if uniform and out[0].dtype == torch.float32:
+        return torch.stack(out)
     return torch.stack([o.float().to(out[0].device) for o in out])
 
 
@@ -154,40 +158,40 @@ def max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
         return norms(tensors, float("inf")).amax()
 
 
-def levels(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """[largest |value|, L2 norm] over ``tensors`` as one (2,) tensor: the first says whether all are finite
-    (a max cannot overflow), the second how large they are together (smoother than a max)."""
+try:  # flattens and concatenates in one call
+    _flatten = torch._C._nn.flatten_dense_tensors
+except AttributeError:  # pragma: no cover - an older torch
+    def _flatten(tensors):
+        return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def finite_norm(tensors: list[torch.Tensor]) -> tuple[bool, float]:
+    """Whether every value of ``tensors`` is finite, and their L2 norm together (for spikes): one
+    concatenation and one sum of squares, read back to the host in one transfer. The sum is finite
+    exactly when every value is, unless its float32 squares overflow: only then are the values
+    themselves checked."""
     try:
-        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-        return torch.stack([flat.abs().amax(), torch.linalg.vector_norm(flat)])
-    except RuntimeError:  # tensors on several devices
-        return torch.stack([norms(tensors, float("inf")).amax(), norms(tensors).norm()])
+        flat = _flatten(tensors)
+        if flat.dtype is not torch.float32 and flat.dtype is not torch.float64:
+            flat = flat.float()  # half precision: its squares would overflow
+        square = float(flat.dot(flat))
+    except (RuntimeError, TypeError):  # several devices or dtypes, sparse tensors: one by one
+        return _finite_norm_each(tensors)
+    if math.isfinite(square):
+        return True, math.sqrt(square)
+    return bool(torch.isfinite(flat).all()), math.inf
+
+
+def _finite_norm_each(tensors: list[torch.Tensor]) -> tuple[bool, float]:
+    dense = [t.detach() for t in tensors if t.layout == torch.strided]
+    per = [torch.linalg.vector_norm(t.float()) for t in dense]
+    values = [float(v) for v in per]
+    total = math.hypot(*values)
+    if math.isfinite(total):
+        return True, total
+    return all(bool(torch.isfinite(t).all()) for t, v in zip(dense, values) if not math.isfinite(v)), math.inf
 
 
 # Parameter statistics read at most this many elements per tensor (an evenly strided subset,
 # scaled up): exact for small tensors, and a full pass over a large model's weights is avoided.
 PARAM_SAMPLE = 65536
-
-
-def param_view(p: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """A strided subset of ``p``'s elements (a view, no copy) and the factor that scales its
-    squared norm up to the whole tensor's."""
-    flat = p.detach().reshape(-1)
-    n = flat.numel()
-    if n <= PARAM_SAMPLE:
-        return flat, 1.0
-    stride = -(-n // PARAM_SAMPLE)
-    sub = flat[::stride]
-    return sub, n / sub.numel()
-
-
-def per_layer_norms(tensors: list[torch.Tensor], owner: torch.Tensor, n_layers: int,
-                    scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Combine per-tensor L2 norms into per-layer norms: sqrt of the summed squares per owner index
-    (each tensor's square first multiplied by ``scale``, for subsampled tensors)."""
-    sq = norms(tensors) ** 2
-    if scale is not None:
-        sq = sq * scale.to(sq.device)
-    out = torch.zeros(n_layers, dtype=torch.float32, device=sq.device)
-    out.index_add_(0, owner.to(sq.device), sq)
-    return out.sqrt()

@@ -6,6 +6,7 @@ sparser: a 1M-step run costs the same memory as a 10k-step one.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,16 +20,28 @@ if TYPE_CHECKING:
 
 
 class BoundedSeries:
-    """Rows indexed by step, in fixed memory."""
+    """Rows indexed by step, in fixed memory. The buffer starts small and doubles as rows come, up to
+    ``capacity`` rows (a short run does not pay for the memory of a long one)."""
+
+    _FIRST_ROWS = 64
 
     def __init__(self, row_shape: tuple[int, ...], capacity: int, dtype=np.float32):
         if capacity < 4:
             raise ValueError("capacity must be at least 4")
         self.capacity = int(capacity)
-        self._steps = np.zeros(self.capacity, dtype=np.int64)
-        self._data = np.full((self.capacity, *row_shape), np.nan, dtype=dtype)
+        rows = min(self.capacity, self._FIRST_ROWS)
+        self._steps = np.zeros(rows, dtype=np.int64)
+        self._data = np.full((rows, *row_shape), np.nan, dtype=dtype)
         self._width = row_shape[0] if row_shape else None
         self.n = 0
+
+    def _grow(self) -> None:
+        rows = min(self.capacity, 2 * len(self._steps))
+        steps = np.zeros(rows, dtype=np.int64)
+        steps[:self.n] = self._steps[:self.n]
+        data = np.full((rows, *self._data.shape[1:]), np.nan, dtype=self._data.dtype)
+        data[:self.n] = self._data[:self.n]
+        self._steps, self._data = steps, data
 
     def widen(self, width: int) -> None:
         """Grow the first axis of the rows to ``width`` (new entries NaN): a layer table that gained
@@ -36,7 +49,7 @@ class BoundedSeries:
         if self._width is None or width <= self._width:
             return
         if width > self._data.shape[1]:
-            grown = np.full((self.capacity, max(width, 2 * self._data.shape[1]), *self._data.shape[2:]), np.nan,
+            grown = np.full((len(self._steps), max(width, 2 * self._data.shape[1]), *self._data.shape[2:]), np.nan,
                             dtype=self._data.dtype)
             grown[:self.n, :self._width] = self._data[:self.n, :self._width]
             self._data = grown
@@ -45,6 +58,8 @@ class BoundedSeries:
     def append(self, step: int, row) -> None:
         if self.n == self.capacity:
             self._thin()
+        elif self.n == len(self._steps):
+            self._grow()
         self._steps[self.n] = step
         if self._width is None or self._width == self._data.shape[1]:
             self._data[self.n] = row
@@ -78,9 +93,15 @@ class BoundedSeries:
     def nbytes(self) -> int:
         return self._steps.nbytes + self._data.nbytes
 
+    def copy(self) -> "BoundedSeries":
+        """The rows so far, copied (the copy does not change when this series does)."""
+        return BoundedSeries.from_arrays(self.steps.copy(), self.data.copy(), self.capacity)
+
     @classmethod
     def from_arrays(cls, steps: np.ndarray, data: np.ndarray, capacity: int) -> "BoundedSeries":
         s = cls(data.shape[1:], max(capacity, len(steps), 4), dtype=data.dtype)
+        while len(s._steps) < len(steps):
+            s._grow()
         s._steps[:len(steps)] = steps
         s._data[:len(steps)] = data
         s.n = len(steps)
@@ -149,6 +170,14 @@ class Trace:
             self.loss = BoundedSeries((), self.loss_capacity)
         if self.skipped is None:
             self.skipped = BoundedSeries((), self.loss_capacity)
+
+    def copy(self) -> "Trace":
+        """What is recorded so far, copied: a trace another thread can analyse while this one grows."""
+        return Trace([dataclasses.replace(l, extra=dict(l.extra)) for l in self.layers], capacity=self.capacity,
+                     loss_capacity=self.loss_capacity, stats=self.stats.copy(), globals=self.globals.copy(),
+                     loss=self.loss.copy(), skipped=self.skipped.copy(), nonfinite=self.nonfinite,
+                     overflow=self.overflow, meta=dict(self.meta),
+                     ranks=self.ranks.copy() if self.ranks is not None else None)
 
     def add_layers(self, layers: list[LayerInfo]) -> None:
         """Append layers found while watching (functional operations); their past rows are NaN."""

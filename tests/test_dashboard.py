@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from neuraldbg import CausalHypothesis, NeuralDbg, Verdict
-from ndbg_jupyter._chart import flow_svg, gradient_flow, loss_svg, row_flow
-from ndbg_jupyter._dashboard import Dashboard
+from ndbg_jupyter._chart import flow_html, gradient_flow, loss_svg, row_flow
+from ndbg_jupyter._dashboard import SHARE, Dashboard
 from ndbg_jupyter._grid import HealthGrid, Row, fold, row_html
 from ndbg_jupyter._states import LOOKS
 from jupyter_cells import FakeClock, synthetic_session
@@ -71,25 +71,27 @@ def test_live_updates_follow_the_hub_throttle_under_a_fake_clock():
     assert "finished" in dash.progress.value and "step 17 " in dash.progress.value
 
 
-def test_a_slow_dashboard_backs_off_to_a_tenth_of_the_wall_time():
+def test_a_slow_dashboard_keeps_to_its_share_of_the_wall_time_and_progress_stays_live():
     clock = FakeClock()
     model, opt = dead_mlp()
     dash = Dashboard(clock=clock)
-    real_refresh = dash.refresh
+    real_draw = dash._draw
 
-    def slow_refresh(chart=False):
-        clock.advance(0.5)  # an update that takes half a second...
-        real_refresh(chart)
-    dash.refresh = slow_refresh
+    def slow_draw(*args):
+        clock.advance(0.5)  # a frame that takes half a second to draw...
+        return real_draw(*args)
+    dash._draw = slow_draw
     dbg = NeuralDbg(model, opt, on_step=dash.on_step, update_interval=0.25, clock=clock)
     dash.dbg = dbg
     with dbg:
         train(model, opt, dbg, 1)
         assert dash.updates == 1
-        clock.advance(1.0)  # past the hub throttle, but within 9 x 0.5 s of the last update
-        train(model, opt, dbg, 1)
-        assert dash.updates == 1
-        clock.advance(4.0)
+        wait = 0.5 / SHARE - 0.5  # ... keeps the next one SHARE of the time away
+        for k in range(4):  # past the hub throttle and the progress interval, but not the dashboard's budget
+            clock.advance(wait / 5)
+            train(model, opt, dbg, 1)
+            assert dash.updates == 1 and f"step {k + 2} " in dash.progress.value  # progress stays live
+        clock.advance(wait / 5 + 0.01)
         train(model, opt, dbg, 1)
         assert dash.updates == 2
 
@@ -99,12 +101,58 @@ def test_a_failing_view_never_stops_training():
     dash = Dashboard(clock=FakeClock())
     dbg = NeuralDbg(model, opt, on_step=dash.on_step, update_interval=0.0)
     dash.dbg = dbg
-    dash.refresh = lambda chart=False: (_ for _ in ()).throw(RuntimeError("view broke"))
+    dash._draw = lambda *args: (_ for _ in ()).throw(RuntimeError("view broke"))
     with dbg:
         train(model, opt, dbg, 4)
     assert dbg.step == 4
     assert isinstance(dash.error, RuntimeError) and "view broke" in dash.status.value
 
+
+
+def test_in_a_kernel_frames_are_drawn_off_the_training_thread_and_shown_between_steps():
+    import threading
+    model, opt = dead_mlp()
+    dash = Dashboard(threaded=True)
+    drawn_on, shown_on = [], []
+    real_draw, real_show = dash._draw, dash._show
+
+    def draw(*args):
+        drawn_on.append(threading.current_thread().name)
+        return real_draw(*args)
+
+    def show(frame):
+        shown_on.append(threading.current_thread().name)
+        return real_show(frame)
+    dash._draw, dash._show = draw, show
+    dbg = NeuralDbg(model, opt, on_step=dash.on_step, update_interval=0.0)
+    dash.watch(dbg)
+    training = threading.current_thread().name
+    with dbg:
+        deadline = time.monotonic() + 30
+        # until a frame drawn while training shows the dead layer (the first frames see too few steps)
+        while 'data-cause="dead_units"' not in dash.panel.value and time.monotonic() < deadline:
+            train(model, opt, dbg, 1)
+        assert dash.updates >= 2 and dash.error is None
+        # the frame shown while training was drawn on the renderer's thread, and set on the training one
+        assert "neuraldbg-dashboard" in drawn_on[1:] and set(shown_on) == {training}
+        assert 'data-cause="dead_units" data-layer="1"' in dash.panel.value
+        assert 'data-layer="1" data-act="dead"' in rows_of(dash.grid)
+    dash.finish()
+    assert not any(t.name == "neuraldbg-dashboard" for t in threading.enumerate())  # no thread left behind
+    assert "finished" in dash.progress.value and f"step {dbg.step} " in dash.progress.value
+
+
+def test_a_snapshot_is_what_was_recorded_then_and_stays_so():
+    model, opt = dead_mlp()
+    dbg = NeuralDbg(model, opt, every=1)
+    with dbg:
+        train(model, opt, dbg, 5)
+        snap = dbg.snapshot()
+        assert dbg.last_loss == pytest.approx(float(snap.view.loss[-1]))
+        train(model, opt, dbg, 5)
+    assert snap.step == 5 and len(snap.view.steps) == 5 and len(snap.view.loss) == 5
+    assert dbg.step == 10 and len(dbg.view.steps) == 10
+    assert not snap.watching and [(h.cause, h.layer) for h in snap.explain()][:1] == [("dead_units", "1")]
 
 # -- the grid -------------------------------------------------------------------------------------------
 
@@ -152,6 +200,7 @@ def test_an_early_warning_is_amber_in_the_grid_with_its_forecast_on_hover_and_in
     dash = Dashboard(clock=FakeClock())
     dash.show(dbg, "finished")
     html = rows_of(dash.grid)
+    html = html[:html.index('<div class="ndbg-legend"')]  # the legend's chips show every state's colour
     row = html[html.index('data-layer="0"'):]
     row = row[:row.index("</div>")]
     assert 'data-grad="diminishing"' in row and LOOKS["diminishing"].colour in row
@@ -175,7 +224,7 @@ def test_fold_groups_by_parent_module_and_chunks_flat_models():
     assert fold(names[:10], 40) == [type(groups[0])(n, (n,)) for n in names[:10]]
 
 
-def test_folded_rows_show_the_worst_state_and_unfold_on_demand():
+def test_folded_rows_show_the_worst_state_and_unfold_in_the_browser():
     names = [f"enc.{b}.{i}" for b in range(6) for i in range(8)]
     layers = [SimpleNamespace(name=n, type_name="T") for n in names]
     health = {n: SimpleNamespace(act="normal", grad="healthy", nonfinite=False) for n in names}
@@ -183,17 +232,23 @@ def test_folded_rows_show_the_worst_state_and_unfold_on_demand():
     health["enc.2.6"] = SimpleNamespace(act="saturated", grad="healthy", nonfinite=False)
     grid = HealthGrid(fold_above=40)
     grid.update(layers, health)
-    html = rows_of(grid)
-    assert 'class="ndbg-row ndbg-fold" data-layer="enc.2" data-act="dead" data-grad="vanishing"' in html
-    assert 'class="ndbg-row ndbg-fold" data-layer="enc.0" data-act="normal" data-grad="healthy"' in html
-    assert 'data-layer="enc.2.5"' not in html  # folded away
-    grid.unfold("enc.2")
-    html = rows_of(grid)
-    assert 'class="ndbg-row ndbg-group" data-layer="enc.2"' in html
-    assert 'data-layer="enc.2.5" data-act="dead" data-grad="vanishing"' in html
-    assert grid._bodies["enc.2"].layout.display == ""
-    grid.toggles["enc.2"].value = False  # the toggle button folds it back
-    assert 'data-layer="enc.2.5"' not in rows_of(grid) and grid._bodies["enc.2"].layout.display == "none"
+    assert grid.widgets_to_sync() == [grid.widget]  # one widget, whatever the number of groups
+    markup = rows_of(grid)
+    assert 'class="ndbg-row ndbg-fold" data-layer="enc.2" data-act="dead" data-grad="vanishing"' in markup
+    assert 'class="ndbg-row ndbg-fold" data-layer="enc.0" data-act="normal" data-grad="healthy"' in markup
+    # a group is a closed <details>: its summary is the group's row, its members follow, shown when the
+    # browser opens it (no round trip to the kernel)
+    import xml.etree.ElementTree as ET
+    tree = ET.fromstring(markup.replace("<style>", "<style><![CDATA[").replace("</style>", "]]></style>"))
+    blocks = {d.get("data-group"): d for d in tree.iter("details")}
+    assert list(blocks) == [f"enc.{b}" for b in range(6)] and not any(d.get("open") for d in blocks.values())
+    enc2 = blocks["enc.2"]
+    summary_rows = [e.get("data-layer") for e in enc2.find("summary").iter("div") if e.get("data-layer")]
+    member_rows = [e.get("data-layer") for e in enc2 if e.tag == "div"]
+    assert summary_rows == ["enc.2"] and member_rows == [f"enc.2.{i}" for i in range(8)]
+    assert 'data-layer="enc.2.5" data-act="dead" data-grad="vanishing"' in markup
+    assert [r.key for r in grid.rows()] == list(blocks) and all(r.group for r in grid.rows())
+    assert [r.key for r in grid.members()["enc.2"]] == member_rows
 
 
 # -- panel --------------------------------------------------------------------------------------------
@@ -266,24 +321,34 @@ def test_flow_rows_are_the_grid_rows_each_labelled():
     model_layers = [SimpleNamespace(name=n, type_name="Linear") for n in names]
     grid = HealthGrid(fold_above=40)
     grid.update(model_layers, {})
-    rows = grid.rows()
+    rows, members = grid.rows(), grid.members()
     assert [r.key for r in rows] == [f"blocks.{b}" for b in range(12)] and all(r.group for r in rows)
-    grid.unfold("blocks.3")
-    rows = grid.rows()
-    assert [r.key for r in rows][3:14] == ["blocks.3"] + [f"blocks.3.{leaf}" for leaf in leaves] + ["blocks.4"]
     dbg = synthetic_session_named(names)
-    ns = "{http://www.w3.org/2000/svg}"
-    svg = _svg(flow_svg(dbg.view, rows, end=int(dbg.view.steps[-1])))
-    labels = [e for e in svg.iter(f"{ns}text") if e.get("class") == "ndbg-flow-label"]
-    assert [e.get("data-row") for e in labels] == [r.key for r in rows]
-    assert all(e.find(f"{ns}title").text.startswith(e.get("data-row")) for e in labels)  # full name on hover
-    # the cells: one PNG line per row, scaled without smoothing
-    cells = next(e for e in svg.iter(f"{ns}image") if e.get("class") == "ndbg-flow-cells")
+    markup = flow_html(dbg.view, rows, end=int(dbg.view.steps[-1]), members=members)
+    tree = _svg(markup.replace("<style>", "<style><![CDATA[").replace("</style>", "]]></style>"))
+    # one line per grid row; after a group's line, its members' lines, marked as the group's
+    lines = [e for e in tree.iter("div") if "ndbg-flow-row" in (e.get("class") or "")]
+    shown = [(e.find("span").get("data-row"), e.get("data-group")) for e in lines]
+    assert shown[30:40] == [("blocks.3", None)] + [(f"blocks.3.{leaf}", "blocks.3") for leaf in leaves]
+    assert shown == [line for r in rows for line in [(r.key, None)] + [(m.key, r.key) for m in members[r.key]]]
+    labels = [e.find("span") for e in lines]
+    assert all(e.get("title").startswith(e.get("data-row")) for e in labels)  # full name on hover
+    # a member's line shows while the grid's <details> of its group is open: a style rule, no redraw
+    style = next(e for e in tree.iter("style")).text
+    assert ".ndbg-flow-member{display:none!important}" in style
+    assert ('details.ndbg-fold-block[data-group="blocks.3"][open]) .ndbg-flow-member[data-group="blocks.3"]'
+            "{display:flex!important}") in style
+    # the cells: one PNG with a line per line, each line showing its own slice, scaled without smoothing
     import base64
+    import re
     import struct
-    raw = base64.b64decode(cells.get("href").split(",", 1)[1])
-    assert struct.unpack(">II", raw[16:24])[1] == len(rows)
-    assert "pixelated" in cells.get("style")
+    uri = re.search(r"--ndbg-flow-cells:url\(data:image/png;base64,([^)]*)\)", markup).group(1)
+    raw = base64.b64decode(uri)
+    assert struct.unpack(">II", raw[16:24])[1] == len(lines)
+    cells = [e.findall("span")[1].get("style") for e in lines]
+    height = int(re.search(r"height:(\d+)px", lines[0].get("style")).group(1))
+    assert [int(re.search(r" 0 (-?\d+)px/", c).group(1)) for c in cells] == [-k * height for k in range(len(lines))]
+    assert all("pixelated" in c for c in cells)
     # a folded group's line is the median of its layers; the zero gradients of the dead block are "zero"
     matrix, _, _ = row_flow(dbg.view, rows, end=int(dbg.view.steps[-1]))
     assert np.isneginf(matrix[0]).all() and np.isfinite(matrix[-1]).all()
@@ -314,6 +379,7 @@ def _verdict(dbg):
 def test_sliders_come_from_the_thresholds_metadata(tmp_path):
     from neuraldbg import Thresholds
     dash = Dashboard(clock=FakeClock())
+    assert not dash.controls.built  # made when the section first opens (or when asked for)
     for f in dataclasses.fields(Thresholds):
         md = f.metadata
         if "min" not in md or not md["slider"]:

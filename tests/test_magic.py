@@ -363,7 +363,9 @@ def test_load_shows_the_dashboard_with_widgets(ip, tmp_path):
     assert io.outputs[1].data["text/plain"] == ip.user_ns["_ndbg"].report()
     assert "loaded from file" in dash.progress.value
     assert 'data-layer="1" data-act="dead"' in "".join(w.value for w in dash.grid.widgets_to_sync())
-    assert dash.chart.widget.value.count("<svg") == 2
+    chart = dash.chart.widget.value
+    assert chart.count('class="ndbg-loss"') == 1 and chart.count('class="ndbg-flow"') == 1
+    assert chart.count('class="ndbg-flow-label" data-row=') == 3  # one heatmap line per layer
 
 
 def test_load_of_a_bad_file_is_a_usage_error(ip, tmp_path):

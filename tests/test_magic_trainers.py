@@ -62,7 +62,7 @@ def test_the_live_dashboard_follows_a_lightning_fit(ip):
     assert dash.updates >= 20  # a refresh after every optimizer step (the clock never holds it back)
     assert "step 20" in dash.progress.value
     assert 'data-cause="dead_units"' in dash.panel.value
-    assert 'data-layer="model.net.3" data-act="dead"' in "".join(w.value for w in dash.grid.widget.children)
+    assert 'data-layer="model.net.3" data-act="dead"' in dash.grid.widget.value
 
 
 def test_a_callback_made_in_the_cell_reports_to_the_cell_session(ip):
