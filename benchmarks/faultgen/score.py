@@ -192,6 +192,9 @@ def early_warnings(runs: list[dict]) -> dict:
     return {"gradual_runs": len(gradual), "forecast_right": outcomes["right"], "right_open_ended": open_ended,
             "forecast_accuracy": _rate(outcomes["right"], len(gradual)),
             "through_band": len(passed), "forecast_accuracy_through_band": _rate(outcomes["right"], len(passed)),
+            # how far a forecast once made can be trusted: the right ones among those made at a first warning
+            "forecasts_made": outcomes["right"] + outcomes["wrong range"],
+            "forecast_precision": _rate(outcomes["right"], outcomes["right"] + outcomes["wrong range"]),
             "outcomes": {k: outcomes[k] for k in OUTCOMES if outcomes[k]},
             "per_mechanism": {m: _rate(sum(forecast_outcome(r) == "right" for r in gradual if r["mechanism"] == m),
                                        sum(r["mechanism"] == m for r in gradual))
@@ -210,7 +213,8 @@ def render_warnings(s: dict, misses: bool = True) -> str:
              + (f", median lead {s['median_lead']} steps" if s["median_lead"] is not None else "") + ")   "
              + ", ".join(f"{k} {v}" for k, v in s["outcomes"].items()),
              f"                of the {s['through_band']} whose failing signal passed through its band: "
-             f"{_pct(s['forecast_accuracy_through_band']).strip()}",
+             f"{_pct(s['forecast_accuracy_through_band']).strip()}; of the {s['forecasts_made']} forecasts made: "
+             f"{_pct(s['forecast_precision']).strip()} right",
              "                per mechanism: " + ", ".join(f"{m} {_pct(v).strip()}"
                                                         for m, v in s["per_mechanism"].items()),
              f"                healthy runs showing a warning: {s['healthy_warned']} of {s['healthy_runs']} "
