@@ -8,11 +8,13 @@ and an exported page that shows the verdict with no network.
 """
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
-from jupyter import ARTIFACTS, REPO, error_outputs, run_all, screenshot, wait_all_executed, wait_kernel_ready
+from jupyter import (ARTIFACTS, KERNELSPEC, REPO, error_outputs, run_all, screenshot, wait_all_executed,
+                     wait_kernel_ready)
 
 pytestmark = pytest.mark.browser
 
@@ -274,6 +276,66 @@ def test_nan_hunt_in_lab(jupyter_server, nb_page):
     assert live.first.locator(".ndbg-panel .ndbg-healthy").count() == 1
     assert_no_errors(page)
     screenshot(page, "nan-hunt-lab")
+
+
+LIVE_CELLS = ["%load_ext ndbg_jupyter", """\
+import time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+X, y = torch.randn(2048, 20), torch.randint(0, 2, (2048,))
+model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+with torch.no_grad():
+    model[2].bias.fill_(-6.0)          # the second ReLU's units are dead from the start
+opt = torch.optim.SGD(model.parameters(), lr=0.1)""", """\
+%%neuraldbg model --optimizer opt
+for step in range(400):
+    j = (step * 64) % len(X)
+    opt.zero_grad()
+    loss = F.cross_entropy(model(X[j:j + 64]), y[j:j + 64])
+    loss.backward()
+    opt.step()
+    time.sleep(0.02)                   # a step of ~20 ms: the cell takes ~8 s"""]
+
+# the progress line's step and the grid's state of layer "3", as the page shows them now
+LIVE_STATE = """(root) => {
+    const p = root.querySelector('.ndbg-progress');
+    const row = root.querySelector('.ndbg-grid .ndbg-row[data-layer="3"]');
+    const m = p ? p.textContent.match(/step (\\d+)/) : null;
+    return [m ? Number(m[1]) : -1, p ? p.textContent : '', row ? row.getAttribute('data-act') : ''];
+}"""
+
+
+def test_dashboard_updates_while_training(jupyter_server, nb_page):
+    """While the cell runs, the page shows the step count growing and the dead layer before the end:
+    frames drawn off the training thread reach the browser during training, not only at its end."""
+    page = nb_page
+    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+             for src in LIVE_CELLS]
+    nb = {"cells": cells, "metadata": {"kernelspec": KERNELSPEC}, "nbformat": 4, "nbformat_minor": 5}
+    (jupyter_server.root / "live_lab.ipynb").write_text(json.dumps(nb, indent=1))
+    page.goto(jupyter_server.lab_url("live_lab.ipynb"))
+    wait_kernel_ready(page)
+    run_all(page)
+    dashboard = page.locator(".ndbg-dashboard").first
+    dashboard.wait_for(state="visible", timeout=120_000)
+    seen = []
+    while True:
+        step, text, act = dashboard.evaluate(LIVE_STATE)
+        if "finished" in text:
+            break
+        if step >= 0:
+            seen.append((step, act))
+        page.wait_for_timeout(250)
+    steps = sorted({s for s, _ in seen})
+    assert len(steps) >= 3 and steps[-1] < 400, f"the progress did not move while training: {seen}"
+    assert any(act == "dead" and s < 400 for s, act in seen), f"the dead layer did not show while training: {seen}"
+    wait_all_executed(page)
+    assert first_hypothesis(dashboard) == ("dead_units", "3")
+    assert_no_errors(page)
 
 
 def test_exported_page_shows_the_verdict_with_no_network(chromium, quickstart_html):
