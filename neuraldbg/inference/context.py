@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..events import SemanticEvent
+from ..formatting import number
 from ..layers import LayerInfo
 from ..patterns import Link, LinkKind
 from ..states import FiniteState, LossState, Signal
@@ -99,8 +100,6 @@ class Context:
 
     def lr_text(self) -> tuple[str, str]:
         """The current learning rate and a tenth of it, as text."""
-        from .wording import fmt
-
         if self.lr == self.lr and self.lr > 0:
-            return fmt(self.lr), fmt(self.lr / 10)
+            return number(self.lr), number(self.lr / 10)
         return "its current value", "a tenth of it"
