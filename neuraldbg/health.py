@@ -358,6 +358,11 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         # (not mirrored for shrinking: PyTorch's default init itself shrinks the signal ~0.6x per layer,
         # and a deep default-initialised net trains)
         shrinks = (f.own < f.prev * small) | ((f.own < f.prev / root) & (reach < small * small))
+        # a recurrent layer's output is bounded and gated (a gate in (0, 1) times a tanh of its state in an
+        # LSTM: at PyTorch's default init it sits ~0.06x its input's spread): it shrinks the signal by design,
+        # so only a shrink past the threshold squared says more than its gating
+        gated = np.isfinite(f.rscale)[None, :]
+        shrinks &= ~gated | (f.own < f.prev * small * small)
         amplifies = ((f.own > f.prev * big) | ((f.own > f.prev * root) & (reach > big * big))
                      | ((f.own > f.prev) & (ahead > big * big)))
         gain[ok & shrinks] = GainState.SHRINKS.code

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import neuraldbg
 from neuraldbg import ActState, CausalHypothesis, Cause, GradState, SemanticEvent, Stat, Thresholds
@@ -170,6 +171,39 @@ def test_gain_counts_the_offset_of_a_layer_not_only_its_spread():
         row[4, Stat.ACT_MEAN], row[4, Stat.ACT_STD] = 0.0, 1.0
     a = run(make_trace(["Linear", "ReLU", "Linear", "ReLU", "Linear"], 12, fill))
     assert [a.health[f"net.{i}"].gain.value for i in (0, 2, 4)] == ["normal", "amplifies", "shrinks"]
+
+
+class _LSTMClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(4, 32, batch_first=True)
+        self.fc = torch.nn.Linear(32, 2)
+
+    def forward(self, x):
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
+def _lstm_gain_events(scale: float) -> list:
+    torch.manual_seed(0)
+    model = _LSTMClassifier()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    with neuraldbg.NeuralDbg(model, optimizer=opt, every=1) as dbg:
+        for _ in range(6):
+            x = torch.randn(16, 10, 4, generator=g) * scale
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), (x[:, :, 0].sum(1) > 0).long())
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return [e for e in dbg.analysis().events if e.signal == Signal.GAIN and e.layer == "rnn"]
+
+
+def test_an_lstm_at_the_default_init_does_not_shrink_the_signal_but_raw_inputs_do():
+    # its gated, bounded output sits well below its input's spread by design: no bad scale at the default init
+    assert _lstm_gain_events(1.0) == []
+    # inputs in raw units saturate its gates: the output is a tiny fraction of the input, a shrink
+    assert [e.after.value for e in _lstm_gain_events(128.0)] == ["shrinks"]
 
 
 def test_small_gains_compound_until_a_normalisation_layer():
