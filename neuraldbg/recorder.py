@@ -562,6 +562,8 @@ class Recorder:
             return
         self.passes += 1
         self._awaiting = True
+        if self.step == 0 and self.optimizer is not None:  # backward passes, and the optimizer never stepped
+            self.trace.meta["unstepped_passes"] = self.passes
         if self.scaler is not None:
             self._round = getattr(self.scaler, "_per_optimizer_states", None)
         level = self._grad_level()

@@ -206,6 +206,34 @@ def test_an_lstm_at_the_default_init_does_not_shrink_the_signal_but_raw_inputs_d
     assert [e.after.value for e in _lstm_gain_events(128.0)] == ["shrinks"]
 
 
+def _mlp_run(steps: int, step_every: int | None) -> "neuraldbg.NeuralDbg":
+    """An MLP trained with SGD whose optimizer steps every ``step_every`` passes (None: never)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with neuraldbg.NeuralDbg(model, optimizer=opt) as dbg:
+        for i in range(steps):
+            x = torch.randn(64, 20, generator=g)
+            loss = torch.nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long())
+            loss.backward()
+            if step_every is not None and i % step_every == step_every - 1:
+                opt.step()
+                opt.zero_grad()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_an_optimizer_that_never_steps_is_named_not_its_learning_rate():
+    hyps = _mlp_run(60, None).explain()
+    assert hyps and hyps[0].confidence >= 0.5 and hyps[0].cause == Cause.LOSS_PLATEAU
+    assert "optimizer.step()" in hyps[0].suggestion and "never changed" in hyps[0].chain[0]
+    assert not any("larger learning rate" in h.suggestion or h.cause == Cause.LEARNING_RATE_TOO_LOW for h in hyps)
+    # gradients accumulated over four passes, then one step: steps are counted, nothing is wrong
+    accumulated = _mlp_run(240, 4)
+    assert accumulated.step == 60 and accumulated.explain().healthy
+
+
 def test_small_gains_compound_until_a_normalisation_layer():
     """Twelve layers of gain 1.5 compound to 130x: each has its share. After a normalisation layer the
     scale starts over, so the same gains there stay normal."""

@@ -36,6 +36,7 @@ class Context:
     has_loss: bool
     ranks: RankEvidence | None = None  # the other ranks of a multi-process run, else None
     sampled: tuple[int, ...] = ()   # the steps whose layer statistics were sampled
+    unstepped: int = 0              # backward passes while the watched optimizer never stepped (0: it did)
 
     def sample_before(self, step: int) -> int:
         """The sampled step before ``step`` (``step`` itself when none is): an event dated at ``step`` began

@@ -1,5 +1,5 @@
 """A loss that stops improving when nothing more specific explains it; weights that collapse toward zero
-(a weight decay holding them there) as the reason it does.
+(a weight decay holding them there), or an optimizer that never stepped them, as the reason it does.
 
 The flat stretch is the loss's plateau and "hardly comes down" states that follow each other to the end
 (a loss hovering at the plateau threshold flickers between the two); its severity is how little it came
@@ -30,15 +30,16 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 
 def candidates(ctx: Context) -> list[Candidate]:
+    out = _not_stepped(ctx)
     run = _flat_stretch(ctx)
     if not run:
-        return []
+        return out
     last = run[-1]
     whole = ctx.last_step - run[0].step
     held = (ctx.last_step if last.end is None else last.end) - run[0].step
     progress = last.values.get("progress", 0.0)
     severity = clip01(1.0 - progress / ctx.th.slow_progress) if progress == progress else 1.0
-    out = [Candidate(Cause.LOSS_PLATEAU, "", run[0].step, "plateau", run, severity=severity,
+    out += [Candidate(Cause.LOSS_PLATEAU, "", run[0].step, "plateau", run, severity=severity,
                      persistence=clip01(held / whole) if whole > 0 else 1.0,
                      loss_kinds=frozenset(_FLAT))]
     collapsing = ctx.all(Signal.WEIGHTS, WeightState.COLLAPSING)
@@ -52,3 +53,12 @@ def candidates(ctx: Context) -> list[Candidate]:
                              needs_harm=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED},
                              facts={"weight_scale": scale}))
     return out
+
+
+def _not_stepped(ctx: Context) -> list[Candidate]:
+    """Backward passes ran and the watched optimizer never stepped: nothing can learn, whatever the learning rate
+    (``optimizer.step()`` not called, or called on another optimizer)."""
+    if ctx.unstepped < ctx.th.persist:
+        return []
+    return [Candidate(Cause.LOSS_PLATEAU, "", 0, "not_stepped", [], severity=1.0, persistence=1.0, lasting=True,
+                      loss_kinds=frozenset(_FLAT) | {LossState.STALLED}, facts={"passes": ctx.unstepped})]

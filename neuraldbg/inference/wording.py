@@ -183,6 +183,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return lines + (spike_lines + large_lines if first_spike else large_lines + spike_lines)
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)
+    if c.cause == Cause.LOSS_PLATEAU and k == "not_stepped":
+        return [f"the weights never changed: {f['passes']} backward passes ran and the optimizer did not step once"]
     if c.cause == Cause.LOSS_PLATEAU and k == "weights_collapse":
         return [f"the weights shrink toward zero: by step {c.step} they are {fmt(f['weight_scale'])}x their size at "
                 "the start (a weight decay, or an L2 penalty, strong enough to hold them there)"]
@@ -558,6 +560,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "gradient clipped to ~0 (clip_grad_norm_'s max_norm) or a loss multiplied by a tiny factor; else "
                     + text)
         return text
+    if k == "not_stepped":
+        return ("call optimizer.step() after loss.backward() in every step (with gradient accumulation, every few "
+                "steps), on the optimizer that holds these parameters (made after the model, from "
+                "model.parameters())")
     if k == "weights_collapse":
         return ("lower the weight decay (AdamW's weight_decay, or SGD's L2 term) by 10-100x: with lr x weight_decay "
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
