@@ -44,6 +44,13 @@ def _lr(trace: Trace) -> tuple[float, float, float]:
     return float(known[-1]), float(known[0]), float(known.max())
 
 
+def _carried(counts) -> float:
+    """The share of checked optimizer steps whose next backward pass started on their gradients."""
+    if not counts or len(counts) != 2 or int(counts[0]) < 2:
+        return 0.0
+    return int(counts[1]) / int(counts[0])
+
+
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) -> Analysis:
     """``ranks``: a ``rankevents.RankEvidence`` when ``trace`` is one rank of a multi-process run (its NaN/Inf
     origin is then the run's first, wherever it came from)."""
@@ -62,6 +69,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
                   lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0, ranks=ranks,
                   sampled=tuple(int(s) for s in table.steps),
-                  unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0)
+                  unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
+                  carried=_carried(trace.meta.get("gradients_carried")))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

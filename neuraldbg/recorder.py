@@ -168,6 +168,7 @@ class Recorder:
         # step (a GradScaler's business) when the next pass starts without an optimizer step
         self._bad_pass = False
         self._awaiting = False     # a backward pass ended since the last optimizer step
+        self._stepped = False      # the optimizer stepped since the last backward pass began
         self._in_step = False      # inside optimizer.step (a closure runs the pass there)
         self._round = None         # the GradScaler's per-step state then: replaced by its update()
         # spikes between sampled steps: the largest gradient, read every step anyway (a loss spike is too
@@ -553,8 +554,28 @@ class Recorder:
             if not self._backward_queued:
                 self._backward_queued = True
                 _queue_backward_callback(self._on_backward_end)
+                if self._stepped:
+                    self._stepped = False
+                    self._check_carried()
             return None
         return hook
+
+    def _check_carried(self) -> None:
+        """A backward pass begins after an optimizer step: do the weights still hold gradients (no zero_grad)?
+        ``zero_grad()`` leaves None (free to see); a gradient left in place is read, on the CPU, or on a sampled
+        step that reads back its statistics anyway. Counted in the trace's meta as (checked, carried)."""
+        grads = [p.grad for p in self._sentinels[:1]]
+        if not grads:
+            return
+        g = grads[0]
+        if g is None:
+            carried = False
+        elif g.device.type == "cpu" or self._rec is not None:
+            carried = bool(g.detach().ne(0).any())
+        else:
+            return
+        checked, was = self.trace.meta.get("gradients_carried", (0, 0))
+        self.trace.meta["gradients_carried"] = (checked + 1, was + int(carried))
 
     # -- backward / optimizer -----------------------------------------------------------------------
     def _on_backward_end(self) -> None:
@@ -678,6 +699,7 @@ class Recorder:
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
         self._in_step = False
+        self._stepped = True
         rec = self._rec
         if rec is not None and rec.prev_params is not None:
             n = len(self.layers)

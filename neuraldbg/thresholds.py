@@ -134,6 +134,10 @@ class Thresholds:
     usual_lr: float = _f(1e-2, "usual lr", "log", 1e-6, 10.0,
                          "a learning rate at least this large is not what makes updates negligible: the gradient is",
                          slider=False)
+    gradients_carried: float = _f(0.5, "gradients carried over", "linear", 0.05, 1.0,
+                                  "share of optimizer steps after which the next backward pass starts on the "
+                                  "gradients already there (no zero_grad) for the run to be one that never zeroes "
+                                  "them: each update then holds every earlier gradient", slider=False)
     input_reach: int = _f(3, "input reach", "linear", 1, 20,
                           "layers from the input that an input out of scale harms directly", slider=False)
     # -- the evidence model: one logistic function turns a hypothesis's evidence into its confidence

@@ -234,6 +234,39 @@ def test_an_optimizer_that_never_steps_is_named_not_its_learning_rate():
     assert accumulated.step == 60 and accumulated.explain().healthy
 
 
+def _zeroing_run(zero: str) -> "neuraldbg.NeuralDbg":
+    """SGD with momentum on an MLP; ``zero``: where the loop zeroes the gradients ("before" the forward,
+    "between" forward and backward, or "never")."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    with neuraldbg.NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(120):
+            x = torch.randn(64, 20, generator=g)
+            if zero == "before":
+                opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), (x[:, :3].sum(1) > 0).long())
+            if zero == "between":
+                opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_gradients_never_zeroed_are_named_in_the_fix_and_the_chain():
+    hyps = _zeroing_run("never").explain()
+    top = hyps[0]
+    assert top.cause == Cause.LEARNING_RATE_TOO_HIGH and top.confidence >= 0.5
+    assert "zero_grad()" in top.suggestion and "never zeroed" in top.chain[0]
+    # zeroed before the forward, or between the forward and the backward: nothing carried over, a healthy run
+    for where in ("before", "between"):
+        hyps = _zeroing_run(where).explain()
+        assert hyps.healthy and not any("zero_grad" in h.suggestion for h in hyps), (where, hyps)
+
+
 def test_small_gains_compound_until_a_normalisation_layer():
     """Twelve layers of gain 1.5 compound to 130x: each has its share. After a normalisation layer the
     scale starts over, so the same gains there stay normal."""

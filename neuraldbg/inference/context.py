@@ -37,6 +37,11 @@ class Context:
     ranks: RankEvidence | None = None  # the other ranks of a multi-process run, else None
     sampled: tuple[int, ...] = ()   # the steps whose layer statistics were sampled
     unstepped: int = 0              # backward passes while the watched optimizer never stepped (0: it did)
+    carried: float = 0.0            # share of optimizer steps after which the gradients were not zeroed
+
+    def grads_never_zeroed(self) -> bool:
+        """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""
+        return self.carried >= self.th.gradients_carried
 
     def sample_before(self, step: int) -> int:
         """The sampled step before ``step`` (``step`` itself when none is): an event dated at ``step`` began

@@ -10,7 +10,7 @@ import math
 
 from ..causes import Cause
 from ..events import SemanticEvent
-from ..formatting import number
+from ..formatting import number, percent
 from ..states import LossState, Signal, TargetState
 from .context import Context
 from .evidence import Candidate
@@ -163,6 +163,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return lines
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
         lines = []
+        if ctx.grads_never_zeroed():
+            lines.append(f"the gradients are never zeroed: after {percent(ctx.carried)} of the optimizer steps the "
+                         "next backward pass adds to the gradients already there, so each update holds every "
+                         "earlier gradient")
         jump = f.get("jump")
         if jump is not None:
             lines.append(f"the learning rate rises from {fmt(jump.values.get('lr_before', math.nan))} to "
@@ -540,6 +544,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "or add BatchNorm/LayerNorm after each weight layer or residual connections")
         return ("add normalisation (BatchNorm/LayerNorm) or residual connections, and initialise with "
                 "nn.init.kaiming_normal_")
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.grads_never_zeroed():
+        return ("call optimizer.zero_grad() in every step, before loss.backward() (with gradient accumulation, after "
+                "each optimizer.step()); then check the learning rate")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
         text = (f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")
         if f.get("spikes"):
