@@ -564,10 +564,9 @@ class Recorder:
         """A backward pass begins after an optimizer step: do the weights still hold gradients (no zero_grad)?
         ``zero_grad()`` leaves None (free to see); a gradient left in place is read, on the CPU, or on a sampled
         step that reads back its statistics anyway. Counted in the trace's meta as (checked, carried)."""
-        grads = [p.grad for p in self._sentinels[:1]]
-        if not grads:
+        if not self._sentinels:
             return
-        g = grads[0]
+        g = self._sentinels[0].grad
         if g is None:
             carried = False
         elif g.device.type == "cpu" or self._rec is not None:
