@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from faultgen.models import GradientScale
 from neuraldbg import NeuralDbg
 from zoo import Run, mlp, teacher_classes
 
@@ -66,26 +67,11 @@ def bias_walks_up(seed: int = 0) -> Run:
     return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(8, 3), steps=200, before_step=walk)
 
 
-class _Fade(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
-
-
-class Fader(nn.Module):
-    """Passes its input on; multiplies the gradient flowing back through it by ``factor``."""
+class Fader(GradientScale):
+    """Passes its input on; multiplies the gradient flowing back through it by ``factor`` (1 at first)."""
 
     def __init__(self):
-        super().__init__()
-        self.factor = 1.0
-
-    def forward(self, x):
-        return _Fade.apply(x, self.factor)
+        super().__init__(1.0)
 
 
 def gradient_fades(seed: int = 0) -> Run:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from faultgen.models import GradientScale
 from neuraldbg import NeuralDbg
 
 
@@ -156,26 +157,11 @@ class NaiveSoftmax(nn.Module):
         return e / e.sum(dim=-1, keepdim=True)
 
 
-class _ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return -ctx.scale * g, None
-
-
-class GradientReversal(nn.Module):
+class GradientReversal(GradientScale):
     """Identity forward; the backward multiplies the gradient by -coefficient (domain-adversarial training)."""
 
     def __init__(self, coefficient: float = 1.0):
-        super().__init__()
-        self.coefficient = coefficient
-
-    def forward(self, x):
-        return _ScaleGrad.apply(x, self.coefficient)
+        super().__init__(-coefficient)
 
 
 def nll_of_probs(p, y):
