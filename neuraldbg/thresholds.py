@@ -139,7 +139,8 @@ class Thresholds:
                                   "gradients already there (no zero_grad) for the run to be one that never zeroes "
                                   "them: each update then holds every earlier gradient", slider=False)
     input_reach: int = _f(3, "input reach", "linear", 1, 20,
-                          "layers from the input that an input out of scale harms directly", slider=False)
+                          "layers from the input that an input out of scale harms directly (at least: every layer "
+                          "before the first normalisation layer too)", slider=False)
     # -- the evidence model: one logistic function turns a hypothesis's evidence into its confidence
     evidence_bias: float = _f(-3.0, "evidence: bias", "linear", -10.0, 10.0,
                               "log-odds of a hypothesis with no evidence past its thresholds", slider=False)

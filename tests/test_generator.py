@@ -17,6 +17,7 @@ import torch
 from faultgen import design, families, faults, heldout, registry, runner, score
 from neuraldbg import Cause
 
+CONFIDENT = 0.5
 CAUSES = {c.value for c in Cause if not c.multi_rank}  # one process: the generator's runs
 
 KNOWN_MISSES: dict[str, str] = {  # slice case -> the verdict measured today (top hypotheses)
@@ -167,3 +168,15 @@ def test_the_forecast_score_counts_every_slowly_failing_run():
     assert s["forecast_accuracy_through_band"] == pytest.approx(2 / 5, abs=1e-3)
     assert (s["healthy_warned"], s["healthy_runs"], s["healthy_warning_rate"]) == (1, 2, 0.5)
     assert "forecast right in 2 of 7" in score.render_warnings(s)
+
+
+@pytest.mark.parametrize("case_id", ["mlp_relu/input_scale_drift/s0d1w0h0n150b16",
+                                     "mlp_relu/input_scale_drift/s1d0w0h0n600b64"])
+def test_an_input_out_of_scale_explains_units_dying_before_any_normalisation(case_id):
+    """A growing input scale reaches every layer up to the first normalisation layer: the ReLU units it kills
+    in the second block (past the first few layers) are its symptom, not a root of their own."""
+    out = runner.run(case_id)
+    top = out["hypotheses"][0]
+    assert (top["cause"], top["layer"]) == ("data", "input"), _message(out)
+    assert not any(h["cause"] == "dead_units" and h["confidence"] >= CONFIDENT for h in out["hypotheses"]), \
+        _message(out)

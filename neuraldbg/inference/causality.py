@@ -59,7 +59,7 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a.kind == "unscaled":
         if b.cause == C.LEARNING_RATE_TOO_HIGH:  # the first layer's gradient, and update, scale with its input
             return _early(a, b, ctx)
-        first = set(ctx.first_layers(ctx.th.input_reach))
+        first = ctx.input_reach()
         return _after(a, b) and (b.layer in first or any(e.layer in first for e in b.events))
     if a.kind == "targets_out_of_reach":  # the error, and so the gradient and the updates, scale with the targets
         return b.cause in (C.LEARNING_RATE_TOO_HIGH, C.EXPLODING_GRADIENTS) and _early(a, b, ctx) or (

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..events import SemanticEvent
 from ..formatting import number
-from ..layers import LayerInfo
+from ..layers import Kind, LayerInfo
 from ..patterns import Link, LinkKind
 from ..states import FiniteState, LossState, Signal
 from ..thresholds import Thresholds
@@ -84,6 +84,13 @@ class Context:
 
     def first_layers(self, k: int) -> list[str]:
         return sorted(self.rank, key=self.rank.__getitem__)[:k]
+
+    def input_reach(self) -> set[str]:
+        """The layers an input out of scale reaches directly: the first ``input_reach``, and every one before
+        the first normalisation layer (up to it, each layer's output scales with the input)."""
+        order = sorted(self.rank, key=self.rank.__getitem__)
+        norm = next((i for i, n in enumerate(order) if self.layers[n].kind == Kind.NORM), len(order))
+        return set(order[:max(self.th.input_reach, norm)])
 
     def nonfinite_step(self) -> int | None:
         """The first step with NaN/Inf anywhere: the replayed origin, a layer's statistics or the loss."""

@@ -24,7 +24,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         ev = unscaled[0]
         v = ev.values
         scale = max(abs(v.get("input_mean", 0.0)), v.get("input_std", 0.0))
-        first = set(ctx.first_layers(ctx.th.input_reach))
+        first = ctx.input_reach()
         symptoms = [e for e in ctx.events if e.bad and e.layer in first and e.step >= ev.step
                     and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE)
                     and e.after not in (GradState.DIMINISHING,)]
