@@ -1,7 +1,8 @@
 """The zoo off its tuning: every case of ``tests/zoo.py`` / ``test_zoo.py`` and ``tests/zoo_heldout.py``
 re-run with the model initialised from seed +1 and +2, and with twice the steps, and checked against
 the case's own expectation (faulty: the top hypothesis's cause, layer and onset at confidence >= 0.5;
-healthy: nothing at 0.5). Prints the failures.
+healthy: nothing at 0.5). A NaN's onset moves with the seed: a ``non_finite`` verdict may also be dated at
+this run's own first non-finite loss (or up to the case's window width before it). Prints the failures.
 
     .venv/bin/python benchmarks/perturbed_zoo.py [--jobs N] [--filter NAME ...] [--every N] [--out PATH] [--strict]
 
@@ -26,7 +27,6 @@ ROOT = Path(__file__).resolve().parent
 TESTS = ROOT.parent / "tests"
 DEFAULT_OUT = ROOT / "results" / "perturbed_zoo.json"
 VARIANTS = {"seed+1": (1, 1), "seed+2": (2, 1), "steps x2": (0, 2)}   # name -> (seed offset, step factor)
-SEED_WINDOW = "[window of the original seed]"
 
 
 @contextlib.contextmanager
@@ -65,6 +65,14 @@ def _init_worker() -> None:
         sys.path.insert(0, str(TESTS))
 
 
+def _nan_dated(top, onset: tuple[int, int], bad: list[int]) -> bool:
+    """A NaN's onset moves with the seed: a ``non_finite`` verdict is on time when it is dated at or before this
+    run's own first non-finite loss, by no more than the case's window is wide."""
+    if str(top.cause) != "non_finite" or not bad:
+        return False
+    return bad[0] - (onset[1] - onset[0]) <= top.step <= bad[0]
+
+
 def check(task: tuple[str, str, int | None]) -> dict:
     """One case under one variant: its verdict and whether it still meets the case's expectation."""
     from zoo import train
@@ -93,15 +101,13 @@ def check(task: tuple[str, str, int | None]) -> dict:
             ok, why = False, "no hypothesis at 0.5"
         elif (str(top.cause), top.layer) not in accepted:
             ok, why = False, f"expected {' or '.join(f'{c}@{l}' for c, l in accepted)}"
-        elif not onset[0] <= top.step <= onset[1]:
+        elif onset[0] <= top.step <= onset[1] or _nan_dated(top, onset, bad):
+            ok, why = True, None
+        else:
             why = f"onset {top.step} outside {onset[0]}-{onset[1]}"
-            if bad and bad[0] == top.step and str(top.cause) == "non_finite":
-                why += f" {SEED_WINDOW}: the first non-finite loss is at step {bad[0]} in this run"
-            elif bad:
+            if bad:
                 why += f" (first non-finite loss at step {bad[0]})"
             ok = False
-        else:
-            ok, why = True, None
     return {"case": name, "variant": variant, "ok": ok, "why": why, "verdict": verdict}
 
 
@@ -122,10 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         results = list(pool.map(check, tasks, chunksize=1))
     elapsed = time.perf_counter() - start
     failed = [r for r in results if not r["ok"]]
-    window_only = sum(SEED_WINDOW in (r["why"] or "") for r in failed)
     print(f"perturbed zoo: {len(results)} runs ({len(names)} cases x {', '.join(VARIANTS)}), "
-          f"{len(failed)} fail ({window_only} of them only by an onset window set for the original seed, the "
-          f"verdict dated at the run's own first non-finite loss), {elapsed:.0f} s")
+          f"{len(failed)} fail, {elapsed:.0f} s")
     for r in failed:
         print(f"  FAIL {r['case']} [{r['variant']}]: {r['why']}; got {' | '.join(r['verdict']) or '(none)'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
