@@ -486,7 +486,15 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     peak = float(largest.max()) if len(largest) else float("nan")
     typical = float(np.median(largest)) if len(largest) else float("nan")
     upd_by_state = {s: upd_values for s in UpdateState}
-    upd_by_state[UpdateState.TOO_LARGE] = {**upd_values, "update_peak": lambda r: peak}
+    # the last step of the stretch in which the updates stay at least in their warning band: updates that fall
+    # back just under the threshold are still near it (what they do then is still theirs)
+    with np.errstate(invalid="ignore"):
+        near = (high > 0) | ((ratio > th.update_creeping).sum(axis=1) > 0)
+    stretch = np.cumsum(~near)
+    last = np.zeros(int(stretch.max(initial=0)) + 1, dtype=np.int64)
+    np.maximum.at(last, stretch, np.arange(len(near)))
+    upd_by_state[UpdateState.TOO_LARGE] = {**upd_values, "update_peak": lambda r: peak,
+                                           "near_until": lambda r: float(steps[last[stretch[r]]])}
     upd_by_state[UpdateState.NEGLIGIBLE] = {**upd_values, "update_typical": lambda r: typical}
     mean, sd, absmax = g[:, col("input_mean")], g[:, col("input_std")], g[:, col("input_absmax")]
     inp = np.zeros(len(steps), dtype=np.int8)

@@ -180,3 +180,15 @@ def test_an_input_out_of_scale_explains_units_dying_before_any_normalisation(cas
     assert (top["cause"], top["layer"]) == ("data", "input"), _message(out)
     assert not any(h["cause"] == "dead_units" and h["confidence"] >= CONFIDENT for h in out["hypotheses"]), \
         _message(out)
+
+
+def test_units_killed_while_updates_stay_near_too_large_are_the_learning_rate_s():
+    """Adam at lr 0.3 on the autoencoder: updates 3x the weights for the first steps, then just under the
+    threshold (in their warning band) when the decoder's ReLUs die: the dead units are in the learning rate's
+    chain, not a second root."""
+    out = runner.run("autoencoder/relu_killed_by_update/s2d1w1h0n150b64")
+    top = out["hypotheses"][0]
+    assert top["cause"] == "learning_rate_too_high" and top["confidence"] >= CONFIDENT, _message(out)
+    assert any("dead" in line for line in top["chain"]), _message(out)
+    assert not any(h["cause"] == "dead_units" and h["confidence"] >= CONFIDENT for h in out["hypotheses"]), \
+        _message(out)

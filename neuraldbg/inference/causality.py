@@ -31,10 +31,11 @@ def _after(a: Candidate, b: Candidate) -> bool:
 
 
 def _large_before(a: Candidate, step: int, ctx: Context, strict: bool = False) -> list:
-    """Large-update events of ``a`` that started before ``step`` and still held near it."""
+    """Large-update events of ``a`` that started before ``step`` and still held near it (too large, or back
+    only in their warning band since)."""
     window = ctx.th.lr_jump_window
     return [e for e in a.facts.get("large", []) if (e.step < step if strict else e.step <= step)
-            and (e.end is None or e.end >= step - window)]
+            and (e.end is None or max(e.end, e.values.get("near_until", e.end)) >= step - window)]
 
 
 def _unstable_before(a: Candidate, step: float) -> list:
