@@ -505,11 +505,26 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     # the weights against their start (the median trainable layer): a collapse toward zero
     with np.errstate(all="ignore"):
         shrink = row_median(np.where(f.wnu > 0, f.wnu / first_finite(f.wnu), np.nan))
-    wts = np.where(shrink < 1.0 / th.weight_collapse, np.int8(WeightState.COLLAPSING.code), np.int8(0))
+    # hysteresis on the level: weights once collapsed stay so while they are still shrunk past the warning band
+    # (weights held around the threshold by a weight decay are one collapse, not several)
+    with np.errstate(invalid="ignore"):
+        collapsed = held(shrink < 1.0 / th.weight_collapse, shrink < 1.0 / th.weight_shrinking)
+    wts = np.where(collapsed, np.int8(WeightState.COLLAPSING.code), np.int8(0))
     wts_values = {"weight_scale": _at(shrink)}
     return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], upd_by_state),
             StateSeries(Signal.WEIGHTS, steps, wts[:, None], [""], {WeightState.COLLAPSING: wts_values}),
             StateSeries(Signal.INPUT, steps, inp[:, None], ["input"], {s: in_values for s in InputState}, persist=1)]
+
+
+def held(entered: np.ndarray, near: np.ndarray) -> np.ndarray:
+    """Level hysteresis along the samples: True from a row where ``entered`` is set for as long as ``near``
+    (the quantity still past the healthy side of its warning band) holds without a break."""
+    entered = np.asarray(entered, dtype=bool)
+    keep = entered | np.asarray(near, dtype=bool)
+    stretch = np.cumsum(~keep)                       # rows of one unbroken stretch share a number
+    first = np.full(int(stretch.max(initial=0)) + 1, len(keep), dtype=np.int64)
+    np.minimum.at(first, stretch[entered], np.nonzero(entered)[0])
+    return keep & (np.arange(len(keep)) >= first[stretch])
 
 
 def row_median(x: np.ndarray) -> np.ndarray:

@@ -512,3 +512,12 @@ def test_mermaid_draws_root_then_chain():
     assert "h0 --> h0c0" in text and "h0c0 --> h0c1" in text and "-.-> h0fix" in text
     assert '"' not in "".join(l.split('["', 1)[1].rsplit('"]', 1)[0] for l in lines if '["' in l)
     assert "healthy" in render_mermaid(run(make_trace(["Linear"], 5)))
+
+
+def test_level_hysteresis_holds_a_state_until_its_quantity_leaves_the_band():
+    from neuraldbg.health import held
+    entered = np.array([0, 1, 0, 0, 0, 0, 1, 0], dtype=bool)
+    near = np.array([0, 1, 1, 1, 0, 1, 1, 1], dtype=bool)
+    # held from the entry while near; a break ends it; being near without an entry is nothing
+    assert held(entered, near).tolist() == [False, True, True, True, False, False, True, True]
+    assert not held(np.zeros(3, bool), np.ones(3, bool)).any()

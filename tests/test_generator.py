@@ -192,3 +192,15 @@ def test_units_killed_while_updates_stay_near_too_large_are_the_learning_rate_s(
     assert any("dead" in line for line in top["chain"]), _message(out)
     assert not any(h["cause"] == "dead_units" and h["confidence"] >= CONFIDENT for h in out["hypotheses"]), \
         _message(out)
+
+
+@pytest.mark.parametrize("case_id", ["embedding_bag/weight_decay_too_strong/s1d0w0h0n600b16",
+                                     "lstm/weight_decay_too_strong/s0d1w1h0n150b16"])
+def test_weights_a_decay_holds_around_the_collapse_threshold_are_one_collapse(case_id):
+    """A weight decay holds the weights near 0.1x their start, crossing the collapse threshold back and forth:
+    the collapse holds while they stay shrunk past the warning band, and every stretch counts for its
+    persistence, so the plateau it explains is named with confidence."""
+    out = runner.run(case_id)
+    top = out["hypotheses"][0]
+    assert top["cause"] == "loss_plateau" and top["confidence"] >= CONFIDENT, _message(out)
+    assert "shrink toward zero" in top["chain"][0], _message(out)

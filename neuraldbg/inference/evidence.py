@@ -117,11 +117,17 @@ def past_fraction(value: float, threshold: float) -> float:
 
 
 def persistence(ev: SemanticEvent, ctx: Context) -> float:
-    """The share of the run from the event's onset on during which its state held."""
+    """The share of the run from the event's onset on during which its state held: every stretch of the same
+    state of the same signal and place from then on (a state that flickers across its threshold counts for
+    all the time it holds, not only for its first stretch)."""
     span = ctx.last_step - ev.step
     if ev.end is None or span <= 0:
         return 1.0
-    return clip01((ev.end - ev.step) / span)
+    held = 0.0
+    for e in ctx.events:
+        if e.signal == ev.signal and e.layer == ev.layer and e.after == ev.after and e.step >= ev.step:
+            held += (ctx.last_step if e.end is None else e.end) - e.step
+    return clip01(held / span)
 
 
 def loss_failure(ev: SemanticEvent, ctx: Context) -> float:

@@ -11,7 +11,7 @@ from ..causes import Cause
 from ..events import SemanticEvent
 from ..states import LossState, Signal, WeightState
 from .context import Context
-from .evidence import Candidate, clip01, past_ratio
+from .evidence import Candidate, clip01, past_ratio, persistence
 
 _FLAT = (LossState.PLATEAU, LossState.SLOW)
 
@@ -49,7 +49,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.LOSS_PLATEAU, "", ev.step, "weights_collapse", [ev],
                              severity=past_ratio(1.0 / scale if scale == scale and scale > 0 else float("inf"),
                                                  ctx.th.weight_collapse),
-                             persistence=1.0 if ev.end is None else clip01((ev.end - ev.step) / max(whole, 1)),
+                             persistence=persistence(ev, ctx),
                              needs_harm=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED},
                              facts={"weight_scale": scale}))
     return out
