@@ -533,3 +533,23 @@ def test_verdict_holds_across_sizes(fault, size):
     dbg = train(run)
     top = dbg.explain()[0]
     assert (top.cause, top.layer) == expect and top.confidence >= 0.5, f"{fault} {size}:\n{_verdict(dbg)}"
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_fading_gradient_is_placed_where_it_begins_whatever_the_sampling(every):
+    """The sigmoid MLP from another seed: the second weight layer's gradient sits at the diminishing threshold
+    (flickering across it), the first one's is well below. Sampled every step or every other, the verdict
+    names where the fading begins (the layer closest to the output), dated from the first attenuation, and
+    lists only the layers before it as where it fades further."""
+    import zoo as zoo_module
+    original = torch.manual_seed
+    torch.manual_seed = lambda seed: original(int(seed) + 1)
+    try:
+        run = deep_sigmoid_mlp_plateau()
+    finally:
+        torch.manual_seed = original
+    run.options = {**run.options, "every": every}
+    top = zoo_module.train(run).explain()[0]
+    assert (top.cause, top.layer, top.step) == (Cause.VANISHING_GRADIENTS, "2", 0)
+    further = [line for line in top.chain if "fades further toward the input" in line]
+    assert all("`2`" not in line for line in further) and all("`0`" in line for line in further)

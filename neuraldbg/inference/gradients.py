@@ -42,7 +42,8 @@ def _origin(ctx: Context, events: list[SemanticEvent]) -> SemanticEvent:
 
 
 def _attenuation_spans(ctx: Context) -> list[list[SemanticEvent]]:
-    """Per layer, runs of vanishing/diminishing events that follow each other without a healthy gap."""
+    """Per layer, runs of vanishing/diminishing events that follow each other without a healthy gap, or with
+    one shorter than the run before it (a gradient flickering across its threshold is one attenuation)."""
     by_layer: dict[str, list[SemanticEvent]] = {}
     for e in ctx.all(Signal.GRADIENT, GradState.VANISHING, GradState.DIMINISHING):
         by_layer.setdefault(e.layer, []).append(e)
@@ -51,7 +52,8 @@ def _attenuation_spans(ctx: Context) -> list[list[SemanticEvent]]:
         evs.sort(key=lambda e: e.step)
         run = [evs[0]]
         for e in evs[1:]:
-            if run[-1].end is not None and run[-1].end == e.step:
+            end = run[-1].end
+            if end is not None and e.step - end <= end - run[0].step:
                 run.append(e)
             else:
                 spans.append(run)
@@ -61,11 +63,12 @@ def _attenuation_spans(ctx: Context) -> list[list[SemanticEvent]]:
 
 
 def _span_persistence(span: list[SemanticEvent], ctx: Context) -> float:
-    first, last = span[0], span[-1]
-    whole = ctx.last_step - first.step
-    if last.end is None or whole <= 0:
+    """The share of the run from the span's onset on during which its events held."""
+    whole = ctx.last_step - span[0].step
+    if span[-1].end is None and len(span) == 1 or whole <= 0:
         return 1.0
-    return min(max((last.end - first.step) / whole, 0.0), 1.0)
+    held = sum((ctx.last_step if e.end is None else e.end) - e.step for e in span)
+    return min(max(held / whole, 0.0), 1.0)
 
 
 def candidates(ctx: Context) -> list[Candidate]:
@@ -102,15 +105,18 @@ def candidates(ctx: Context) -> list[Candidate]:
     else:
         pool, kind = [run for run in spans if any(e.after == GradState.VANISHING for e in run)], "vanishing"
     if pool:
+        # when: its earliest onset; where: the layer closest to the output among those attenuated by the time the
+        # loss stops improving (which of two borderline layers the sampling saw first says nothing of the place)
         first = min(run[0].step for run in pool)
-        span = max((run for run in pool if run[0].step == first), key=lambda run: ctx.rank.get(run[0].layer, -1))
+        span = max((run for run in pool if run[0].step <= max(first, held)),
+                   key=lambda run: ctx.rank.get(run[0].layer, -1))
         origin = span[0]
         att = min((e.values.get("attenuation", math.nan) for run in pool for e in run), default=math.nan)
-        out.append(Candidate(Cause.VANISHING_GRADIENTS, origin.layer, origin.step, kind, span,
+        out.append(Candidate(Cause.VANISHING_GRADIENTS, origin.layer, first, kind, span,
                              # from the diminishing threshold: one decade below it is (by default) vanishing
                              severity=below_ratio(att, max(ctx.th.diminishing_ratio, ctx.th.vanishing_ratio)),
                              persistence=_span_persistence(span, ctx), needs_harm=True,
                              loss_kinds=losses.FLAT,
                              facts={"attenuation": span[-1].values.get("attenuation", math.nan),
-                                    "others": [run[0] for run in pool if run[0].layer != origin.layer]}))
+                                    "others": [run[0] for run in pool if ctx.upstream(run[0].layer, origin.layer)]}))
     return out
