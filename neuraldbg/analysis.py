@@ -70,6 +70,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0, ranks=ranks,
                   sampled=tuple(int(s) for s in table.steps),
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
-                  carried=_carried(trace.meta.get("gradients_carried")))
+                  carried=_carried(trace.meta.get("gradients_carried")),
+                  unreached=int(trace.meta.get("steps_unreached", 0)))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

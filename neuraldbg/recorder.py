@@ -234,12 +234,16 @@ class Recorder:
         self.attached = False
 
     # -- optimizer ---------------------------------------------------------------------------------
+    _trains = False  # the optimizer holds weights of the model that require a gradient (set by _check_optimizer)
+
     def _check_optimizer(self, optimizer) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if owned and not any(id(p) in owned for p in self.inner.parameters()):
             raise ValueError("the optimizer does not own any parameter of the model")
+        # it steps weights of the model that should learn: a step with no backward pass through the model is news
+        self._trains = any(id(p) in owned and p.requires_grad for p in self.inner.parameters())
 
     def _hook_optimizer(self) -> None:
         if self.optimizer is not None:
@@ -699,6 +703,8 @@ class Recorder:
     def _on_optimizer_post(self, optimizer, args, kwargs):
         self._in_step = False
         self._stepped = True
+        if not self._awaiting and self._trains:  # no backward pass reached the model since the last step
+            self.trace.meta["steps_unreached"] = self.trace.meta.get("steps_unreached", 0) + 1
         rec = self._rec
         if rec is not None and rec.prev_params is not None:
             n = len(self.layers)

@@ -183,3 +183,52 @@ def test_a_plateau_the_run_leaves_for_good_is_no_failure(case):
     over, so neither the attention nor the plateau is a failure."""
     hyps = trained(case)[1].explain()
     assert not [h for h in hyps if h.confidence >= CONFIDENT], _verdict(hyps)
+
+
+def _classifier_run(loss_of, freeze: bool = False, steps: int = 40):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    if freeze:
+        for p in model.parameters():
+            p.requires_grad_(False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 8, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            i = (step * 32) % 512
+            loss = loss_of(model(x[i:i + 32]), y[i:i + 32])
+            opt.zero_grad()
+            if loss.requires_grad:
+                loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("detach", ["detach", "item"])
+def test_a_loss_that_does_not_reach_the_model_is_no_learning_rate(detach):
+    """The loss computed from a detached output (``.detach().requires_grad_()``, or rebuilt from ``.item()``):
+    backward runs, the optimizer steps, the weights never change. Not a learning rate too low (raising it
+    changes nothing): the loss does not depend on the weights, and the fix says how it must be computed."""
+    def loss_of(out, y):
+        if detach == "detach":
+            return F.cross_entropy(out.detach().requires_grad_(), y)
+        return torch.tensor(F.cross_entropy(out, y).item(), requires_grad=True)
+    dbg = _classifier_run(loss_of)
+    top = dbg.explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT, dbg.report()
+    assert "no backward pass" in top.chain[0] and ".detach()" in top.suggestion
+    assert not any(h.cause == "learning_rate_too_low" and h.confidence >= CONFIDENT for h in dbg.explain())
+    assert not contradictions(dbg.explain())
+
+
+def test_a_model_that_learns_or_is_frozen_by_design_is_not_unreached():
+    learns = _classifier_run(F.cross_entropy)
+    assert learns.trace.meta.get("steps_unreached", 0) == 0 and not [
+        h for h in learns.explain() if h.confidence >= CONFIDENT], learns.report()
+    frozen = _classifier_run(lambda out, y: F.cross_entropy(out, y), freeze=True)
+    assert frozen.trace.meta.get("steps_unreached", 0) == 0
+    assert not any("no backward pass" in line for h in frozen.explain() for line in h.chain)

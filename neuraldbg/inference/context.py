@@ -38,6 +38,7 @@ class Context:
     sampled: tuple[int, ...] = ()   # the steps whose layer statistics were sampled
     unstepped: int = 0              # backward passes while the watched optimizer never stepped (0: it did)
     carried: float = 0.0            # share of optimizer steps after which the gradients were not zeroed
+    unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

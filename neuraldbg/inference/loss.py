@@ -56,9 +56,16 @@ def candidates(ctx: Context) -> list[Candidate]:
 
 
 def _not_stepped(ctx: Context) -> list[Candidate]:
-    """Backward passes ran and the watched optimizer never stepped: nothing can learn, whatever the learning rate
-    (``optimizer.step()`` not called, or called on another optimizer)."""
-    if ctx.unstepped < ctx.th.persist:
-        return []
-    return [Candidate(Cause.LOSS_PLATEAU, "", 0, "not_stepped", [], severity=1.0, persistence=1.0, lasting=True,
-                      loss_kinds=frozenset(_FLAT) | {LossState.STALLED}, facts={"passes": ctx.unstepped})]
+    """The weights cannot learn, whatever the learning rate: backward passes ran and the watched optimizer never
+    stepped (``optimizer.step()`` not called, or called on another optimizer), or the optimizer stepped on the
+    model's weights and most of its steps had no backward pass through the model before them (a loss computed
+    from a detached output: ``.detach()``, ``.item()``, ``torch.no_grad()``, a tensor rebuilt from numpy)."""
+    kinds = frozenset(_FLAT) | {LossState.STALLED}
+    if ctx.unstepped >= ctx.th.persist:
+        return [Candidate(Cause.LOSS_PLATEAU, "", 0, "not_stepped", [], severity=1.0, persistence=1.0, lasting=True,
+                          loss_kinds=kinds, facts={"passes": ctx.unstepped})]
+    steps = ctx.last_step + 1
+    if ctx.unreached >= ctx.th.persist and 2 * ctx.unreached >= steps:
+        return [Candidate(Cause.LOSS_PLATEAU, "", 0, "unreached", [], severity=1.0, persistence=1.0, lasting=True,
+                          loss_kinds=kinds, facts={"steps": ctx.unreached})]
+    return []

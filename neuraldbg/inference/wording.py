@@ -189,6 +189,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return _attention_lines(c, ctx)
     if c.cause == Cause.LOSS_PLATEAU and k == "not_stepped":
         return [f"the weights never changed: {f['passes']} backward passes ran and the optimizer did not step once"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "unreached":
+        return [f"the weights never learned: the optimizer stepped {f['steps']} times, and no backward pass from the "
+                "loss reached the model before those steps (the loss does not depend on the model's weights)"]
     if c.cause == Cause.LOSS_PLATEAU and k == "weights_collapse":
         return [f"the weights shrink toward zero: by step {c.step} they are {fmt(f['weight_scale'])}x their size at "
                 "the start (a weight decay, or an L2 penalty, strong enough to hold them there)"]
@@ -571,6 +574,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("call optimizer.step() after loss.backward() in every step (with gradient accumulation, every few "
                 "steps), on the optimizer that holds these parameters (made after the model, from "
                 "model.parameters())")
+    if k == "unreached":
+        return ("compute the loss from the model's output as a tensor, without .detach(), .item(), torch.no_grad() or a "
+                "round trip through numpy / torch.tensor(...), and call loss.backward() before optimizer.step()")
     if k == "weights_collapse":
         return ("lower the weight decay (AdamW's weight_decay, or SGD's L2 term) by 10-100x: with lr x weight_decay "
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
