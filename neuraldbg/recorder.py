@@ -170,6 +170,7 @@ class Recorder:
         self._awaiting = False     # a backward pass ended since the last optimizer step
         self._stepped = False      # the optimizer stepped since the last backward pass began
         self._in_step = False      # inside optimizer.step (a closure runs the pass there)
+        self._step_depth = 0       # optimizer.step calls in progress (a subclass's step may call its parent's)
         self._round = None         # the GradScaler's per-step state then: replaced by its update()
         # spikes between sampled steps: the largest gradient, read every step anyway (a loss spike is too
         # often batch noise to start a burst: it is found in the recorded loss instead)
@@ -224,6 +225,7 @@ class Recorder:
         self._rec = None
         self._explicit = False
         self._in_step = False
+        self._step_depth = 0
         self._replay_run = None
         if getattr(self.model, "_neuraldbg_watcher", None) is not None:
             try:
@@ -690,6 +692,9 @@ class Recorder:
         self._out_leaves = []
 
     def _on_optimizer_pre(self, optimizer, args, kwargs):
+        self._step_depth += 1
+        if self._step_depth > 1:  # a subclass's step calling its parent's, both hooked: one step
+            return None
         if self._bad_pass:
             self._commit_nonfinite()
         self._in_step = True
@@ -701,6 +706,9 @@ class Recorder:
         return None
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
+        self._step_depth = max(self._step_depth - 1, 0)
+        if self._step_depth:
+            return
         self._in_step = False
         self._stepped = True
         if not self._awaiting and self._trains:  # no backward pass reached the model since the last step

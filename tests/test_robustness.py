@@ -199,3 +199,25 @@ def test_fuzzed_trace_files_load_or_raise_value_error(tmp_path, data):
     # whatever loads is a usable session
     assert loaded.trace.stats.data.ndim == 3
     assert np.asarray(loaded.trace.loss.data).ndim == 1
+
+
+def test_an_optimizer_subclass_calling_its_parents_step_counts_one_step():
+    """A subclass whose ``step`` clips and calls ``super().step()``: once the parent class has been
+    instantiated, torch hooks both methods, so the step hooks run twice per step. One step is one step."""
+    class ClippedSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            torch.nn.utils.clip_grad_norm_([p for g in self.param_groups for p in g["params"]], 1.0)
+            return super().step(closure)
+
+    torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # the parent, hooked first
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = ClippedSGD(model.parameters(), lr=0.1)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(12):
+            loss = model(torch.randn(16, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert dbg.step == 12
+    assert dbg.trace.meta.get("steps_unreached", 0) == 0
