@@ -757,7 +757,9 @@ def scaler_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
 
 def lr_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
     """RAISED where the learning rate rises ``lr_jump`` times or more between sampled steps from a rate
-    that held steady before it (a warm-up ramp is no jump)."""
+    that held steady before it (a warm-up ramp is no jump). DECAYED over a decline from its peak that takes it
+    ``lr_decayed`` times or more below that peak, from the first sample ``lr_jump`` times below the peak on,
+    for as long as it stays below the peak."""
     lr = trace.global_column("lr").astype(np.float64) if trace.globals.n else np.zeros(0)
     state = np.zeros(len(lr), dtype=np.int8)
     if len(lr) >= 3:
@@ -765,8 +767,27 @@ def lr_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
         with np.errstate(invalid="ignore"):
             jump = (before > 0) & (lr[2:] >= th.lr_jump * before) & (np.abs(prior - before) <= th.lr_steady * before)
         state[2:][jump] = LrState.RAISED.code
+    peak = np.fmax.accumulate(np.where(lr > 0, lr, 0.0)) if len(lr) else lr
+    with np.errstate(invalid="ignore"):
+        below = (peak > 0) & (lr < peak)
+        deep = below & (lr * th.lr_decayed <= peak)
+    # a decline is an unbroken run of samples below the running peak; it counts once it goes deep enough, from
+    # where it is clearly under way (``lr_jump`` times below the peak: a cosine has barely begun before mid-run)
+    decline = np.cumsum(~below)
+    deep_runs = np.unique(decline[deep])
+    with np.errstate(invalid="ignore"):
+        under_way = below & (lr * th.lr_jump <= peak)
+    started = np.zeros(len(lr), dtype=bool)
+    for run in deep_runs:
+        rows = np.nonzero((decline == run) & under_way)[0]
+        started[rows[0]:] |= decline[rows[0]:] == run
+    decayed = below & started
+    state[decayed & (state == 0)] = LrState.DECAYED.code
+    low = np.minimum.accumulate(np.where(np.isfinite(lr), lr, np.inf)[::-1])[::-1] if len(lr) else lr
     values = {"lr_before": lambda r: float(lr[r - 1]) if r > 0 else math.nan, "lr": _at(lr)}
-    return [StateSeries(Signal.LR, f.steps, state[:, None], [""], {LrState.RAISED: values}, persist=1)]
+    decay_values = {"lr_peak": _at(peak), "lr": _at(lr), "lr_low": _at(low)}
+    return [StateSeries(Signal.LR, f.steps, state[:, None], [""], {LrState.RAISED: values,
+                                                                   LrState.DECAYED: decay_values}, persist=1)]
 
 
 def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> HealthTable:

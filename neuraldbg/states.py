@@ -117,6 +117,7 @@ class LrState(_State):
 
     STEADY = "steady"
     RAISED = "raised"               # risen several times over from a rate that held steady
+    DECAYED = "decayed"             # falling from its peak on a decline that takes it lr_decayed times below it
 
 
 class AttnState(_State):

@@ -128,6 +128,10 @@ class Thresholds:
     lr_steady: float = _f(0.1, "lr steadiness", "linear", 0.0, 1.0,
                           "relative change between the two samples before a rise under which the rate held steady "
                           "(a warm-up ramp is no jump)", slider=False)
+    lr_decayed: float = _f(1e3, "lr decayed", "log", 2.0, 1e9,
+                           "factor by which the learning rate falls below its peak that ends learning (a schedule "
+                           "decaying that far while the loss has not come down: a scheduler stepped per batch with "
+                           "a step size meant in epochs)", slider=False)
     lr_jump_window: int = _f(16, "lr jump window", "linear", 1, 1000,
                              "steps after a jump of the learning rate within which a failure is blamed on it",
                              slider=False)

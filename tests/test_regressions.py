@@ -232,3 +232,50 @@ def test_a_model_that_learns_or_is_frozen_by_design_is_not_unreached():
     frozen = _classifier_run(lambda out, y: F.cross_entropy(out, y), freeze=True)
     assert frozen.trace.meta.get("steps_unreached", 0) == 0
     assert not any("no backward pass" in line for h in frozen.explain() for line in h.chain)
+
+
+def _scheduled_run(make_sched, steps: int = 240, momentum: float = 0.9):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
+    sched = make_sched(opt, steps)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 20, generator=g)
+    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            i = (step * 64) % 4096
+            loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_a_scheduler_stepped_every_batch_is_a_learning_rate_too_low_from_its_decline():
+    """StepLR(step_size=10, gamma=0.5) meant for epochs, stepped every batch under plain SGD: the learning rate
+    halves every ten steps and learning stops while the loss is still near its start. Named from the decline,
+    with a fix about the schedule (not a learning rate to raise from its final 1e-9). (With momentum the same
+    schedule lets the loss come down by a third first: a loss that came down that far and then stopped is no
+    failure the loss alone shows.)"""
+    dbg = _scheduled_run(lambda opt, n: torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5), momentum=0.0)
+    top = dbg.explain()[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT, dbg.report()
+    assert top.step <= 20 and "scheduler.step()" in top.suggestion
+    assert not contradictions(dbg.explain())
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "onecycle", "step"])
+def test_a_schedule_that_decays_after_learning_is_no_fault(schedule):
+    """Cosine to zero, one-cycle and step decay end a run that learned with a learning rate a thousandfold
+    (or more) below its peak: no verdict, not even a weak one about the learning rate."""
+    S = torch.optim.lr_scheduler
+    make = {"cosine": lambda o, n: S.CosineAnnealingLR(o, T_max=n, eta_min=0.0),
+            "onecycle": lambda o, n: S.OneCycleLR(o, max_lr=0.1, total_steps=n),
+            "step": lambda o, n: S.StepLR(o, step_size=n // 3, gamma=0.05)}[schedule]
+    dbg = _scheduled_run(make)
+    assert not [h for h in dbg.explain() if h.cause == "learning_rate_too_low"], dbg.report()
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()

@@ -59,6 +59,10 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     nf_step = ctx.nonfinite_step()
     if nf_step is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the learning rate
         small = [e for e in small if e.step < nf_step]
+    decayed = _decayed(ctx, small)
+    out += decayed
+    if decayed:  # updates made negligible by the decay are its consequence, in its chain
+        small = [e for e in small if not any(e in c.events for c in decayed)]
     if small:
         ev = small[0]
         typical = ev.values.get("update_typical", math.nan)
@@ -98,3 +102,26 @@ def _too_large(ctx: Context, large: list, unstable: list, spikes: list, nan: lis
                      severity=sev, persistence=persistence(first, ctx) if first is not None else 0.0,
                      loss_kinds=losses.UNSTABLE | losses.SPIKES,
                      facts={"update_max": top, "large": large, "jump": jump, "nan": nan, "spikes": spikes})
+
+
+def _decayed(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
+    """A schedule that takes the learning rate ``lr_decayed`` times below its peak, with the loss stalling
+    (flat, or it came down but hardly) once the decline is under way: named from there, with the negligible
+    updates it leads to. A decline at the end of a run that learned (a cosine to zero) is no fault, nor one that
+    began after the loss had stalled: no candidate."""
+    out = []
+    stalled = ctx.all(Signal.LOSS, *losses.FLAT, LossState.SLOW)
+    for ev in ctx.all(Signal.LR, LrState.DECAYED):
+        # the loss stalls once the decline is under way (a stall before it is not the schedule's)
+        end, since = math.inf if ev.end is None else ev.end, ctx.sample_before(ev.step)
+        if not any((e.end is None or e.end > ev.step) and since <= e.step <= end for e in stalled):
+            continue
+        peak, low = ev.values.get("lr_peak", math.nan), ev.values.get("lr_low", math.nan)
+        factor = peak / low if low > 0 else math.inf
+        follows = [e for e in small if ev.step <= e.step <= end]
+        out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ev.step, "decayed", [ev] + follows,
+                             severity=past_ratio(factor, ctx.th.lr_decayed), persistence=persistence(ev, ctx),
+                             needs_harm=True, loss_kinds=losses.FLAT | {LossState.SLOW},
+                             facts={"lr_peak": peak, "lr_low": low, "factor": factor,
+                                    "negligible_from": follows[0].step if follows else None}))
+    return out

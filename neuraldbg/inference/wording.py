@@ -195,6 +195,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.LOSS_PLATEAU and k == "weights_collapse":
         return [f"the weights shrink toward zero: by step {c.step} they are {fmt(f['weight_scale'])}x their size at "
                 "the start (a weight decay, or an L2 penalty, strong enough to hold them there)"]
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "decayed":
+        lines = [f"the learning rate falls from {fmt(f['lr_peak'])} from step {c.step} on, to {fmt(f['lr_low'])} "
+                 f"({fmt(f['factor'])}x lower): the schedule ends learning before the loss has come down"]
+        if f["negligible_from"] is not None:
+            lines.append(f"updates are negligible next to the weights from step {f['negligible_from']}")
+        return lines
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                 f"the weights per step (lr {fmt(ctx.lr)})"]
@@ -559,6 +565,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             before = fmt(jump.values.get("lr_before", math.nan))
             text += f"; it was {before} before step {jump.step}: check the schedule that raised it"
         return text
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "decayed":
+        return (f"keep the learning rate near {fmt(f['lr_peak'])} until the loss settles: a scheduler stepped every "
+                "batch with a step size meant in epochs (StepLR, ExponentialLR, MultiStepLR) decays it that fast; call "
+                "scheduler.step() once per epoch, or give the step size in batches")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         lrv = ctx.lr
         target = lrv * 1e3 if lrv == lrv and lrv > 0 else math.nan
