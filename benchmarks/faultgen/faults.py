@@ -366,6 +366,18 @@ def _lr_ramp(b: Build) -> None:
 LR_RAMP = 1e4   # from a tenth of the working learning rate, 10^4 x over the run (its working rate at a quarter)
 
 
+def _lr_decay_per_batch(b: Build) -> None:
+    start = b.opt.lr
+
+    def decay(step, opt, start=start):  # StepLR(step_size=LR_DECAY_EVERY, gamma=LR_DECAY) stepped every batch
+        for g in opt.param_groups:
+            g["lr"] = start * LR_DECAY ** (step // LR_DECAY_EVERY)
+    b.schedule.append(decay)
+
+
+LR_DECAY, LR_DECAY_EVERY = 0.1, 3   # a thousandfold below the working rate by step 9
+
+
 def _growing_inputs(step, x, y, b):
     k = per_step(INPUT_DRIFT, b) ** step
     return x * k, (y * k if b.task.kind == "regression" else y)
@@ -484,6 +496,11 @@ def _mechanism_list() -> list[Mechanism]:
                   "the family's optimizer at 1e-5 of its working learning rate",
                   lambda f: True, _set_lr(1e-5, 1e-5),
                   lambda b: Expect((V("learning_rate_too_low", ""),), (0, 10)), no_progress),
+        Mechanism("lr_decay_per_batch", "learning_rate_too_low",
+                  "a step schedule meant in epochs stepped every batch: the working learning rate x0.1 every "
+                  "3 steps, a thousandfold lower by step 9",
+                  lambda f: True, _lr_decay_per_batch,
+                  lambda b: Expect((V("learning_rate_too_low", ""),), (0, 2 * LR_DECAY_EVERY)), worse_than_twin),
         # -- dead units ------------------------------------------------------------------------------
         Mechanism("negative_bias", "dead_units",
                   "the bias feeding the middle ReLU-family activation set to -20: it outputs 0 for every input",

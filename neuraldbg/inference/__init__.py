@@ -50,8 +50,12 @@ def infer(ctx: Context) -> list[CausalHypothesis]:
     """Ranked hypotheses, best first: the roots, each with what it explains in its chain."""
     roots = causality.resolve(candidates(ctx), ctx)
     too_high = any(r.cause == Cause.LEARNING_RATE_TOO_HIGH and r.confidence >= CONFIDENT for r in roots)
-    lower = too_high or bool(ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
-                             or ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING))
+    # a confident learning rate too low on top (a schedule that decayed it away after large first updates) is
+    # the way: the updates that were large before it say nothing against it
+    top = max(roots, key=lambda r: r.confidence, default=None)
+    low_on_top = top is not None and top.cause == Cause.LEARNING_RATE_TOO_LOW and top.confidence >= CONFIDENT
+    lower = too_high or not low_on_top and bool(ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
+                                                or ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING))
     # a confident learning rate too low, with nothing saying the updates were too large, sets the way too
     too_low = not lower and any(r.cause == Cause.LEARNING_RATE_TOO_LOW and r.confidence >= CONFIDENT for r in roots)
     lr_way = "lower" if lower else "raise" if too_low else ""
