@@ -125,3 +125,48 @@ def test_parameters_of_several_dtypes_are_reduced_each_in_its_own():
     row = dbg.trace.stats.data[0]
     for n, v in w.items():
         assert row[dbg.trace.layer(f"inner.{n}").index, Stat.W_NORM] == pytest.approx(v, rel=1e-5)
+
+
+def test_an_output_changed_in_place_after_its_layer_is_measured_as_the_layer_made_it():
+    """A layer whose output a later op changes in place: from the start (a ReLU(inplace=True) after it),
+    or only from some step on (the pass changes: the output kept as it is was overwritten, that step's
+    row is left unmeasured and the output is copied from then on)."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 16)
+            self.act = nn.ReLU(inplace=True)
+            self.b = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 3)
+            self.scale_from = 3  # from this step on, b's output is doubled in place
+
+        def forward(self, x, step):
+            h = self.b(self.act(self.a(x)))
+            if step >= self.scale_from:
+                h.mul_(2.0)
+            return self.head(h)
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(10, 8, generator=g) for _ in range(6)]
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    pre_a, out_b = [], []
+    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
+        for step, x in enumerate(xs):
+            with torch.no_grad():
+                pre_a.append(model.a(x).mean().item())
+                out_b.append(model.b(torch.relu(model.a(x))).mean().item())
+            opt.zero_grad()
+            F.cross_entropy(model(x, step), y).backward()
+            opt.step()
+    data = dbg.trace.stats.data
+    ia, ib = dbg.trace.layer("a").index, dbg.trace.layer("b").index
+    for step in range(6):
+        assert data[step, ia, Stat.ACT_MEAN] == pytest.approx(pre_a[step], abs=1e-6)  # before the ReLU
+        if step == model.scale_from:
+            assert math.isnan(data[step, ib, Stat.ACT_MEAN])  # kept as it was, then overwritten: dropped
+        else:
+            assert data[step, ib, Stat.ACT_MEAN] == pytest.approx(out_b[step], abs=1e-6), step
