@@ -4,11 +4,11 @@ updates, on sampled steps.
 Every parameter belongs to one layer (its first owner); a layer's norm is the square root of the
 sum of its parameters' squared norms. A parameter of up to ``PARAM_SAMPLE`` elements is read whole;
 a larger one through an evenly strided subset, its square scaled up to the whole. The layout (who
-owns what, which parameters are subsampled, by how much) is worked out once, and a sampled step
-reduces all the tensors together, in two batches: the many small ones (biases, norm scales) flattened
-into one vector, squared and summed per tensor (``torch.segment_reduce``), the others reduced one
-kernel each (``torch._foreach_norm``: one fused kernel on an accelerator). Per-layer sums follow on
-the device (``index_add_``). Parameters of several dtypes or devices are all reduced one by one.
+owns what, which parameters are subsampled, by how much) is worked out once: the parameters (their
+subsets) are grouped by shape, dtype and device, and a sampled step reduces each group at once, its
+tensors stacked into one (a copy, in one kernel: on a CPU far cheaper than a kernel per tensor, and
+on an accelerator one launch), their squared norms taken along the stack. A model of repeated blocks
+has a handful of groups however deep it is. Per-layer sums follow on the device (``index_add_``).
 """
 from __future__ import annotations
 
@@ -16,24 +16,13 @@ import torch
 
 from .stats import PARAM_SAMPLE, norms
 
-try:
-    _flatten = torch._C._nn.flatten_dense_tensors
-except AttributeError:  # pragma: no cover - an older torch
-    def _flatten(tensors):
-        return torch.cat([t.reshape(-1) for t in tensors])
 
-# Tensors of up to this many elements are flattened together: for them a kernel per tensor costs
-# more than the copy (a bias, a norm's scale); larger ones are reduced in place.
-_FLATTEN_NUMEL = 1024
+class _Group:
+    """Parameters of one shape, dtype and device (positions ``pos``), reduced together."""
 
-
-class _Batch:
-    """Some of the parameters (positions ``pos``), reduced the same way."""
-
-    def __init__(self, pos: list[int], owner: torch.Tensor, scale: torch.Tensor, lengths: torch.Tensor, flat: bool):
+    def __init__(self, pos: list[int], owner: torch.Tensor, scale: torch.Tensor):
         self.pos = pos
-        self.flat = flat
-        self._host = {"owner": owner[pos], "scale": scale[pos], "lengths": lengths[pos]}
+        self._host = {"owner": owner[pos], "scale": scale[pos]}
         self._on_device: dict = {}
 
     def on(self, name: str, device) -> torch.Tensor:
@@ -42,26 +31,16 @@ class _Batch:
             hit = self._on_device[(name, device)] = self._host[name].to(device)
         return hit
 
-    def squares(self, views: list[torch.Tensor]) -> torch.Tensor:
-        """The scaled squared norm of each of ``views`` (this batch's tensors, in order)."""
-        if self.flat:
-            flat = _flatten(views)
-            sq = torch.segment_reduce(flat * flat, "sum", lengths=self.on("lengths", flat.device))
-        else:
-            sq = norms(views) ** 2
-        return sq.float() * self.on("scale", sq.device)
+    def copy(self, views: list[torch.Tensor]) -> torch.Tensor:
+        """The tensors stacked into one (G, ...) tensor: a copy, also of a single one."""
+        return torch.stack(views)
 
-    def copy(self, views: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [_flatten(views)] if self.flat else list(torch._foreach_mul(views, 1.0))
-
-    def change(self, views: list[torch.Tensor], before: list[torch.Tensor]) -> torch.Tensor:
-        """The scaled squared norm of each tensor's change since ``copy``."""
-        if self.flat:
-            diff = _flatten(views) - before[0]
-            sq = torch.segment_reduce(diff * diff, "sum", lengths=self.on("lengths", diff.device))
-        else:
-            sq = norms(list(torch._foreach_sub(views, before))) ** 2
-        return sq.float() * self.on("scale", sq.device)
+    def squares(self, stacked: torch.Tensor) -> torch.Tensor:
+        """The scaled squared norm of each tensor of a (G, ...) stack, in float32."""
+        flat = stacked.reshape(stacked.shape[0], -1)
+        wide = flat.dtype in (torch.float32, torch.float64)  # half precision: reduced in float32 (no overflow)
+        sq = torch.linalg.vector_norm(flat, dim=1, dtype=None if wide else torch.float32).float() ** 2
+        return sq * self.on("scale", sq.device)
 
 
 class ParamNorms:
@@ -75,14 +54,12 @@ class ParamNorms:
         # a large parameter is read every ``stride``-th element, its square scaled by n / (elements read)
         self._stride = [None if p.numel() <= PARAM_SAMPLE else -(-p.numel() // PARAM_SAMPLE) for p in params]
         read = [p.numel() if s is None else len(range(0, p.numel(), s)) for p, s in zip(params, self._stride)]
-        lengths = torch.tensor(read, dtype=torch.long)
         self.scale = torch.tensor([p.numel() / r if r else 1.0 for p, r in zip(params, read)], dtype=torch.float32)
-        kinds = {(p.dtype, p.device) for p in params}
-        flat_ok = len(kinds) == 1 and next(iter(kinds))[0] in (torch.float32, torch.float64)
-        small = [i for i, r in enumerate(read) if flat_ok and r <= _FLATTEN_NUMEL]
-        big = [i for i in range(len(params)) if i not in set(small)]
-        self._batches = [_Batch(pos, self.owner, self.scale, lengths, flat)
-                         for pos, flat in ((small, True), (big, False)) if pos]
+        by_kind: dict[tuple, list[int]] = {}
+        for i, (p, s) in enumerate(zip(params, self._stride)):
+            shape = tuple(p.shape) if s is None else (read[i],)
+            by_kind.setdefault((shape, p.dtype, p.device, p.layout), []).append(i)
+        self._groups = [_Group(pos, self.owner, self.scale) for pos in by_kind.values()]
         self._maybe_sparse = sorted(sparse)
         self._present = torch.zeros(0, dtype=torch.bool)  # the layers with parameters, sized on first use
         self._present_on: dict = {}
@@ -97,7 +74,7 @@ class ParamNorms:
         device = parts[0][1].device
         out = torch.zeros(n_layers, dtype=torch.float32, device=device)
         for owner, sq in parts:
-            out.index_add_(0, owner, sq.to(device))
+            out.index_add_(0, owner.to(device), sq.to(device))
         return out.sqrt()
 
     def _masked(self, out: torch.Tensor, owners: list[int] | None) -> torch.Tensor:
@@ -118,8 +95,10 @@ class ParamNorms:
         return torch.where(present, out, torch.full_like(out, float("nan")))
 
     def _all(self, tensors: list[torch.Tensor], n_layers: int) -> torch.Tensor:
-        parts = [(b.on("owner", tensors[b.pos[0]].device), b.squares(self._views(tensors, b.pos)))
-                 for b in self._batches]
+        parts = []
+        for g in self._groups:
+            sq = g.squares(torch.stack(self._views(tensors, g.pos)))
+            parts.append((g.on("owner", sq.device), sq))
         return self._masked(self._per_layer(parts, n_layers), None)
 
     def weights(self, n_layers: int) -> torch.Tensor:
@@ -144,14 +123,17 @@ class ParamNorms:
             out = self._per_layer([(self.owner[index].to(sq.device), sq)], n_layers)
             return self._masked(out, [self.owners[i] for i in index])
 
-    def snapshot(self) -> list[list[torch.Tensor]]:
-        """A copy of the (subsampled) parameters, to measure the step that follows."""
+    def snapshot(self) -> list[torch.Tensor]:
+        """A copy of the (subsampled) parameters, to measure the step that follows: one tensor per group."""
         with torch.no_grad():
-            return [b.copy(self._views(self.params, b.pos)) for b in self._batches]
+            return [g.copy(self._views(self.params, g.pos)) for g in self._groups]
 
-    def updates(self, before: list[list[torch.Tensor]], n_layers: int) -> torch.Tensor:
+    def updates(self, before: list[torch.Tensor], n_layers: int) -> torch.Tensor:
         """Per-layer norm of the change since ``snapshot()`` (0 for a layer without parameters)."""
         with torch.no_grad():
-            parts = [(b.on("owner", self.params[b.pos[0]].device), b.change(self._views(self.params, b.pos), prev))
-                     for b, prev in zip(self._batches, before)]
+            parts = []
+            for g, prev in zip(self._groups, before):
+                now = torch.stack(self._views(self.params, g.pos))
+                sq = g.squares(now.sub_(prev))
+                parts.append((g.on("owner", sq.device), sq))
             return self._per_layer(parts, n_layers)

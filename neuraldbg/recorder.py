@@ -60,7 +60,7 @@ class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
-                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch")
+                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -69,9 +69,11 @@ class _StepRecord:
         self.grad_small: dict[tuple, list] = {}
         # outputs kept as they are (no copy: their layer is known not to change them in place afterwards),
         # measured together when the forward pass ends, their gradients retained and measured at step end
+        self.seen: list[tuple[int, torch.Tensor, int]] = []  # settled layers' outputs as the hooks saw them:
+        # (layer index, output, its version), sorted into ``fwd_kept`` and ``grad_kept`` when the forward pass ends
         self.fwd_kept: dict[tuple, list] = {}    # batching key -> [(layer index, output, its version)]
         self.fwd_rows: list[tuple[list[int], torch.Tensor]] = []  # (layer indices, their stats rows)
-        self.grad_kept: list[tuple[int, torch.Tensor, int | None]] = []  # (layer index, output, unit dim)
+        self.grad_kept: list[tuple[int, torch.Tensor, tuple]] = []  # (layer index, output, its gradient's key)
         self.watch: list[tuple[int, torch.Tensor, int]] = []  # copied outputs seen for the first time
         self.dtype: dict[int, torch.dtype] = {}  # per layer index: the dtype of its output
         self.attn: dict[int, torch.Tensor] = {}  # per layer index: attention statistics (2,)
@@ -179,13 +181,14 @@ class Recorder:
         self._replaying = False
         self.attached = False
         self._no_params = np.array([i for i, l in enumerate(self.layers) if l.n_params == 0], dtype=np.int64)
+        # layers whose small outputs need no copy on a sampled pass: seen once, and nothing changed them in
+        # place before the pass ended (a layer followed by an in-place op, e.g. ReLU(inplace=True), is copied)
+        self._settled: set[int] = set()
         self._fwd_hooks = [self._make_forward_hook(i, l) for i, l in enumerate(self.layers)]
         # eager sampled passes: the tracker's one global hook calls each layer's (none to register per layer)
         self._tracker.hooks = {id(m): h for m, h in zip(self.modules, self._fwd_hooks)}
         self._out_grad_hooks: list[Callable] = []  # by output index, made once
-        # layers whose small outputs need no copy on a sampled pass: seen once, and nothing changed them in
-        # place before the pass ended (a layer followed by an in-place op, e.g. ReLU(inplace=True), is copied)
-        self._settled: set[int] = set()
+        self._keys: dict[int, tuple] = {}  # per layer: the batching key of its latest small output
 
     # -- attach / detach ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -427,6 +430,10 @@ class Recorder:
             if t._version == version:
                 self._settled.add(idx)
         rec.watch = []
+        for idx, t, version in rec.seen:
+            rec.dtype[idx] = t.dtype
+            self._keep(rec, idx, t, version, self._key(idx, self.layers[idx], t))
+        rec.seen = []
         if not rec.fwd_kept:
             return
         changed = set()
@@ -446,9 +453,18 @@ class Recorder:
             rec.grad_kept = [g for g in rec.grad_kept if g[0] not in changed]
 
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
+        settled = self._settled
+        tensor = torch.Tensor
+
         def hook(module, args, output):
             rec = self._rec
             if rec is None or rec.forward_done or rec.fwd.get(idx) is not None or self._replaying:
+                return None
+            if (idx in settled and type(output) is tensor and output.is_floating_point()
+                    and output.numel() <= BATCH_NUMEL):
+                # the usual case, once a layer is known: kept as it is, sorted out when the pass ends
+                rec.fwd[idx] = True
+                rec.seen.append((idx, output, output._version))
                 return None
             outs = nanhunt.float_tensors(output)
             if not outs:
@@ -472,29 +488,44 @@ class Recorder:
         if layer.order is None:
             layer.order = self._next_order
             self._next_order += 1
-        unit_dim = layer.unit_dim(t.dim())
-        dead = layer.kind in _DEAD_KINDS
         rec.dtype[idx] = t.dtype
         if t.numel() <= BATCH_NUMEL:
-            key = (tuple(t.shape), t.dtype, t.device, unit_dim, layer.bounds, dead)
+            key = self._key(idx, layer, t)
+            unit_dim = key[3]
             rec.fwd[idx] = True
             if idx in self._settled:  # kept as it is: measured when the pass ends, its gradient retained
-                rec.fwd_kept.setdefault(key, []).append((idx, t, t._version))
-                if t.requires_grad:
-                    if t.grad_fn is not None:
-                        t.retain_grad()
-                        rec.grad_kept.append((idx, t, unit_dim))
-                    else:
-                        t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+                self._keep(rec, idx, t, t._version, key)
                 return
             # a copy: later in-place ops must not change what we measure
             rec.fwd_small.setdefault(key, []).append((idx, t.detach().clone()))
             if not self.compiled:
                 rec.watch.append((idx, t, t._version))
         else:
-            rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=dead)
+            unit_dim = layer.unit_dim(t.dim())
+            rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=layer.kind in _DEAD_KINDS)
         if t.requires_grad:
             t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+
+    def _key(self, idx: int, layer: LayerInfo, t: torch.Tensor) -> tuple:
+        """The batching key of a small output of layer ``idx``: (shape, dtype, device, unit dim, bounds,
+        whether dead units are counted), made once per layer and output layout."""
+        shape, dtype, device = t.shape, t.dtype, t.device
+        hit = self._keys.get(idx)
+        if hit is not None and hit[0] == shape and hit[1] is dtype and hit[2] == device:
+            return hit
+        key = (tuple(shape), dtype, device, layer.unit_dim(len(shape)), layer.bounds, layer.kind in _DEAD_KINDS)
+        self._keys[idx] = key
+        return key
+
+    def _keep(self, rec: _StepRecord, idx: int, t: torch.Tensor, version: int, key: tuple) -> None:
+        """Measure output ``t`` as it is when the pass ends (no copy), and retain its gradient."""
+        rec.fwd_kept.setdefault(key, []).append((idx, t, version))
+        if t.requires_grad:
+            if t.grad_fn is not None:
+                t.retain_grad()
+                rec.grad_kept.append((idx, t, key[:3] + (None,)))  # a gradient has its tensor's layout
+            else:
+                t.register_hook(self._make_grad_hook(idx, key[3], rec))
 
     # -- functional operations ------------------------------------------------------------------------
     def _on_op(self, owner: str, rel: Relation, spec: OpSpec, out: torch.Tensor | None, logits) -> None:
@@ -751,11 +782,12 @@ class Recorder:
         for ids, stats in rec.fwd_rows:
             fwd_idx.extend(ids)
             fwd_parts.append(stats)
-        for idx, t, unit_dim in rec.grad_kept:  # retained gradients, batched as the hooks' copies are
+        grad = rec.grad
+        for idx, t, key in rec.grad_kept:  # retained gradients, batched as the hooks' copies are
             g = t.grad
-            if g is not None and rec.grad.get(idx) is None:
-                rec.grad_small.setdefault((tuple(g.shape), g.dtype, g.device, unit_dim), []).append((idx, g))
-                rec.grad[idx] = True
+            if g is not None and grad.get(idx) is None:
+                rec.grad_small.setdefault(key, []).append((idx, g))
+                grad[idx] = True
         rec.grad_kept = []
         grad_idx, grad_parts = self._rows(rec.grad, rec.grad_small, lambda x, key: grad_stats_batch(x, key[3]))
         parts = fwd_parts + grad_parts
@@ -797,8 +829,9 @@ class Recorder:
         row[np.ix_(self._no_params, _PARAM_COLS)] = np.nan
         if rec.dtype:
             idx = list(rec.dtype)
+            limits = {d: dtype_max(d) for d in set(rec.dtype.values())}
             row[idx, int(Stat.ACT_RANGE)] = row[idx, int(Stat.ACT_ABSMAX)] / np.array(
-                [dtype_max(rec.dtype[i]) for i in idx], dtype=np.float32)
+                [limits[rec.dtype[i]] for i in idx], dtype=np.float32)
         g[0] = self._lr()
         self.trace.add_sample(self.step, row, g)
         self.flush_losses()
