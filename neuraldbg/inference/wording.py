@@ -585,8 +585,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "steps), on the optimizer that holds these parameters (made after the model, from "
                 "model.parameters())")
     if k == "unreached":
-        return ("compute the loss from the model's output as a tensor, without .detach(), .item(), torch.no_grad() or a "
-                "round trip through numpy / torch.tensor(...), and call loss.backward() before optimizer.step()")
+        return ("compute the loss from the model's output as a tensor, without .detach(), .item(), torch.no_grad() "
+                "or a round trip through numpy / torch.tensor(...), and call loss.backward() before optimizer.step()")
     if k == "weights_collapse":
         return ("lower the weight decay (AdamW's weight_decay, or SGD's L2 term) by 10-100x: with lr x weight_decay "
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
