@@ -163,8 +163,11 @@ def input_band(trace: Trace, f: Features, th: Thresholds) -> list[BandSeries]:
         return []
     col = GLOBAL_COLUMNS.index
     scale = np.fmax(np.abs(g[:, col("input_mean")]), g[:, col("input_std")]).astype(np.float64)
-    return [_series(Signal.INPUT, InputState.DRIFTING, InputState.UNSCALED, "input scale", ["input"], f.steps, scale,
-                    th.input_drift, th.input_scale, rising=True, scale=Scale.LOG, persist=1)]
+    band = _series(Signal.INPUT, InputState.DRIFTING, InputState.UNSCALED, "input scale", ["input"], f.steps, scale,
+                   th.input_drift, th.input_scale, rising=True, scale=Scale.LOG, persist=1)
+    with np.errstate(invalid="ignore"):
+        band.failed |= (scale < th.input_tiny)[:, None]   # out of scale the other way (no band leads there)
+    return [band]
 
 
 def weight_band(f: Features, th: Thresholds) -> list[BandSeries]:

@@ -500,6 +500,7 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     inp = np.zeros(len(steps), dtype=np.int8)
     with np.errstate(invalid="ignore"):
         inp[np.fmax(np.abs(mean), sd) > th.input_scale] = InputState.UNSCALED.code
+        inp[np.fmax(np.abs(mean), sd) < th.input_tiny] = InputState.UNSCALED.code   # out of scale the other way
     inp[g[:, col("input_nonfinite")] > 0] = InputState.NONFINITE.code
     in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
     # the weights against their start (the median trainable layer): a collapse toward zero

@@ -102,6 +102,9 @@ class Thresholds:
     # -- data --------------------------------------------------------------------------------------
     input_scale: float = _f(20.0, "input scale", "log", 2.0, 1e4,
                             "input mean or spread above which the batch looks unnormalised (e.g. 0-255 pixels)")
+    input_tiny: float = _f(1e-3, "input scale, low", "log", 1e-9, 0.1,
+                           "input mean and spread both below which the batch is out of scale the other way "
+                           "(pixels divided by 255 twice, a unit slip)", slider=False)
     # -- ranks (multi-process runs) ----------------------------------------------------------------
     replica_divergence: float = _f(1e-5, "replica divergence", "log", 1e-9, 1e-1,
                                    "relative difference of a layer's weight checksum from the other ranks' above "

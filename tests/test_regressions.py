@@ -279,3 +279,30 @@ def test_a_schedule_that_decays_after_learning_is_no_fault(schedule):
     dbg = _scheduled_run(make)
     assert not [h for h in dbg.explain() if h.cause == "learning_rate_too_low"], dbg.report()
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+def test_an_input_divided_by_255_twice_is_the_data_not_the_first_layers_init():
+    """Features scaled by 1/255 twice (std ~1e-5): the first layer's output is all bias, so it reads as a layer
+    amplifying its input 1e4-fold. The input is out of scale the other way: `data`, with a fix that
+    normalises it, not one that scales the first layer's weights down."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 5))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 20, generator=g)
+    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
+    x = x / 255.0 / 255.0
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(120):
+            i = (step * 64) % 4096
+            loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("data", "input") and top.confidence >= CONFIDENT, dbg.report()
+    assert "normalise the input" in top.suggestion
+    assert not [h for h in dbg.explain() if h.cause == "bad_initialization" and h.confidence >= CONFIDENT]

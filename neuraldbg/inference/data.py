@@ -24,12 +24,15 @@ def candidates(ctx: Context) -> list[Candidate]:
         ev = unscaled[0]
         v = ev.values
         scale = max(abs(v.get("input_mean", 0.0)), v.get("input_std", 0.0))
+        # too large, or too small by as many decades below input_tiny
+        sev = past_ratio(scale, ctx.th.input_scale) if scale >= ctx.th.input_tiny else past_ratio(
+            ctx.th.input_tiny, scale) if scale > 0 else RATIO_CAP
         first = ctx.input_reach()
         symptoms = [e for e in ctx.events if e.bad and e.layer in first and e.step >= ev.step
                     and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE)
                     and e.after not in (GradState.DIMINISHING,)]
         out.append(Candidate(Cause.DATA, "input", ev.step, "unscaled", [ev],
-                             severity=past_ratio(scale, ctx.th.input_scale), persistence=persistence(ev, ctx),
+                             severity=sev, persistence=persistence(ev, ctx),
                              symptoms=symptoms, loss_kinds=losses.ANY, facts=dict(v)))
     for ev in ctx.all(Signal.TARGET, TargetState.OUT_OF_REACH)[:1]:
         out.append(Candidate(Cause.DATA, "input", ev.step, "targets_out_of_reach", [ev],

@@ -467,7 +467,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             m, s, a = f.get("input_mean", math.nan), f.get("input_std", math.nan), f.get("input_absmax", math.nan)
             return (f"normalise the input: x = (x - {fmt(m)}) / {fmt(s)}" +
                     ("; for 0-255 images, divide by 255 first, then subtract the per-channel mean and divide by the std"
-                     if a == a and 200 <= a <= 256 else ""))
+                     if a == a and 200 <= a <= 256 else
+                     "; images divided by 255 twice land at values up to 1/255: divide once"
+                     if a == a and 0 < a <= 1.01 / 255 else ""))
         if k == "targets_out_of_reach":
             target = math.sqrt(abs(f.get("loss", math.nan)))
             return ("standardise the targets (y = (y - y.mean()) / y.std(), computed on the training set; invert it on "
