@@ -12,6 +12,7 @@ import numpy as np
 
 from . import events as events_mod
 from . import health as health_mod
+from . import losspath
 from . import patterns as patterns_mod
 from .events import SemanticEvent
 from .health import LayerHealth
@@ -71,6 +72,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   sampled=tuple(int(s) for s in table.steps),
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
                   carried=_carried(trace.meta.get("gradients_carried")),
-                  unreached=int(trace.meta.get("steps_unreached", 0)))
+                  unreached=int(trace.meta.get("steps_unreached", 0)),
+                  loss_misuse=losspath.misuse(trace.meta.get("loss_paths")))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import nanhunt
+from . import losspath, nanhunt
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
@@ -229,6 +229,7 @@ class Recorder:
         self._explicit = False
         self._in_step = False
         self._step_depth = 0
+        self._out_fns = ()
         self._replay_run = None
         if getattr(self.model, "_neuraldbg_watcher", None) is not None:
             try:
@@ -269,7 +270,21 @@ class Recorder:
             self._hook_optimizer()
 
     # -- loss --------------------------------------------------------------------------------------
+    _loss_path_seen = False
+    _out_fns: list | tuple = ()
+
+    def _read_loss_path(self, loss: torch.Tensor) -> None:
+        """Once: the autograd operations between the model's output and the recorded loss (what turns outputs
+        into a loss is no module: hooks do not see it), as names, into the trace's meta."""
+        paths = losspath.paths(loss.grad_fn, self._out_fns)
+        self._out_fns = []
+        if paths:
+            self._loss_path_seen = True
+            self.trace.meta["loss_paths"] = paths
+
     def record_loss(self, loss) -> None:
+        if not self._loss_path_seen and isinstance(loss, torch.Tensor) and loss.grad_fn is not None and self._out_fns:
+            self._read_loss_path(loss)
         if isinstance(loss, torch.Tensor) and loss.is_cpu and loss.dtype is torch.float32 and loss.numel() == 1:
             value = loss.item()  # the usual case: no copy to make
         elif isinstance(loss, torch.Tensor):
@@ -416,6 +431,8 @@ class Recorder:
         self._out_leaves = leaves
         self._out_grads = [None] * len(leaves)
         self._backward_queued = False
+        if not self._loss_path_seen:  # until a recorded loss shows the ops between the output and it
+            self._out_fns = [t.grad_fn for t in leaves if t.grad_fn is not None]
         hooks = self._out_grad_hooks
         for i, t in enumerate(leaves):
             if i == len(hooks):

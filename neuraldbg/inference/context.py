@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..events import SemanticEvent
 from ..formatting import number
 from ..layers import Kind, LayerInfo
+from ..losspath import LossMisuse
 from ..patterns import Link, LinkKind
 from ..states import FiniteState, LossState, Signal
 from ..thresholds import Thresholds
@@ -39,6 +40,7 @@ class Context:
     unstepped: int = 0              # backward passes while the watched optimizer never stepped (0: it did)
     carried: float = 0.0            # share of optimizer steps after which the gradients were not zeroed
     unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
+    loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

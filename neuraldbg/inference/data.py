@@ -3,7 +3,8 @@ outside the loss's range."""
 from __future__ import annotations
 
 from ..causes import Cause
-from ..states import GradState, InputState, Signal, TargetState
+from ..losspath import LossMisuse
+from ..states import GradState, InputState, LossState, Signal, TargetState
 from . import losses
 from .context import Context
 from .evidence import RATIO_CAP, Candidate, past_ratio, persistence
@@ -34,6 +35,9 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.DATA, "input", ev.step, "unscaled", [ev],
                              severity=sev, persistence=persistence(ev, ctx),
                              symptoms=symptoms, loss_kinds=losses.ANY, facts=dict(v)))
+    if ctx.loss_misuse == LossMisuse.BROADCAST:  # the targets' shape is not the outputs': a fact of the code
+        out.append(Candidate(Cause.DATA, "input", ctx.first_step, "targets_broadcast", [], severity=1.0,
+                             persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW}))
     for ev in ctx.all(Signal.TARGET, TargetState.OUT_OF_REACH)[:1]:
         out.append(Candidate(Cause.DATA, "input", ev.step, "targets_out_of_reach", [ev],
                              severity=past_ratio(ev.values.get("reach", 0.0), ctx.th.input_scale ** 2),

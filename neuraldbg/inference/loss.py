@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..causes import Cause
 from ..events import SemanticEvent
+from ..losspath import LossMisuse
 from ..states import LossState, Signal, WeightState
 from .context import Context
 from .evidence import Candidate, clip01, past_ratio, persistence
@@ -30,7 +31,7 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 
 def candidates(ctx: Context) -> list[Candidate]:
-    out = _not_stepped(ctx)
+    out = _not_stepped(ctx) + _on_probabilities(ctx)
     run = _flat_stretch(ctx)
     if not run:
         return out
@@ -53,6 +54,20 @@ def candidates(ctx: Context) -> list[Candidate]:
                              needs_harm=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED},
                              facts={"weight_scale": scale}))
     return out
+
+
+_ON_PROBABILITIES = (LossMisuse.SOFTMAX_TWICE, LossMisuse.NLL_OF_PROBABILITIES, LossMisuse.LOGITS_LOSS_ON_PROBABILITIES)
+
+
+def _on_probabilities(ctx: Context) -> list[Candidate]:
+    """The loss is computed from probabilities where it takes logits or log-probabilities (a softmax applied
+    twice, NLL without the log, a with-logits loss after a sigmoid): a fact of the code, at every step. The
+    loss cannot reach its minimum and its gradient fades as the outputs sharpen: a floor, a plateau."""
+    if ctx.loss_misuse not in _ON_PROBABILITIES:
+        return []
+    return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "on_probabilities", [], severity=1.0, persistence=1.0,
+                      certain=True, lasting=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW},
+                      facts={"misuse": ctx.loss_misuse})]
 
 
 def _not_stepped(ctx: Context) -> list[Candidate]:

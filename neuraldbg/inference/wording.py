@@ -11,6 +11,7 @@ import math
 from ..causes import Cause
 from ..events import SemanticEvent
 from ..formatting import number, percent
+from ..losspath import LossMisuse
 from ..states import LossState, Signal, TargetState
 from .context import Context
 from .evidence import Candidate
@@ -87,6 +88,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the model output is finite at step {c.step}",
                     "the loss (or its gradient) is NaN/Inf: NaN in the targets, or a loss undefined for them",
                     "all gradients become NaN (non_finite)"]
+        if k == "targets_broadcast":
+            return ["the loss compares outputs and targets of different shapes (e.g. (N, 1) against (N,)): it "
+                    "broadcasts them, so every output is fit to every target of the batch, and the model can only "
+                    "learn their mean"]
         if k == "unscaled":
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
@@ -189,6 +194,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return _attention_lines(c, ctx)
     if c.cause == Cause.LOSS_PLATEAU and k == "not_stepped":
         return [f"the weights never changed: {f['passes']} backward passes ran and the optimizer did not step once"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "on_probabilities":
+        return [_ON_PROBABILITIES[f["misuse"]]]
     if c.cause == Cause.LOSS_PLATEAU and k == "unreached":
         return [f"the weights never learned: the optimizer stepped {f['steps']} times, and no backward pass from the "
                 "loss reached the model before those steps (the loss does not depend on the model's weights)"]
@@ -429,6 +436,27 @@ def _summary(c: Candidate, ctx: Context) -> str:
     return own[0] if own else symptom_lines(c.events, 1)[0]
 
 
+_ON_PROBABILITIES = {
+    LossMisuse.SOFTMAX_TWICE: "the loss applies a log-softmax to the output of a softmax (cross_entropy on "
+                              "probabilities: a softmax applied twice): it cannot reach its minimum, and its "
+                              "gradient fades as the outputs sharpen",
+    LossMisuse.NLL_OF_PROBABILITIES: "the loss is an NLL of probabilities (nll_loss on a softmax or sigmoid output, "
+                                     "without the log): bounded between -1 and 0, its gradient fades as the "
+                                     "outputs sharpen",
+    LossMisuse.LOGITS_LOSS_ON_PROBABILITIES: "a loss that takes logits is given probabilities (a with-logits loss, or "
+                                             "cross_entropy, on a sigmoid output): it cannot reach its minimum, "
+                                             "and its gradient fades as the outputs sharpen",
+}
+_ON_PROBABILITIES_FIX = {
+    LossMisuse.SOFTMAX_TWICE: "give cross_entropy the logits: remove the final nn.Softmax / F.softmax (apply it only "
+                              "to read probabilities), or use F.nll_loss(torch.log_softmax(...))",
+    LossMisuse.NLL_OF_PROBABILITIES: "give nll_loss log-probabilities: F.log_softmax instead of F.softmax (or "
+                                     "F.cross_entropy on the logits)",
+    LossMisuse.LOGITS_LOSS_ON_PROBABILITIES: "remove the sigmoid before the loss (binary_cross_entropy_with_logits "
+                                             "applies it), or use F.binary_cross_entropy on the probabilities",
+}
+
+
 def chain(root: Candidate, ctx: Context) -> list[str]:
     lines = _own(root, ctx)
     named = root.events + root.symptoms
@@ -470,6 +498,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                      if a == a and 200 <= a <= 256 else
                      "; images divided by 255 twice land at values up to 1/255: divide once"
                      if a == a and 0 < a <= 1.01 / 255 else ""))
+        if k == "targets_broadcast":
+            return ("give the outputs and the targets the same shape before the loss: out.squeeze(-1) or "
+                    "y.view_as(out) (torch warns: 'Using a target size ... different to the input size')")
         if k == "targets_out_of_reach":
             target = math.sqrt(abs(f.get("loss", math.nan)))
             return ("standardise the targets (y = (y - y.mean()) / y.std(), computed on the training set; invert it on "
@@ -586,6 +617,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("call optimizer.step() after loss.backward() in every step (with gradient accumulation, every few "
                 "steps), on the optimizer that holds these parameters (made after the model, from "
                 "model.parameters())")
+    if k == "on_probabilities":
+        return _ON_PROBABILITIES_FIX[f["misuse"]]
     if k == "unreached":
         return ("compute the loss from the model's output as a tensor, without .detach(), .item(), torch.no_grad() "
                 "or a round trip through numpy / torch.tensor(...), and call loss.backward() before optimizer.step()")

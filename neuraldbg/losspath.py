@@ -1,0 +1,82 @@
+"""The operations between the model's output and the loss, read once from the autograd graph.
+
+What turns the outputs into a loss is no module, so no hook sees it. The recorded loss's ``grad_fn`` leads
+back, node by node, to the output's: the names met on the way (``NllLossBackward0``, ``LogSoftmaxBackward0``,
+``SoftmaxBackward0`` ...) say which functions made the loss. Extraction keeps them as names (``paths``); their
+reading (``misuse``) is a fact about how the loss is computed, the same for every step:
+
+| ops, loss side first | misuse |
+|---|---|
+| log-softmax of a softmax (``F.cross_entropy`` on an ``nn.Softmax`` output) | softmax twice |
+| NLL of a softmax or sigmoid (``F.nll_loss`` without the log) | NLL of probabilities |
+| a with-logits loss, or a log-softmax, of a sigmoid | a logits loss on probabilities |
+| a regression loss of an expanded output (shapes ``(N, 1)`` against ``(N,)``) | broadcast |
+
+Shape-only operations (views, squeezes, transposes, selections, copies) between two of them are skipped.
+"""
+from __future__ import annotations
+
+import re
+from enum import Enum
+
+MAX_NODES = 256   # autograd nodes visited at most
+MAX_PATHS = 4     # paths from the loss to an output kept at most
+
+_SUFFIX = re.compile(r"Backward\d*$")
+SHAPE_OPS = frozenset({"View", "UnsafeView", "Reshape", "ReshapeAlias", "Squeeze", "Unsqueeze", "Permute",
+                       "Transpose", "T", "Select", "Slice", "Clone", "ToCopy", "Alias", "Index", "AsStrided",
+                       "Split", "SplitWithSizes", "Unbind", "Cat"})
+
+
+class LossMisuse(str, Enum):
+    SOFTMAX_TWICE = "softmax_twice"
+    NLL_OF_PROBABILITIES = "nll_of_probabilities"
+    LOGITS_LOSS_ON_PROBABILITIES = "logits_loss_on_probabilities"
+    BROADCAST = "broadcast"
+
+
+_PROBABILITIES = frozenset({"Softmax", "Sigmoid"})
+_REGRESSION = frozenset({"MseLoss", "L1Loss", "SmoothL1Loss", "HuberLoss"})
+# (an op on the loss side, the op just before it on the model's side) -> what it says
+_PAIRS: dict[tuple[str, str], LossMisuse] = {
+    ("LogSoftmax", "Softmax"): LossMisuse.SOFTMAX_TWICE,
+    ("LogSoftmax", "Sigmoid"): LossMisuse.LOGITS_LOSS_ON_PROBABILITIES,
+    **{(nll, p): LossMisuse.NLL_OF_PROBABILITIES for nll in ("NllLoss", "NllLoss2D") for p in _PROBABILITIES},
+    **{("BinaryCrossEntropyWithLogits", p): LossMisuse.LOGITS_LOSS_ON_PROBABILITIES for p in _PROBABILITIES},
+    **{(r, "Expand"): LossMisuse.BROADCAST for r in _REGRESSION},
+}
+
+
+def op_name(fn) -> str:
+    return _SUFFIX.sub("", type(fn).__name__)
+
+
+def paths(loss_fn, outputs: list) -> list[list[str]]:
+    """The op names on each path from ``loss_fn`` back to one of the ``outputs``' nodes (loss side first,
+    the output's own node last); at most ``MAX_PATHS``, after at most ``MAX_NODES`` nodes."""
+    targets = {id(fn) for fn in outputs}
+    found: list[list[str]] = []
+    stack: list[tuple[object, list[str]]] = [(loss_fn, [])] if loss_fn is not None else []
+    seen = 0
+    while stack and seen < MAX_NODES and len(found) < MAX_PATHS:
+        fn, trail = stack.pop()
+        seen += 1
+        trail = trail + [op_name(fn)]
+        if id(fn) in targets:
+            found.append(trail)
+            continue
+        for nxt, _ in getattr(fn, "next_functions", ()):
+            if nxt is not None and type(nxt).__name__ != "AccumulateGrad":
+                stack.append((nxt, trail))
+    return found
+
+
+def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
+    """What the recorded paths say of how the loss is computed (None: nothing wrong seen)."""
+    for path in recorded or []:
+        ops = [op for op in path if op not in SHAPE_OPS]
+        for near_loss, near_model in zip(ops, ops[1:]):
+            found = _PAIRS.get((near_loss, near_model))
+            if found is not None:
+                return found
+    return None
