@@ -47,6 +47,17 @@ _PAIRS: dict[tuple[str, str], LossMisuse] = {
 }
 
 
+class Nodes(list):
+    """The output's autograd nodes, held until a loss is recorded. A copy of the watched model (an EMA, a
+    best checkpoint) copies its recorder: the nodes are not copied with it (autograd nodes cannot be)."""
+
+    def __deepcopy__(self, memo) -> "Nodes":
+        return Nodes()
+
+    def __reduce__(self):
+        return (Nodes, ())
+
+
 def op_name(fn) -> str:
     return _SUFFIX.sub("", type(fn).__name__)
 

@@ -277,7 +277,7 @@ class Recorder:
         """Once: the autograd operations between the model's output and the recorded loss (what turns outputs
         into a loss is no module: hooks do not see it), as names, into the trace's meta."""
         paths = losspath.paths(loss.grad_fn, self._out_fns)
-        self._out_fns = []
+        self._out_fns = ()
         if paths:
             self._loss_path_seen = True
             self.trace.meta["loss_paths"] = paths
@@ -432,7 +432,7 @@ class Recorder:
         self._out_grads = [None] * len(leaves)
         self._backward_queued = False
         if not self._loss_path_seen:  # until a recorded loss shows the ops between the output and it
-            self._out_fns = [t.grad_fn for t in leaves if t.grad_fn is not None]
+            self._out_fns = losspath.Nodes(t.grad_fn for t in leaves if t.grad_fn is not None)
         hooks = self._out_grad_hooks
         for i, t in enumerate(leaves):
             if i == len(hooks):

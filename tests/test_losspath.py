@@ -96,3 +96,23 @@ def _saved(dbg) -> str:
     path = tempfile.mkdtemp() + "/run.ndbg"
     dbg.save(path)
     return path
+
+
+def test_a_watched_model_can_be_copied_while_its_output_nodes_are_held():
+    """Until a loss is recorded the recorder holds the output's autograd nodes (a loop that records none holds
+    them for good); ``copy.deepcopy(model)`` after a step (an EMA, a best checkpoint) copies the watcher too and
+    must not fail on them."""
+    import copy
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(2):
+            loss = F.cross_entropy(model(torch.randn(5, 4)), torch.zeros(5, dtype=torch.long))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 0:
+                twin = copy.deepcopy(model)
+            else:
+                dbg.record_loss(loss)
+    assert isinstance(twin, nn.Sequential) and dbg.trace.meta["loss_paths"]
