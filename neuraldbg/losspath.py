@@ -21,6 +21,7 @@ from enum import Enum
 
 MAX_NODES = 256   # autograd nodes visited at most
 MAX_PATHS = 4     # paths from the loss to an output kept at most
+TRIES = 8         # recorded losses looked at, at most, for a path to the output
 
 _SUFFIX = re.compile(r"Backward\d*$")
 SHAPE_OPS = frozenset({"View", "UnsafeView", "Reshape", "ReshapeAlias", "Squeeze", "Unsqueeze", "Permute",

@@ -271,6 +271,7 @@ class Recorder:
 
     # -- loss --------------------------------------------------------------------------------------
     _loss_path_seen = False
+    _loss_path_tries = 0
     _out_fns: list | tuple = ()
 
     def _read_loss_path(self, loss: torch.Tensor) -> None:
@@ -278,9 +279,12 @@ class Recorder:
         into a loss is no module: hooks do not see it), as names, into the trace's meta."""
         paths = losspath.paths(loss.grad_fn, self._out_fns)
         self._out_fns = ()
+        self._loss_path_tries += 1
         if paths:
-            self._loss_path_seen = True
             self.trace.meta["loss_paths"] = paths
+        # found, or not found in the first few losses (a loss that does not come from the output): not looked for
+        # again, so no step pays for a walk through the graph after these
+        self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
     def record_loss(self, loss) -> None:
         if not self._loss_path_seen and isinstance(loss, torch.Tensor) and loss.grad_fn is not None and self._out_fns:
