@@ -272,6 +272,7 @@ class Recorder:
     # -- loss --------------------------------------------------------------------------------------
     _loss_path_seen = False
     _loss_path_tries = 0
+    _loss_wanted = False  # a loss was recorded: the output's nodes are held for the next one to be read against
     _out_fns: list | tuple = ()
 
     def _read_loss_path(self, loss: torch.Tensor) -> None:
@@ -287,6 +288,7 @@ class Recorder:
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
     def record_loss(self, loss) -> None:
+        self._loss_wanted = True
         if not self._loss_path_seen and isinstance(loss, torch.Tensor) and loss.grad_fn is not None and self._out_fns:
             self._read_loss_path(loss)
         if isinstance(loss, torch.Tensor) and loss.is_cpu and loss.dtype is torch.float32 and loss.numel() == 1:
@@ -435,7 +437,7 @@ class Recorder:
         self._out_leaves = leaves
         self._out_grads = [None] * len(leaves)
         self._backward_queued = False
-        if not self._loss_path_seen:  # until a recorded loss shows the ops between the output and it
+        if self._loss_wanted and not self._loss_path_seen:  # the loop records losses: until one shows its ops
             self._out_fns = losspath.Nodes(t.grad_fn for t in leaves if t.grad_fn is not None)
         hooks = self._out_grad_hooks
         for i, t in enumerate(leaves):
@@ -640,6 +642,9 @@ class Recorder:
             return
         self.passes += 1
         self._awaiting = True
+        # a backward pass ends outside any optimizer step (or in a closure's, which the step's own end closes):
+        # a step that an exception left unfinished no longer counts as one in progress
+        self._step_depth = 0
         if self.step == 0 and self.optimizer is not None:  # backward passes, and the optimizer never stepped
             self.trace.meta["unstepped_passes"] = self.passes
         if self.scaler is not None:

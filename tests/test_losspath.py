@@ -106,13 +106,12 @@ def test_a_watched_model_can_be_copied_while_its_output_nodes_are_held():
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(2):
+        for step in range(3):
             loss = F.cross_entropy(model(torch.randn(5, 4)), torch.zeros(5, dtype=torch.long))
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if step == 0:
+            if step == 1:  # the nodes of this step's output are held, not yet read
                 twin = copy.deepcopy(model)
-            else:
-                dbg.record_loss(loss)
+            dbg.record_loss(loss)
     assert isinstance(twin, nn.Sequential) and dbg.trace.meta["loss_paths"]

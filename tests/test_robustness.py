@@ -221,3 +221,33 @@ def test_an_optimizer_subclass_calling_its_parents_step_counts_one_step():
             dbg.record_loss(loss)
     assert dbg.step == 12
     assert dbg.trace.meta.get("steps_unreached", 0) == 0
+
+
+def test_a_step_an_exception_interrupted_leaves_the_next_steps_counted():
+    """An exception inside ``optimizer.step`` (caught by the loop) leaves that step unfinished: the steps after
+    it still count, one each, and none reads as a step without a backward pass."""
+    class FlakySGD(torch.optim.SGD):
+        fail_at = 3
+
+        def step(self, closure=None):
+            self.fail_at -= 1
+            if self.fail_at == 0:
+                raise RuntimeError("flaky")
+            return super().step(closure)
+
+    torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = FlakySGD(model.parameters(), lr=0.1)
+    done = 0
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(10):
+            loss = model(torch.randn(16, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            try:
+                opt.step()
+                done += 1
+            except RuntimeError:
+                pass
+    assert done == 9 and dbg.step == 9
+    assert dbg.trace.meta.get("steps_unreached", 0) == 0
