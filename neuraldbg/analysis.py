@@ -45,6 +45,11 @@ def _lr(trace: Trace) -> tuple[float, float, float]:
     return float(known[-1]), float(known[0]), float(known.max())
 
 
+def _cleared(counts) -> tuple[int, int]:
+    """(steps checked, steps whose gradients were cleared before the optimizer stepped)."""
+    return (int(counts[0]), int(counts[1])) if counts else (0, 0)
+
+
 def _carried(counts) -> float:
     """The share of checked optimizer steps whose next backward pass started on their gradients."""
     if not counts or len(counts) != 2 or int(counts[0]) < 2:
@@ -73,6 +78,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
                   carried=_carried(trace.meta.get("gradients_carried")),
                   unreached=int(trace.meta.get("steps_unreached", 0)),
+                  cleared=_cleared(trace.meta.get("steps_cleared")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -636,6 +636,22 @@ class Recorder:
         checked, was = self.trace.meta.get("gradients_carried", (0, 0))
         self.trace.meta["gradients_carried"] = (checked + 1, was + int(carried))
 
+    def _cleared(self) -> bool | None:
+        """A backward pass reached the model, and the optimizer is about to step with no gradient on its weights:
+        they were cleared in between (``zero_grad()`` after ``loss.backward()``). None (no gradient held) is free
+        to see on every step; gradients zeroed in place are read only on a sampled step, which reads its
+        statistics back anyway (None: not known on this step)."""
+        if not self._sentinels or self._sentinels[0].grad is not None and self._rec is None:
+            return None  # (the quiet step's whole cost: one attribute read)
+        grads = [p.grad for p in self._sentinels]
+        if all(g is None for g in grads):
+            return True
+        if any(g is None for g in grads):  # some layers unused by this pass: they hold none, the others do
+            return False
+        if self._rec is None:
+            return None
+        return not any(bool(g.detach().ne(0).any()) for g in grads)
+
     # -- backward / optimizer -----------------------------------------------------------------------
     def _on_backward_end(self) -> None:
         if not self.attached:
@@ -757,6 +773,11 @@ class Recorder:
         self._in_step = True
         if self._rec is None and self._sample_now:  # the step's forward runs inside optimizer.step (a closure)
             self._rec = _StepRecord()
+        if self._awaiting and self._trains:
+            cleared = self._cleared()
+            if cleared is not None:  # counted as (checked, cleared)
+                checked, was = self.trace.meta.get("steps_cleared", (0, 0))
+                self.trace.meta["steps_cleared"] = (checked + 1, was + int(cleared))
         rec = self._rec
         if rec is not None and self._params:
             rec.prev_params = self._pnorms.snapshot()

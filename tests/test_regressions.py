@@ -185,7 +185,14 @@ def test_a_plateau_the_run_leaves_for_good_is_no_failure(case):
     assert not [h for h in hyps if h.confidence >= CONFIDENT], _verdict(hyps)
 
 
-def _classifier_run(loss_of, freeze: bool = False, steps: int = 40):
+def _zero_then_step(opt, loss, step):
+    opt.zero_grad()
+    if loss.requires_grad:
+        loss.backward()
+    opt.step()
+
+
+def _classifier_run(loss_of, freeze: bool = False, steps: int = 40, update=_zero_then_step):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
     if freeze:
@@ -200,10 +207,7 @@ def _classifier_run(loss_of, freeze: bool = False, steps: int = 40):
         for step in range(steps):
             i = (step * 32) % 512
             loss = loss_of(model(x[i:i + 32]), y[i:i + 32])
-            opt.zero_grad()
-            if loss.requires_grad:
-                loss.backward()
-            opt.step()
+            update(opt, loss, step)
             dbg.record_loss(loss)
     return dbg
 
@@ -232,6 +236,43 @@ def test_a_model_that_learns_or_is_frozen_by_design_is_not_unreached():
     frozen = _classifier_run(lambda out, y: F.cross_entropy(out, y), freeze=True)
     assert frozen.trace.meta.get("steps_unreached", 0) == 0
     assert not any("no backward pass" in line for h in frozen.explain() for line in h.chain)
+
+
+def _clear_between(set_to_none: bool):
+    def update(opt, loss, step):
+        loss.backward()
+        opt.zero_grad(set_to_none=set_to_none)
+        opt.step()
+    return update
+
+
+def _accumulate(opt, loss, step):
+    (loss / 4).backward()
+    if step % 4 == 3:
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["to_none", "in_place"])
+def test_gradients_cleared_between_backward_and_step_are_named(set_to_none):
+    """``zero_grad()`` between ``loss.backward()`` and ``optimizer.step()``: the optimizer steps on no gradient,
+    the weights never move. Not a learning rate too low ("raise it 1000x" changes nothing): the order of the
+    calls, and the fix says which."""
+    dbg = _classifier_run(F.cross_entropy, steps=60, update=_clear_between(set_to_none))
+    hyps = dbg.explain()
+    top = hyps[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT, dbg.report()
+    assert "cleared" in top.chain[0] and "before loss.backward()" in top.suggestion
+    assert not any(h.cause == "learning_rate_too_low" and h.confidence >= CONFIDENT for h in hyps)
+    assert not contradictions(hyps)
+
+
+def test_gradient_accumulation_is_not_cleared_gradients():
+    """Four backward passes per step, zeroed after each step: every step holds its gradients."""
+    dbg = _classifier_run(F.cross_entropy, steps=160, update=_accumulate)
+    checked, cleared = dbg.trace.meta.get("steps_cleared", (0, 0))
+    assert checked >= 10 and cleared == 0
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
 
 
 def _scheduled_run(make_sched, steps: int = 240, momentum: float = 0.9):

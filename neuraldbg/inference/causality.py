@@ -150,7 +150,7 @@ def _precision(a: Candidate, b: Candidate, ctx: Context) -> bool:
 def _collapse(a: Candidate, b: Candidate, ctx: Context) -> bool:
     """Weights held near zero make every update large next to them (no divergence, no NaN: just a ratio),
     pass a vanishing signal and gradient, and leave units dead; the plain plateau is the same story."""
-    if a.kind in ("not_stepped", "unreached"):  # weights that never change: no learning rate or plateau says more
+    if a.kind in ("not_stepped", "unreached", "cleared"):  # weights that never change: no lr or plateau says more
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":
         return False

@@ -199,6 +199,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.LOSS_PLATEAU and k == "unreached":
         return [f"the weights never learned: the optimizer stepped {f['steps']} times, and no backward pass from the "
                 "loss reached the model before those steps (the loss does not depend on the model's weights)"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "cleared":
+        return [f"the weights never learned: at {f['steps']} of the {f['checked']} optimizer steps checked, the "
+                "model's weights held no gradient, though a backward pass had reached them before the step: the "
+                "gradients were cleared in between"]
     if c.cause == Cause.LOSS_PLATEAU and k == "weights_collapse":
         return [f"the weights shrink toward zero: by step {c.step} they are {fmt(f['weight_scale'])}x their size at "
                 "the start (a weight decay, or an L2 penalty, strong enough to hold them there)"]
@@ -622,6 +626,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if k == "unreached":
         return ("compute the loss from the model's output as a tensor, without .detach(), .item(), torch.no_grad() "
                 "or a round trip through numpy / torch.tensor(...), and call loss.backward() before optimizer.step()")
+    if k == "cleared":
+        return ("call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), never between "
+                "loss.backward() and optimizer.step(): in between it discards the gradients the step needs")
     if k == "weights_collapse":
         return ("lower the weight decay (AdamW's weight_decay, or SGD's L2 term) by 10-100x: with lr x weight_decay "
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
