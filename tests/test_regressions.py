@@ -347,3 +347,31 @@ def test_an_input_divided_by_255_twice_is_the_data_not_the_first_layers_init():
     assert (top.cause, top.layer) == ("data", "input") and top.confidence >= CONFIDENT, dbg.report()
     assert "normalise the input" in top.suggestion
     assert not [h for h in dbg.explain() if h.cause == "bad_initialization" and h.confidence >= CONFIDENT]
+
+
+def test_targets_out_of_scale_under_adam_are_the_root_of_the_plateau():
+    """A regression onto targets of ~5000 with Adam at 1e-3: the outputs move by ~lr a step, the loss stays
+    flat. The targets' scale is the root (it lasts: they keep it), the plateau is in its chain, and no fix
+    asks for a larger learning rate."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2048, 20, generator=g)
+    y = (x @ torch.randn(20, generator=g)) * 1000 + 5000
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(200):
+            i = (step * 64) % 2048
+            loss = F.mse_loss(model(x[i:i + 64]).squeeze(1), y[i:i + 64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    hyps = dbg.explain()
+    assert hyps and hyps[0].cause == "data" and hyps[0].confidence >= CONFIDENT, dbg.report()
+    assert "standardise the targets" in hyps[0].suggestion
+    assert any("flat" in line for line in hyps[0].chain), hyps[0].chain
+    assert not any(h.cause in ("loss_plateau", "learning_rate_too_low") and h.confidence >= 0.5 for h in hyps)
+    assert not contradictions(hyps)
+

@@ -41,7 +41,9 @@ def candidates(ctx: Context) -> list[Candidate]:
     for ev in ctx.all(Signal.TARGET, TargetState.OUT_OF_REACH)[:1]:
         out.append(Candidate(Cause.DATA, "input", ev.step, "targets_out_of_reach", [ev],
                              severity=past_ratio(ev.values.get("reach", 0.0), ctx.th.input_scale ** 2),
-                             persistence=persistence(ev, ctx), loss_kinds=losses.ANY, facts=dict(ev.values)))
+                             # the targets keep their scale: what the outputs must travel lasts beyond the first step
+                             persistence=persistence(ev, ctx), lasting=True, loss_kinds=losses.ANY,
+                             facts=dict(ev.values)))
     for ev in ctx.all(Signal.TARGET, TargetState.UNBOUNDED)[:1]:
         out.append(Candidate(Cause.DATA, "input", ev.step, "targets_unbounded", [ev],
                              # depth in units of the loss's early scale: linear, past the threshold
