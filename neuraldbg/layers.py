@@ -83,7 +83,8 @@ class LayerInfo:
     n_trainable: int = 0
     channels_first: bool = False
     order: int | None = None             # set when first seen in a forward pass
-    # "recurrent_scale", "weight_scale" (vs the default init, when watching starts); for a functional
+    # "recurrent_scale", "weight_scale" (vs the default init, when watching starts); "equal_weights": the one
+    # value every weight of a Linear or convolution holds when watching starts (zero, or a constant); for a functional
     # operation (a "site"): "owner", the module it is attributed to,
     # and "relation", "after" (it consumes that module's output) or "in" (it runs in its forward);
     # "passthrough": the module ran but only returned its input
@@ -122,12 +123,14 @@ class LayerInfo:
                 "bounds": list(self.bounds) if self.bounds else None, "n_params": self.n_params,
                 "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order,
                 "recurrent_scale": self.extra.get("recurrent_scale"), "weight_scale": self.extra.get("weight_scale"),
+                "equal_weights": self.extra.get("equal_weights"),
                 **{k: self.extra[k] for k in _EXTRA_TEXT + _EXTRA_FLAGS if k in self.extra}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LayerInfo":
         bounds = d.get("bounds")
-        extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale") if d.get(k) is not None}
+        extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale", "equal_weights")
+                       if d.get(k) is not None}
         extra.update({k: str(d[k]) for k in _EXTRA_TEXT if d.get(k) is not None})
         extra.update({k: True for k in _EXTRA_FLAGS if d.get(k)})
         return cls(index=int(d["index"]), name=str(d["name"]), type_name=str(d["type"]), kind=Kind(d["kind"]),
@@ -188,13 +191,30 @@ def weight_scale(module: nn.Module) -> float | None:
     return std * math.sqrt(3 * fan_in) if std > 0 and math.isfinite(std) else None
 
 
+def equal_weights(module: nn.Module) -> float | None:
+    """The one value all the weights of a Linear or convolution layer with several units hold (zero, or a
+    constant init), else None: its units compute the same output."""
+    if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
+        return None
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() < 2 or w.is_meta or w.shape[0] < 2:
+        return None
+    with torch.no_grad():
+        flat = w.detach().reshape(-1)
+        first = flat[0]
+        same = bool((flat == first).all()) and bool(torch.isfinite(first))
+    return float(first) if same else None
+
+
 def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
     own = list(module.parameters(recurse=False))
     scale = recurrent_scale(module)
-    wscale = weight_scale(module)
+    equal = equal_weights(module)
+    wscale = weight_scale(module) if equal is None else None  # equal weights have no spread to compare
     return LayerInfo(index=index, name=name, type_name=type(module).__name__, kind=classify(module),
                      bounds=output_bounds(module), n_params=sum(p.numel() for p in own),
                      n_trainable=sum(p.numel() for p in own if p.requires_grad),
                      channels_first=isinstance(module, _CHANNELS_FIRST),
                      extra={**({} if scale is None else {"recurrent_scale": scale}),
-                            **({} if wscale is None else {"weight_scale": wscale})})
+                            **({} if wscale is None else {"weight_scale": wscale}),
+                            **({} if equal is None else {"equal_weights": equal})})

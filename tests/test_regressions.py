@@ -375,3 +375,59 @@ def test_targets_out_of_scale_under_adam_are_the_root_of_the_plateau():
     assert not any(h.cause in ("loss_plateau", "learning_rate_too_low") and h.confidence >= 0.5 for h in hyps)
     assert not contradictions(hyps)
 
+
+def _init_run(init, act=torch.nn.ReLU, steps: int = 150):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), act(), torch.nn.Linear(64, 64), act(),
+                                torch.nn.Linear(64, 5))
+    init(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2048, 20, generator=g)
+    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            i = (step * 64) % 2048
+            loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def _fill(value, which=(0, 2, 4), bias: bool = True):
+    def init(model):
+        for i in which:
+            torch.nn.init.constant_(model[i].weight, value)
+            if bias:
+                torch.nn.init.zeros_(model[i].bias)
+    return init
+
+
+@pytest.mark.parametrize("value,act", [(0.0, torch.nn.ReLU), (0.0, torch.nn.Tanh), (0.25, torch.nn.ReLU)],
+                         ids=["zeros_relu", "zeros_tanh", "constant_relu"])
+def test_equal_weights_in_consecutive_layers_are_bad_initialization(value, act, tmp_path):
+    """Every weight zero (or one constant): the units of a layer stay identical, and with zeros nothing before
+    the last layer learns. The root is the init (not dead units, not a plateau asking for a larger learning
+    rate), named with the layers, and it survives a save and load."""
+    from neuraldbg import NeuralDbg
+    dbg = _init_run(_fill(value), act)
+    dbg.save(tmp_path / "run.ndbg")
+    for run in (dbg, NeuralDbg.load(tmp_path / "run.ndbg")):
+        hyps = run.explain()
+        top = hyps[0]
+        assert top.cause == "bad_initialization" and top.confidence >= CONFIDENT, run.report()
+        assert "all their weights equal" in top.chain[0] and "`0`, `2`, `4`" in top.chain[0]
+        assert "random weights" in top.suggestion
+        assert not any(h.cause in ("loss_plateau", "dead_units") and h.confidence >= 0.5 for h in hyps)
+
+
+@pytest.mark.parametrize("which,bias", [((4,), True), ((2,), False)], ids=["last_layer", "one_hidden_layer"])
+def test_one_zero_initialised_layer_is_no_fault(which, bias):
+    """A zero-initialised last layer (or the weights of one hidden layer, its bias kept, the next layer random):
+    the targets, or the next layer's weights, tell its units apart; it trains."""
+    dbg = _init_run(_fill(0.0, which, bias))
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+    assert dbg.trace.loss.data[-20:].mean() < 0.6 * dbg.trace.loss.data[:5].mean()

@@ -292,6 +292,16 @@ def _std_three(b: Build) -> None:
             b.param(f"{name}.weight").normal_(0.0, 3.0)
 
 
+def _zero_init(b: Build) -> None:
+    """Every weight layer's weights and biases set to zero (``model.apply`` with ``nn.init.zeros_``)."""
+    with torch.no_grad():
+        for name in b.sites().weights:
+            b.param(f"{name}.weight").zero_()
+            bias = dict(b.model.named_parameters()).get(f"{name}.bias")
+            if bias is not None:
+                bias.zero_()
+
+
 def _recurrent_scale(factor: float) -> Callable[[Build], None]:
     def inject(b: Build) -> None:
         rnn = dict(b.model.named_modules())[b.sites().recurrent]
@@ -593,6 +603,10 @@ def _mechanism_list() -> list[Mechanism]:
                   "every weight layer drawn from N(0, 3^2) (a gain used as the standard deviation)",
                   init_sensitive, _std_three, lambda b: Expect((V("bad_initialization", ""),), (0, 2)),
                   worse_than_twin),
+        Mechanism("zero_init", "bad_initialization",
+                  "every weight layer's weights and biases zeroed at initialisation (nn.init.zeros_ over the model)",
+                  only("mlp_relu", "mlp_tanh", "cnn_bn", "cnn_bn_functional", "autoencoder"),
+                  _zero_init, lambda b: Expect((V("bad_initialization", ""),), (0, 2)), worse_than_twin),
         # -- attention collapse ----------------------------------------------------------------------
         Mechanism("qk_scale_large", "attention_collapse",
                   "the query and key projections x16 at initialisation: attention logits 256x, one key per query",

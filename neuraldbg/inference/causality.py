@@ -72,6 +72,10 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
 
 def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
     grows = a.kind in ("amplifies", "recurrent", "saturating")
+    if a.kind == "symmetric":  # units that stay identical: their scale, activations and gradients follow from it
+        return (b.cause in (C.BAD_INITIALIZATION, C.DEAD_UNITS, C.SATURATED_ACTIVATIONS, C.VANISHING_GRADIENTS,
+                            C.EXPLODING_GRADIENTS, C.LEARNING_RATE_TOO_LOW) and _early(a, b, ctx)
+                and _downstream_of(a, b, ctx) or b.cause == C.LEARNING_RATE_TOO_LOW)
     if b.cause == C.BAD_INITIALIZATION:  # a recurrent layer's state scale shows as its own and later layers' gain
         return (a.kind == "recurrent" and b.kind in ("amplifies", "shrinks") and b.facts["layers"][0] == a.layer
                 and _early(a, b, ctx))

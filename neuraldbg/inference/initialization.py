@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ..causes import Cause
+from ..layers import Kind
 from ..states import ActState, GainState, Signal
 from . import losses
 from .context import Context
@@ -25,8 +26,30 @@ def _off(ctx: Context, scale: float) -> bool:
     return scale == scale and (scale > ctx.th.layer_gain or scale < 1 / ctx.th.layer_gain)
 
 
+def _symmetric(ctx: Context) -> list[Candidate]:
+    """Trainable weight layers that start with all their weights equal (zero, or a constant), one feeding the
+    next: every unit of the first computes the same output and, the next one weighing them all alike, gets
+    the same gradient, so they stay identical (and with zeros and a ReLU or tanh, no gradient reaches them at
+    all). A lone layer of equal weights is no such trap (a zero-initialised last layer or residual branch):
+    the targets, or the next layer's random weights, tell its units apart."""
+    equal = {n for n, l in ctx.layers.items() if "equal_weights" in l.extra and l.n_trainable > 0}
+    # a normalisation layer between them keeps identical units identical: the previous layer is read past it
+    order = [n for n in sorted(ctx.rank, key=ctx.rank.__getitem__)
+             if ctx.layers[n].n_params > 0 and ctx.layers[n].kind != Kind.NORM]
+    before = dict(zip(order[1:], order))
+    trapped = {n for n in equal if before.get(n) in equal}
+    layers = sorted(trapped | {before[n] for n in trapped}, key=lambda n: ctx.rank.get(n, 0))
+    if not layers:
+        return []
+    values = sorted({ctx.layers[n].extra["equal_weights"] for n in layers})
+    # the fault is shared by the layers listed: the model is its place
+    return [Candidate(Cause.BAD_INITIALIZATION, "", ctx.first_step, "symmetric", [], severity=1.0,
+                      persistence=1.0, needs_harm=True, lasting=True, loss_kinds=losses.SLOWED,
+                      facts={"layers": layers, "values": values})]
+
+
 def candidates(ctx: Context) -> list[Candidate]:
-    out = []
+    out = _symmetric(ctx)
     gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e)]
     recurrent = [e for e in gains if _recurrent_off(ctx, e)]
     for e in recurrent:

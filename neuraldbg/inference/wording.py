@@ -370,6 +370,14 @@ def _precision_lines(c: Candidate, ctx: Context) -> list[str]:
 
 def _init_lines(c: Candidate, ctx: Context) -> list[str]:
     f, k = c.facts, c.kind
+    if k == "symmetric":
+        held = " and ".join(fmt(v) for v in f["values"])
+        lines = [f"at step {c.step}, {layer_list(f['layers'])} start with all their weights equal ({held}), one "
+                 "feeding the next: every unit of a layer computes the same output and gets the same gradient, so "
+                 "the units stay identical (each layer learns as if it had one unit)"]
+        if 0.0 in f["values"]:
+            lines.append("zero weights pass no gradient back: the layers before them do not learn at all")
+        return lines
     if k == "recurrent":
         r = f["recurrent_scale"]
         return [f"at step {c.step}, `{c.layer}` starts with recurrent (hidden-to-hidden) weights {fmt(r)}x the spread "
@@ -643,6 +651,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
 
 def _init_fix(c: Candidate, ctx: Context) -> str:
     f, k = c.facts, c.kind
+    if k == "symmetric":
+        return (f"initialise {layer_list(f['layers'])} with random weights (PyTorch's default init, or "
+                "nn.init.kaiming_normal_ for ReLU, xavier_normal_ for tanh) instead of nn.init.zeros_ / constant_: "
+                "only a last layer, or a residual branch's last layer, may start at zero")
     if k == "recurrent":
         return (f"re-initialise the recurrent weights of `{c.layer}` (weight_hh_l*) with nn.init.orthogonal_, or keep "
                 "PyTorch's default init (uniform in +-1/sqrt(hidden_size))")
