@@ -79,6 +79,8 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   carried=_carried(trace.meta.get("gradients_carried")),
                   unreached=int(trace.meta.get("steps_unreached", 0)),
                   cleared=_cleared(trace.meta.get("steps_cleared")),
-                  loss_misuse=losspath.misuse(trace.meta.get("loss_paths")))
+                  loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
+                  param_dtype=str(trace.meta.get("param_dtype") or ""),
+                  optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

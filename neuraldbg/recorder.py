@@ -83,6 +83,23 @@ class _StepRecord:
         self.forward_done = False
 
 
+
+def _precision_meta(params: list, optimizer) -> dict:
+    """The dtype most of the watched weights are stored in, and the optimizer's ``eps`` (what an update in that
+    dtype divides by), when it has one."""
+    out: dict = {}
+    sizes: dict[str, int] = {}
+    for p in params:
+        if p.requires_grad:
+            key = str(p.dtype).replace("torch.", "")
+            sizes[key] = sizes.get(key, 0) + p.numel()
+    if sizes:
+        out["param_dtype"] = max(sizes, key=sizes.__getitem__)
+    eps = getattr(optimizer, "defaults", {}).get("eps") if optimizer is not None else None
+    if isinstance(eps, (int, float)) and not isinstance(eps, bool):
+        out["optimizer_eps"] = float(eps)
+    return out
+
 class Recorder:
     """Attaches to a model (and optionally its optimizer) and fills a ``Trace``."""
 
@@ -144,7 +161,8 @@ class Recorder:
 
         self.trace = Trace(self.layers, capacity=capacity)
         self.trace.meta.update(model=type(self.inner).__name__, compiled=self.compiled,
-                               optimizer=type(optimizer).__name__ if optimizer is not None else None)
+                               optimizer=type(optimizer).__name__ if optimizer is not None else None,
+                               **_precision_meta(self._params, optimizer))
         self.step = 0                 # completed steps
         self.passes = 0               # completed backward passes through the model
         self._rec: _StepRecord | None = None

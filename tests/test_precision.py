@@ -128,3 +128,40 @@ def test_bfloat16_autocast_keeps_working(seed):
     assert np.isnan(dbg.trace.global_column("loss_scale")).all()  # a disabled scaler has no scale
     assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()
     assert float(np.nanmax(dbg.trace.stats.data[:, :, Stat.ACT_RANGE])) < 1e-30  # bfloat16: float32's range
+
+
+def _half_run(eps: float, steps: int = 40):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).half()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=eps)
+    data = teacher(0)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            x, y = data(step)
+            loss = F.cross_entropy(model(x.half()).float(), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_adam_on_float16_weights_is_a_precision_fault_not_the_learning_rate():
+    """model.half() under Adam: eps=1e-8 rounds to 0 in float16 and small squared gradients underflow, so the
+    first update divides by zero. The weights turn NaN in the update from finite gradients with no update too
+    large before: the update's arithmetic in float16 is the root, and the fix keeps the weights in float32
+    (lowering the learning rate would change nothing)."""
+    dbg = _half_run(eps=1e-8)
+    assert dbg.trace.meta["param_dtype"] == "float16"
+    hyps = dbg.explain()
+    top = hyps[0]
+    assert top.cause == "non_finite" and top.layer == "0" and top.step <= 1, dbg.report()
+    assert "float16" in top.chain[0] and "eps" in top.chain[1]
+    assert "float32" in top.suggestion and "GradScaler" in top.suggestion
+    assert not any(h.cause == "learning_rate_too_high" and h.confidence >= 0.5 for h in hyps)
+
+
+def test_float16_weights_with_an_eps_float16_holds_train_quietly():
+    dbg = _half_run(eps=1e-4, steps=60)
+    assert np.isfinite(dbg.trace.loss.data).all()
+    assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()

@@ -4,6 +4,8 @@ Nothing here holds raw statistics: the earlier stages have turned them into stat
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,6 +44,8 @@ class Context:
     unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
+    param_dtype: str = ""           # the dtype most of the trainable weights are stored in ("": unknown)
+    optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..causes import Cause
 from ..layers import Kind
-from ..states import FiniteState, LossState, Signal
+from ..states import FiniteState, LossState, Signal, UpdateState
 from . import losses
 from .context import Context
 from .evidence import Candidate
@@ -12,6 +12,17 @@ from .evidence import Candidate
 # layers that compute only products and sums of their inputs and weights: they cannot leave a domain,
 # only overflow when values have grown too large
 OVERFLOW_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENTION})
+
+
+# dtypes whose range an optimizer's arithmetic leaves at usual settings: Adam's eps=1e-8 rounds to 0 in float16,
+# and squared gradients below ~1e-4 underflow to 0, so an update can divide 0 by 0
+NARROW = frozenset({"float16"})
+
+
+def _grew_before(ctx: Context, step: int) -> bool:
+    """Updates too large, or a loss diverging or oscillating, before ``step``: weights pushed out of range."""
+    return any(e.step < step for e in ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
+               + ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING))
 
 
 def candidates(ctx: Context) -> list[Candidate]:
@@ -31,6 +42,8 @@ def candidates(ctx: Context) -> list[Candidate]:
     overflow = (phase == "forward" and info is not None and info.kind in OVERFLOW_KINDS and not ctx.from_start(step)
                 and not (nf is not None and nf.op))
     kind = "weights" if phase == "weights" else "overflow" if overflow else phase
+    if kind == "weights" and ctx.param_dtype in NARROW and not _grew_before(ctx, step):
+        kind = "narrow_update"  # the update's own arithmetic in a narrow dtype, not its scale
     return [Candidate(Cause.NON_FINITE, layer, step, kind, finite_ev + ctx.all(Signal.LOSS, LossState.NONFINITE),
                       severity=1.0, persistence=1.0, certain=True, loss_kinds=losses.NONFINITE,
                       facts={"phase": phase, "detail": nf.detail if nf is not None else "",

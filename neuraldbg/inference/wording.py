@@ -30,8 +30,9 @@ def names(events: list[SemanticEvent], limit: int = 4) -> str:
     return layer_list([e.layer for e in events], limit)
 
 
-# float16's largest finite value
+# float16's largest finite value, and its smallest (subnormal) one
 FP16_MAX = 65504.0
+FP16_TINY = 5.96e-8
 
 
 def name_sites(ctx: Context, text: str) -> str:
@@ -145,6 +146,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                     "the parameter gradients of every layer before it become NaN"]
         if k == "weights":
             return [f"the parameters of {where} become NaN/Inf after the update before step {c.step}"]
+        if k == "narrow_update":
+            eps = ctx.optimizer_eps
+            lines = [f"the parameters of {where} are stored in {ctx.param_dtype} and become NaN/Inf in the update "
+                     f"before step {c.step}, from finite gradients, with no update too large before it"]
+            if eps == eps and eps < FP16_TINY:
+                lines.append(f"the optimizer's eps ({fmt(eps)}) rounds to 0 in float16, and squared gradients "
+                             "below ~1e-4 underflow to 0: the update divides by zero")
+            return lines
         if k == "overflow":
             return [f"weights and activations grow during training until {where}{kind} overflows",
                     f"non_finite: NaN/Inf first produced in {where} (forward) at step {c.step}"]
@@ -574,6 +583,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "backward":
             return (f"the derivative of an operation in `{c.layer}` is infinite at the values it sees (sqrt or pow at "
                     "0, log of 0, division by ~0): add an eps (torch.sqrt(x + 1e-12)) or clamp its input")
+        if k == "narrow_update":
+            return ("keep the parameters in float32 (no model.half()) and run the forward pass under "
+                    "torch.autocast(device_type, dtype=torch.float16) with a torch.amp.GradScaler; if they must stay "
+                    "float16, give the optimizer eps=1e-4")
         if k in ("weights", "overflow"):
             return ((f"lower the learning rate from {lr} to ~{lr10} and clip gradients " if may_lower else
                      "clip gradients ") + "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))")
