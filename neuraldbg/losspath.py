@@ -83,6 +83,28 @@ def paths(loss_fn, outputs: list) -> list[list[str]]:
     return found
 
 
+def outside_leaves(loss_fn, outputs: list, inside: set[int]) -> list:
+    """The trainable tensors the loss depends on between itself and the ``outputs``' nodes that are not the
+    model's own (ids in ``inside``): a discriminator's or a critic's weights, a learned loss weight. At most
+    ``MAX_NODES`` nodes are visited; the walk does not enter the model through its outputs."""
+    stop = {id(fn) for fn in outputs}
+    found: dict[int, object] = {}
+    stack = [loss_fn] if loss_fn is not None else []
+    visited: set[int] = set()
+    while stack and len(visited) < MAX_NODES:
+        fn = stack.pop()
+        if id(fn) in visited or id(fn) in stop:
+            continue
+        visited.add(id(fn))
+        leaf = getattr(fn, "variable", None)
+        if leaf is not None:
+            if id(leaf) not in inside:
+                found[id(leaf)] = leaf
+            continue
+        stack.extend(nxt for nxt, _ in getattr(fn, "next_functions", ()) if nxt is not None)
+    return list(found.values())
+
+
 def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
     """What the recorded paths say of how the loss is computed (None: nothing wrong seen)."""
     for path in recorded or []:

@@ -297,6 +297,9 @@ class Recorder:
         """Once: the autograd operations between the model's output and the recorded loss (what turns outputs
         into a loss is no module: hooks do not see it), as names, into the trace's meta."""
         paths = losspath.paths(loss.grad_fn, self._out_fns)
+        if paths:
+            self._watch_outside(losspath.outside_leaves(loss.grad_fn, self._out_fns,
+                                                        {id(p) for p in self.inner.parameters()}))
         self._out_fns = ()
         self._loss_path_tries += 1
         if paths:
@@ -304,6 +307,31 @@ class Recorder:
         # found, or not found in the first few losses (a loss that does not come from the output): not looked for
         # again, so no step pays for a walk through the graph after these
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
+
+    _outside: tuple | None = None  # (weak reference to a tensor outside the model the loss depends on, its norm)
+
+    def _watch_outside(self, leaves: list) -> None:
+        """Trainable tensors outside the model on the loss's path that the watched optimizer does not step: the
+        largest is watched until an update moves it (another optimizer trains it: a discriminator, a critic);
+        from then on the loss is a moving objective. Its norm is read on sampled steps only, until it moves."""
+        owned = {id(p) for g in getattr(self.optimizer, "param_groups", ()) for p in g["params"]}
+        free = [t for t in leaves if id(t) not in owned and t.numel() > 1]
+        if free:
+            t = max(free, key=lambda t: t.numel())
+            self._outside = (weakref.ref(t), float(t.detach().float().norm()))
+            self.trace.meta["loss_outside"] = sum(t.numel() for t in free)
+
+    def _check_outside(self) -> None:
+        if self._outside is None:
+            return
+        ref, norm = self._outside
+        t = ref()
+        if t is None:
+            self._outside = None
+            return
+        if float(t.detach().float().norm()) != norm:
+            self.trace.meta["loss_moving"] = True
+            self._outside = None
 
     def record_loss(self, loss) -> None:
         self._loss_wanted = True
@@ -840,6 +868,7 @@ class Recorder:
     def _flush(self, rec: _StepRecord, scale: torch.Tensor | None | bool = True) -> None:
         """Move one sampled step's statistics to the host in a single transfer (with the GradScaler's
         scale, when one is given and ``scale`` is not None: the gradients are divided by it)."""
+        self._check_outside()
         if scale is True:
             scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         fwd_idx, fwd_parts = self._rows(rec.fwd, rec.fwd_small,

@@ -115,3 +115,64 @@ def test_a_watched_model_can_be_copied_while_its_output_nodes_are_held():
                 twin = copy.deepcopy(model)
             dbg.record_loss(loss)
     assert isinstance(twin, nn.Sequential) and dbg.trace.meta["loss_paths"]
+
+
+def _game(steps: int = 300, g_lr: float = 2e-4, d_trained: bool = True, d_in_g_optimizer: bool = False,
+          break_g=None):
+    """A small GAN on binary vectors, the generator watched: its loss is read through the discriminator."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(3)
+    data = (torch.rand(2048, 32, generator=gen) < torch.rand(1, 32, generator=gen)).float()
+    G = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 32), nn.Sigmoid())
+    D = nn.Sequential(nn.Linear(32, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1))
+    if break_g is not None:
+        break_g(G)
+    params = list(G.parameters()) + (list(D.parameters()) if d_in_g_optimizer else [])
+    opt_g = torch.optim.Adam(params, g_lr, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(D.parameters(), 2e-4, betas=(0.5, 0.999))
+    ones, zeros = torch.ones(64, 1), torch.zeros(64, 1)
+    with NeuralDbg(G, optimizer=opt_g) as dbg:
+        for step in range(steps):
+            i = (step * 64) % 2048
+            fake = G(torch.randn(64, 8))
+            if d_trained:
+                loss_d = (F.binary_cross_entropy_with_logits(D(data[i:i + 64]), ones)
+                          + F.binary_cross_entropy_with_logits(D(fake.detach()), zeros))
+                opt_d.zero_grad()
+                loss_d.backward()
+                opt_d.step()
+            loss_g = F.binary_cross_entropy_with_logits(D(fake), ones)
+            opt_g.zero_grad()
+            loss_g.backward()
+            opt_g.step()
+            dbg.record_loss(loss_g)
+    return dbg
+
+
+def test_a_generator_loss_read_through_a_trained_discriminator_is_a_moving_objective():
+    """The generator's loss hovers as the discriminator keeps up: a game, not a plateau to fix with a larger
+    learning rate. The discriminator's weights are on the loss's path and another optimizer moves them."""
+    dbg = _game()
+    assert dbg.trace.meta.get("loss_outside", 0) > 0 and dbg.trace.meta.get("loss_moving")
+    assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()
+
+
+@pytest.mark.parametrize("case", ["frozen", "same_optimizer"])
+def test_weights_outside_the_model_that_do_not_move_against_it_keep_the_loss_an_objective(case):
+    """A discriminator nobody trains (a fixed feature net left requires_grad=True), or one the watched
+    optimizer steps with the model: the loss is an objective, and its plateau is read as one."""
+    dbg = _game(steps=120, d_trained=False, d_in_g_optimizer=case == "same_optimizer")
+    assert not dbg.trace.meta.get("loss_moving")
+    assert case == "same_optimizer" or dbg.trace.meta.get("loss_outside", 0) > 0
+
+
+def test_a_broken_generator_is_still_named_in_a_game():
+    """The game does not hide a fault of the generator itself: zero weights in both its layers."""
+    def zero(G):
+        for m in G:
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.weight)
+                nn.init.zeros_(m.bias)
+    dbg = _game(steps=150, break_g=zero)
+    top = dbg.explain()[0]
+    assert top.cause == "bad_initialization" and top.confidence >= 0.7, dbg.report()

@@ -45,6 +45,7 @@ class Context:
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     param_dtype: str = ""           # the dtype most of the trainable weights are stored in ("": unknown)
+    moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
 
     def grads_never_zeroed(self) -> bool:

@@ -137,6 +137,8 @@ def loss_failure(ev: SemanticEvent, ctx: Context) -> float:
     a phase change, a burst it recovered from)."""
     th = ctx.th
     partial = (ev.signal == Signal.SPIKE
+               # a moving objective's level says how the game stands, not how the model fails (NaN aside)
+               or ctx.moving_objective and ev.after != LossState.NONFINITE
                or ev.after == LossState.STALLED and ev.values.get("progress", 0.0) >= th.loss_progress
                or recovered(ev, ctx))
     return th.evidence_partial_loss if partial else 1.0

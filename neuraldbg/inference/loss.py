@@ -32,7 +32,9 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 def candidates(ctx: Context) -> list[Candidate]:
     out = _not_stepped(ctx) + _on_probabilities(ctx)
-    run = _flat_stretch(ctx)
+    # a loss that depends on weights another optimizer moves (a discriminator, a critic) is a game's, not an
+    # objective the model minimises alone: its flat stretch is no plateau
+    run = [] if ctx.moving_objective else _flat_stretch(ctx)
     if not run:
         return out
     last = run[-1]
