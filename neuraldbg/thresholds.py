@@ -217,6 +217,10 @@ class Thresholds:
     warning_window: int = _f(12, "warning window", "linear", 5, 200,
                              "recent samples a warning's trend and forecast are measured over", slider=False,
                              group="warnings")
+    warning_persist: int = _f(1, "warning persistence", "linear", 1, 20,
+                              "consecutive samples a warning's conditions must hold before it shows (and not hold "
+                              "before it ends): its trend test already reads warning_window samples, so one is "
+                              "enough", slider=False, group="warnings")
     # -- events ------------------------------------------------------------------------------------
     persist: int = _f(2, "persistence", "linear", 1, 20,
                       "consecutive samples a state must hold before it becomes an event (hysteresis)")

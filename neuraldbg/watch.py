@@ -8,8 +8,9 @@ failure by a Mann-Kendall z of ``warning_z`` or more, and even at the slowest ra
 confidence interval allows it would get there within ``warning_horizon`` times the steps those samples
 span: a layer that sits at 40% dead units and stays there is no warning, nor one unit that dies in a
 long while, nor a narrow layer whose units die and come back one by one; a layer climbing from 25% to
-45% is. A warning shows once this holds for ``persist`` samples in a row (as a state becomes an
-event), and ends once it has not held for as many.
+45% is. A warning shows once this holds for ``warning_persist`` samples in a row (a share of units, which
+moves by whole units, for ``persist`` samples, as a state becomes an event), and ends once it has not held
+for as many.
 """
 from __future__ import annotations
 
@@ -142,6 +143,11 @@ class _Scan:
     on: np.ndarray             # (samples, len(cols)) bool: a warning at the sample
 
 
+def warning_persistence(series: BandSeries, th: Thresholds) -> int:
+    """Samples a warning's conditions must hold before it shows."""
+    return max(int(th.persist), int(th.warning_persist)) if series.percent else int(th.warning_persist)
+
+
 def _scan(series: BandSeries, th: Thresholds) -> _Scan | None:
     trend = series.trend_values()
     trend[series.steps < th.warning_settle] = np.nan
@@ -157,8 +163,9 @@ def _scan(series: BandSeries, th: Thresholds) -> _Scan | None:
                                     th.warning_z)
     raw_all = np.zeros(series.in_band.shape, dtype=bool)
     raw_all[rows[hit], cols[hit]] = True
-    # shown once it holds for as many samples as a state takes to become an event
-    raw_all = debounce(raw_all.astype(np.int8), th.persist).astype(bool)
+    # shown once it holds for warning_persist samples; a share of units moves by whole units, so one sample of
+    # it is one unit more, not yet a trend's confirmation: as many samples as a state takes to become an event
+    raw_all = debounce(raw_all.astype(np.int8), warning_persistence(series, th)).astype(bool)
     keep = np.nonzero(raw_all.any(axis=0))[0]
     if not len(keep):
         return None
@@ -213,15 +220,15 @@ def warnings(trace: Trace, th: Thresholds) -> list[EarlyWarning]:
 
 def episodes(trace: Trace, th: Thresholds) -> list[Episode]:
     """Every signal's first warning in the run, as it showed at the time: at the sample where it had held
-    for ``persist`` samples, with its forecast from the samples up to then; and the failure that followed
-    it, if any: what the forecast is judged against."""
+    for the samples a warning needs, with its forecast from the samples up to then; and the failure that
+    followed it, if any: what the forecast is judged against."""
     out = []
     for scan in scans(trace, th):
         s = scan.series
         failed = _failed(s, th)
         for k in range(len(scan.cols)):
             first = int(_starts(scan.on[:, k])[0])
-            shown = min(first + max(int(th.persist), 1) - 1, len(s.steps) - 1)
+            shown = min(first + max(warning_persistence(s, th), 1) - 1, len(s.steps) - 1)
             col = int(scan.cols[k])
             after = _starts(failed[:, col])
             after = after[after > shown]

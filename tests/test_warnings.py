@@ -262,3 +262,32 @@ def test_a_loaded_or_empty_session_has_no_warnings(tmp_path):
     dbg.save(tmp_path / "run.ndbg")
     loaded = NeuralDbg.load(tmp_path / "run.ndbg")
     assert [w.describe() for w in loaded.warnings()] == [w.describe() for w in now]
+
+
+def test_a_ratio_warns_at_its_first_qualifying_sample_and_a_share_of_units_one_later():
+    """Sampling thins out as a run goes on, so a signal may cross its band in a sample or two: a ratio (a
+    continuous quantity, its trend read on the last samples) warns at the first sample that meets the
+    conditions; a share of units moves by whole units and waits for as many samples as a state takes to
+    become an event."""
+    import dataclasses
+
+    from neuraldbg.bands import Scale, _series
+    from neuraldbg.watch import _scan
+    th = Thresholds()
+    steps = np.arange(20, 20 + 5 * 16, 5)
+    ratio = 0.01 * 1.15 ** np.arange(len(steps))          # climbing through update_creeping .. update_too_large
+    upd = _series(Signal.UPDATE, UpdateState.CREEPING, UpdateState.TOO_LARGE, "largest update/weight", [""], steps,
+                  ratio, th.update_creeping, th.update_too_large, rising=True, scale=Scale.LOG)
+    scan = _scan(upd, th)
+    assert scan is not None
+    on = int(np.nonzero(scan.on[:, 0])[0][0])
+    # the first sample in the band with five climbing samples behind it
+    assert on == max(int(np.nonzero(upd.in_band[:, 0])[0][0]), 4) + th.warning_persist - 1
+    share = np.linspace(0.05, 0.58, len(steps))            # climbing through drift_fraction .. dead_fraction
+    dead = _series(Signal.ACTIVATION, ActState.DRIFTING, ActState.DEAD, "dead units", ["3"], steps, share,
+                   th.drift_fraction, th.dead_fraction, rising=True, scale=Scale.LOGIT, percent=True, reached=True)
+    assert watch.warning_persistence(upd, th) == th.warning_persist == 1
+    assert watch.warning_persistence(dead, th) == th.persist == 2
+    # a share whose conditions hold at one sample only, the last: no warning yet; as a ratio, one
+    one = dataclasses.replace(dead, in_band=dead.in_band & (np.arange(len(steps)) == len(steps) - 1)[:, None])
+    assert _scan(one, th) is None and _scan(dataclasses.replace(one, percent=False), th) is not None

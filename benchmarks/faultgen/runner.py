@@ -111,7 +111,7 @@ def early_warnings(dbg) -> dict:
     """What the early warnings said in the run, as plain data: whether any showed, the longest run of
     samples one held, and the first failure of a watched signal (after a healthy start) with the forecast
     made at that signal's first warning before it, and how many samples that signal spent in its band
-    before failing (fewer than ``persist``: it jumped from healthy to failing, and no warning could show)."""
+    before failing (fewer than a warning needs to show: it jumped from healthy to failing)."""
     from neuraldbg import bands, health, watch
 
     th, trace = dbg.thresholds, dbg.trace
@@ -129,7 +129,7 @@ def early_warnings(dbg) -> dict:
         in_band = int(series.in_band[series.steps < step, series.names.index(layer)].sum())
         out["crossing"] = {
             "signal": str(signal), "layer": layer, "failure": str(failure), "step": step, "after": before,
-            "band_samples": in_band, "jumped": in_band < th.persist,
+            "band_samples": in_band, "jumped": in_band < watch.warning_persistence(series, th),
             "warned_at": ep.shown_at if ep is not None else None,
             "forecast": None if fc is None else {"step": fc.step, "low": fc.low, "high": fc.high,
                                                  "made_at": fc.made_at},
