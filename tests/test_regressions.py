@@ -431,3 +431,28 @@ def test_one_zero_initialised_layer_is_no_fault(which, bias):
     dbg = _init_run(_fill(0.0, which, bias))
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
     assert dbg.trace.loss.data[-20:].mean() < 0.6 * dbg.trace.loss.data[:5].mean()
+
+
+def test_one_batch_out_of_scale_is_named_as_that_batch_not_the_pipeline():
+    """Inputs normalised for 120 steps, one batch x1000 (a corrupt file), normalised again: the data at that
+    step, and a fix that finds that batch (normalising every input by its statistics would break the rest)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2048, 20, generator=g)
+    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(200):
+            i = (step * 64) % 2048
+            xb = x[i:i + 64] * (1000.0 if step == 120 else 1.0)
+            loss = F.cross_entropy(model(xb), y[i:i + 64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    top = dbg.explain()[0]
+    assert top.cause == "data" and top.step == 120, dbg.report()
+    assert "batch at step 120" in top.chain[0] and "find the batch of step 120" in top.suggestion
+    assert "normalise the input" not in top.suggestion

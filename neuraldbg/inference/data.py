@@ -32,9 +32,12 @@ def candidates(ctx: Context) -> list[Candidate]:
         symptoms = [e for e in ctx.events if e.bad and e.layer in first and e.step >= ev.step
                     and e.signal in (Signal.ACTIVATION, Signal.GRADIENT, Signal.FINITE)
                     and e.after not in (GradState.DIMINISHING,)]
+        # in scale before and after: some batches out of scale (a corrupt file, a unit mix-up), not the pipeline
+        outlier = not ctx.from_start(ev) and ev.end is not None
         out.append(Candidate(Cause.DATA, "input", ev.step, "unscaled", [ev],
                              severity=sev, persistence=persistence(ev, ctx),
-                             symptoms=symptoms, loss_kinds=losses.ANY, facts=dict(v)))
+                             symptoms=symptoms, loss_kinds=losses.ANY,
+                             facts={**v, "outlier": outlier, "until": ev.end}))
     if ctx.loss_misuse == LossMisuse.BROADCAST:  # the targets' shape is not the outputs': a fact of the code
         out.append(Candidate(Cause.DATA, "input", ctx.first_step, "targets_broadcast", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW}))

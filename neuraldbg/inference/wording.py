@@ -93,6 +93,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return ["the loss compares outputs and targets of different shapes (e.g. (N, 1) against (N,)): it "
                     "broadcasts them, so every output is fit to every target of the batch, and the model can only "
                     "learn their mean"]
+        if k == "unscaled" and f.get("outlier"):
+            return [f"the input batch at step {c.step} is out of scale (mean {fmt(f.get('input_mean', math.nan))}, "
+                    f"std {fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}); "
+                    f"the batches sampled before it are not, and by step {f['until']} the input is back in scale"]
         if k == "unscaled":
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
@@ -512,9 +516,14 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return (f"check the targets of the batch at step {c.step} (assert torch.isfinite(y).all()) and that they "
                     "are in the loss's domain (class indices in range, probabilities in [0, 1]); mask or drop samples "
                     "with NaN targets")
+        if k == "unscaled" and f.get("outlier"):
+            return (f"find the batch of step {c.step} in the data pipeline and fix or drop its samples (a corrupt "
+                    "file, values in other units); guard the loop (skip a batch whose x.abs().max() is far above the "
+                    "others') and clip gradients (max_norm=1.0) so one bad batch cannot undo training")
         if k == "unscaled":
             m, s, a = f.get("input_mean", math.nan), f.get("input_std", math.nan), f.get("input_absmax", math.nan)
-            return (f"normalise the input: x = (x - {fmt(m)}) / {fmt(s)}" +
+            shift = f"x + {fmt(-m)}" if m < 0 else f"x - {fmt(m)}"
+            return (f"normalise the input: x = ({shift}) / {fmt(s)}" +
                     ("; for 0-255 images, divide by 255 first, then subtract the per-channel mean and divide by the std"
                      if a == a and 200 <= a <= 256 else
                      "; images divided by 255 twice land at values up to 1/255: divide once"
