@@ -11,6 +11,7 @@ reading (``misuse``) is a fact about how the loss is computed, the same for ever
 | NLL of a softmax or sigmoid (``F.nll_loss`` without the log) | NLL of probabilities |
 | a with-logits loss, or a log-softmax, of a sigmoid | a logits loss on probabilities |
 | a regression loss of an expanded output (shapes ``(N, 1)`` against ``(N,)``) | broadcast |
+| NLL of a log-softmax over another dimension than the classes (``dim=0``: over the batch) | normalised over the batch |
 
 Shape-only operations (views, squeezes, transposes, selections, copies) between two of them are skipped.
 """
@@ -34,15 +35,17 @@ class LossMisuse(str, Enum):
     NLL_OF_PROBABILITIES = "nll_of_probabilities"
     LOGITS_LOSS_ON_PROBABILITIES = "logits_loss_on_probabilities"
     BROADCAST = "broadcast"
+    NORMALISED_OVER_BATCH = "normalised_over_batch"
 
 
 _PROBABILITIES = frozenset({"Softmax", "Sigmoid"})
+_NLL = ("NllLoss", "NllLoss2D")
 _REGRESSION = frozenset({"MseLoss", "L1Loss", "SmoothL1Loss", "HuberLoss"})
 # (an op on the loss side, the op just before it on the model's side) -> what it says
 _PAIRS: dict[tuple[str, str], LossMisuse] = {
     ("LogSoftmax", "Softmax"): LossMisuse.SOFTMAX_TWICE,
     ("LogSoftmax", "Sigmoid"): LossMisuse.LOGITS_LOSS_ON_PROBABILITIES,
-    **{(nll, p): LossMisuse.NLL_OF_PROBABILITIES for nll in ("NllLoss", "NllLoss2D") for p in _PROBABILITIES},
+    **{(nll, p): LossMisuse.NLL_OF_PROBABILITIES for nll in _NLL for p in _PROBABILITIES},
     **{("BinaryCrossEntropyWithLogits", p): LossMisuse.LOGITS_LOSS_ON_PROBABILITIES for p in _PROBABILITIES},
     **{(r, "Expand"): LossMisuse.BROADCAST for r in _REGRESSION},
 }
@@ -63,6 +66,25 @@ def op_name(fn) -> str:
     return _SUFFIX.sub("", type(fn).__name__)
 
 
+_NORMALISING = frozenset({"Softmax", "LogSoftmax"})
+_OFF_CLASSES = "@off_classes"   # marks a (log-)softmax over another dimension than a batch's classes (dim 1)
+
+
+def _name(fn) -> str:
+    """The op's name; a softmax or log-softmax over a dimension given as 0, or as 2 and more, is marked: a
+    batch's classes are on dimension 1, where NLL reads them (a sequence model's transposes come between, and
+    say so). A dimension counted from the end (-1) is not marked: the graph, once used, no longer holds the
+    shape it would be read against; nor is a lone sample's (a 1-D input: its classes on dimension 0)."""
+    name = op_name(fn)
+    if name in _NORMALISING:
+        dim = getattr(fn, "_saved_dim", None)
+        if isinstance(dim, int) and dim >= 1 << 63:  # stored unsigned: a dimension counted from the end
+            dim -= 1 << 64
+        if isinstance(dim, int) and dim >= 0 and dim != 1:
+            return name + _OFF_CLASSES
+    return name
+
+
 def paths(loss_fn, outputs: list) -> list[list[str]]:
     """The op names on each path from ``loss_fn`` back to one of the ``outputs``' nodes (loss side first,
     the output's own node last); at most ``MAX_PATHS``, after at most ``MAX_NODES`` nodes."""
@@ -73,7 +95,7 @@ def paths(loss_fn, outputs: list) -> list[list[str]]:
     while stack and seen < MAX_NODES and len(found) < MAX_PATHS:
         fn, trail = stack.pop()
         seen += 1
-        trail = trail + [op_name(fn)]
+        trail = trail + [_name(fn)]
         if id(fn) in targets:
             found.append(trail)
             continue
@@ -108,6 +130,10 @@ def outside_leaves(loss_fn, outputs: list, inside: set[int]) -> list:
 def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
     """What the recorded paths say of how the loss is computed (None: nothing wrong seen)."""
     for path in recorded or []:
+        for near_loss, near_model in zip(path, path[1:]):  # directly: a transpose between moves the classes
+            if near_loss in _NLL and near_model == "LogSoftmax" + _OFF_CLASSES:
+                return LossMisuse.NORMALISED_OVER_BATCH
+        path = [op.split("@")[0] for op in path]
         ops = [op for op in path if op not in SHAPE_OPS]
         for near_loss, near_model in zip(ops, ops[1:]):
             found = _PAIRS.get((near_loss, near_model))

@@ -30,6 +30,8 @@ def _read(make_loss, out_dim: int = 3):
     (lambda o, y: F.binary_cross_entropy_with_logits(torch.sigmoid(o[:, 0]), (y > 0).float()),
      LossMisuse.LOGITS_LOSS_ON_PROBABILITIES),
     (lambda o, y: F.mse_loss(o[:, :1], y.float()), LossMisuse.BROADCAST),
+    (lambda o, y: F.nll_loss(F.log_softmax(o, dim=0), y), LossMisuse.NORMALISED_OVER_BATCH),
+    (lambda o, y: F.cross_entropy(F.softmax(o, dim=0), y), LossMisuse.SOFTMAX_TWICE),
 ])
 def test_each_misuse_is_read_from_the_graph(make_loss, expected):
     assert _read(make_loss) == expected
@@ -44,6 +46,9 @@ def test_each_misuse_is_read_from_the_graph(make_loss, expected):
     lambda o, y: F.binary_cross_entropy_with_logits(o[:, 0], (y > 0).float()),
     lambda o, y: F.mse_loss(o[:, 0], y.float()),
     lambda o, y: F.mse_loss(o[:, :1], y.float()[:, None]),
+    lambda o, y: F.nll_loss(F.log_softmax(o, dim=-1), y),
+    # a sequence model's (batch, time, classes) log-probabilities, transposed for NLL: classes on dim 1 again
+    lambda o, y: F.nll_loss(F.log_softmax(o.view(2, 4, 3), dim=2).transpose(1, 2), y.view(2, 4)),
 ])
 def test_a_loss_computed_as_intended_says_nothing(make_loss):
     assert _read(make_loss) is None
@@ -77,6 +82,14 @@ def test_a_softmax_module_before_cross_entropy_is_named_with_its_fix():
     assert "softmax applied twice" in top.chain[0] and "logits" in top.suggestion
     reloaded = NeuralDbg.load(_saved(dbg))
     assert reloaded.explain()[0].chain[0] == top.chain[0]
+
+
+def test_a_log_softmax_over_the_batch_is_named_with_its_fix():
+    dbg = _train(lambda out, y: F.nll_loss(F.log_softmax(out, dim=0), y), steps=120)
+    top = dbg.explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT, dbg.report()
+    assert "over another dimension than the classes" in top.chain[0] and "dim=1" in top.suggestion
+    assert "larger learning rate" not in top.suggestion
 
 
 def test_outputs_broadcast_against_targets_of_another_shape_are_the_targets():

@@ -471,6 +471,9 @@ _ON_PROBABILITIES = {
     LossMisuse.LOGITS_LOSS_ON_PROBABILITIES: "a loss that takes logits is given probabilities (a with-logits loss, or "
                                              "cross_entropy, on a sigmoid output): it cannot reach its minimum, "
                                              "and its gradient fades as the outputs sharpen",
+    LossMisuse.NORMALISED_OVER_BATCH: "the loss is an NLL of a log-softmax taken over another dimension than the "
+                                      "classes (dim=0: over the batch): it compares samples with each other, not "
+                                      "classes, and cannot reach its minimum",
 }
 _ON_PROBABILITIES_FIX = {
     LossMisuse.SOFTMAX_TWICE: "give cross_entropy the logits: remove the final nn.Softmax / F.softmax (apply it only "
@@ -479,6 +482,8 @@ _ON_PROBABILITIES_FIX = {
                                      "F.cross_entropy on the logits)",
     LossMisuse.LOGITS_LOSS_ON_PROBABILITIES: "remove the sigmoid before the loss (binary_cross_entropy_with_logits "
                                              "applies it), or use F.binary_cross_entropy on the probabilities",
+    LossMisuse.NORMALISED_OVER_BATCH: "take the log-softmax over the classes: F.log_softmax(logits, dim=1) (dim=-1 "
+                                      "for (batch, classes) outputs), or F.cross_entropy on the logits",
 }
 
 
