@@ -496,12 +496,13 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     upd_by_state[UpdateState.TOO_LARGE] = {**upd_values, "update_peak": lambda r: peak,
                                            "near_until": lambda r: float(steps[last[stretch[r]]])}
     upd_by_state[UpdateState.NEGLIGIBLE] = {**upd_values, "update_typical": lambda r: typical}
-    mean, sd, absmax = g[:, col("input_mean")], g[:, col("input_std")], g[:, col("input_absmax")]
-    inp = np.zeros(len(steps), dtype=np.int8)
+    in_steps, (mean, sd, absmax, in_nf) = _input_rows(trace, steps, [g[:, col(c)] for c in (
+        "input_mean", "input_std", "input_absmax", "input_nonfinite")])
+    inp = np.zeros(len(in_steps), dtype=np.int8)
     with np.errstate(invalid="ignore"):
         inp[np.fmax(np.abs(mean), sd) > th.input_scale] = InputState.UNSCALED.code
         inp[np.fmax(np.abs(mean), sd) < th.input_tiny] = InputState.UNSCALED.code   # out of scale the other way
-    inp[g[:, col("input_nonfinite")] > 0] = InputState.NONFINITE.code
+    inp[in_nf > 0] = InputState.NONFINITE.code
     in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
     # the weights against their start (the median trainable layer): a collapse toward zero
     with np.errstate(all="ignore"):
@@ -514,7 +515,21 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     wts_values = {"weight_scale": _at(shrink)}
     return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], upd_by_state),
             StateSeries(Signal.WEIGHTS, steps, wts[:, None], [""], {WeightState.COLLAPSING: wts_values}),
-            StateSeries(Signal.INPUT, steps, inp[:, None], ["input"], {s: in_values for s in InputState}, persist=1)]
+            StateSeries(Signal.INPUT, in_steps, inp[:, None], ["input"], {s: in_values for s in InputState},
+                        persist=1)]
+
+
+def _input_rows(trace: Trace, steps: np.ndarray, columns: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The input's statistics at the sampled steps and at the unsampled steps whose loss spiked (read then,
+    from the input the step still held), in step order."""
+    extra = [r for r in trace.meta.get("input_at_spikes") or [] if len(r) == 1 + len(columns)]
+    if not extra:
+        return steps, columns
+    all_steps = np.concatenate([steps, np.array([r[0] for r in extra], dtype=steps.dtype)])
+    order = np.argsort(all_steps, kind="stable")
+    merged = [np.concatenate([c, np.array([r[1 + i] for r in extra], dtype=np.float64)])[order]
+              for i, c in enumerate(columns)]
+    return all_steps[order], merged
 
 
 def held(entered: np.ndarray, near: np.ndarray) -> np.ndarray:

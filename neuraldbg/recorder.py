@@ -195,6 +195,7 @@ class Recorder:
         # spikes between sampled steps: the largest gradient, read every step anyway (a loss spike is too
         # often batch noise to start a burst: it is found in the recorded loss instead)
         self._grad_spikes = SpikeWatch(spike_factor, self.schedule.warmup)
+        self._loss_spikes = SpikeWatch(spike_factor, self.schedule.warmup)
         self._backward_queued = False
         self._replaying = False
         self.attached = False
@@ -346,9 +347,26 @@ class Recorder:
                 value = float(value)
         else:
             value = float(loss)
+        if isinstance(value, float) and self._loss_spikes(value):
+            self._input_at_spike(self._pass_step)
         self._pending_losses.append((self._pass_step, value))
         if len(self._pending_losses) >= 256:
             self.flush_losses()
+
+    # at most this many unsampled steps have their input read at a loss spike
+    MAX_SPIKE_INPUTS = 32
+
+    def _input_at_spike(self, step: int) -> None:
+        """The loss, known on the host, spiked at an unsampled step: the step's input is still held (for a
+        replay), so its scale is read now (a batch out of scale is the usual reason), into the trace's meta
+        as [step, mean, std, absmax, nonfinite]."""
+        st = self.trace.stats
+        if self._last_inputs is None or (st.n and int(st.steps[-1]) == step):
+            return  # nothing held, or sampled: its input is in the trace
+        spikes = self.trace.meta.setdefault("input_at_spikes", [])
+        x = nanhunt.float_tensors(self._last_inputs)
+        if x and len(spikes) < self.MAX_SPIKE_INPUTS:
+            spikes.append([int(step)] + [float(v) for v in forward_stats(x[0], None, None)[:4].tolist()])
 
     def latest_loss(self) -> float | None:
         """The loss recorded last, if it is not in the trace yet (None otherwise)."""
@@ -720,6 +738,11 @@ class Recorder:
             if self._rec is None:
                 self._rec = _StepRecord()
                 self._rec.forward_done = True
+                # the pass's forward ran unsampled; its input is still held (for a replay): a batch out of
+                # scale, the usual reason for such a spike, is read now
+                x = nanhunt.float_tensors(self._last_inputs) if self._last_inputs is not None else []
+                if x:
+                    self._rec.input = forward_stats(x[0], None, None)[:4]
         if self._rec is not None:
             self._read_param_grads(self._rec)
         if self.optimizer is None:
