@@ -458,3 +458,18 @@ def test_one_batch_out_of_scale_is_named_as_that_batch_not_the_pipeline(at):
     assert top.cause == "data" and top.step == at, dbg.report()
     assert f"batch at step {at}" in top.chain[0] and f"find the batch of step {at}" in top.suggestion
     assert "normalise the input" not in top.suggestion
+
+
+@pytest.mark.parametrize("top_confidence", [0.9, 0.42])
+def test_the_top_hypothesis_sets_the_learning_rates_way_whatever_its_confidence(top_confidence):
+    """A learning rate too low on top, even below 0.5, with a weak one too high under it (a spike in a warm-up
+    far too long): the one under it is dropped and the fixes raise the rate; the mirror case lowers it."""
+    from types import SimpleNamespace
+
+    from neuraldbg.causes import Cause
+    from neuraldbg.inference import learning_rate_way
+    low = SimpleNamespace(cause=Cause.LEARNING_RATE_TOO_LOW, confidence=top_confidence)
+    high = SimpleNamespace(cause=Cause.LEARNING_RATE_TOO_HIGH, confidence=0.05)
+    assert learning_rate_way([low, high], unstable=True) == (False, True, "raise")
+    low.confidence, high.confidence = 0.05, top_confidence
+    assert learning_rate_way([low, high], unstable=False) == (True, False, "lower")

@@ -46,19 +46,31 @@ def _merge_repeats(roots: list[Candidate]) -> list[Candidate]:
     return out
 
 
+def learning_rate_way(roots, unstable: bool) -> tuple[bool, bool, str]:
+    """Which way the fixes may move the learning rate: (drop the hypotheses that it is too low, drop those
+    that it is too high, the way: "lower", "raise" or ""). The top hypothesis, whatever its confidence, or a
+    confident one, sets it: no fix below it may point the other way. ``unstable``: the run shows updates too
+    large or a loss diverging or oscillating."""
+    top = max(roots, key=lambda r: r.confidence, default=None)
+    confident_high = any(r.cause == Cause.LEARNING_RATE_TOO_HIGH and r.confidence >= CONFIDENT for r in roots)
+    too_high = confident_high or (top is not None and top.cause == Cause.LEARNING_RATE_TOO_HIGH)
+    # a learning rate too low on top (a schedule that decayed it away after large first updates) is the way:
+    # the updates that were large before it say nothing against it
+    low_on_top = (top is not None and top.cause == Cause.LEARNING_RATE_TOO_LOW
+                  and (top.confidence >= CONFIDENT or not confident_high))
+    lower = too_high or not low_on_top and unstable
+    # a confident learning rate too low, with nothing saying the updates were too large, sets the way too
+    too_low = not lower and (low_on_top or any(r.cause == Cause.LEARNING_RATE_TOO_LOW and r.confidence >= CONFIDENT
+                                               for r in roots))
+    return too_high, too_low, "lower" if lower else "raise" if too_low else ""
+
+
 def infer(ctx: Context) -> list[CausalHypothesis]:
     """Ranked hypotheses, best first: the roots, each with what it explains in its chain."""
     roots = causality.resolve(candidates(ctx), ctx)
-    too_high = any(r.cause == Cause.LEARNING_RATE_TOO_HIGH and r.confidence >= CONFIDENT for r in roots)
-    # a confident learning rate too low on top (a schedule that decayed it away after large first updates) is
-    # the way: the updates that were large before it say nothing against it
-    top = max(roots, key=lambda r: r.confidence, default=None)
-    low_on_top = top is not None and top.cause == Cause.LEARNING_RATE_TOO_LOW and top.confidence >= CONFIDENT
-    lower = too_high or not low_on_top and bool(ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
-                                                or ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING))
-    # a confident learning rate too low, with nothing saying the updates were too large, sets the way too
-    too_low = not lower and any(r.cause == Cause.LEARNING_RATE_TOO_LOW and r.confidence >= CONFIDENT for r in roots)
-    lr_way = "lower" if lower else "raise" if too_low else ""
+    unstable = bool(ctx.all(Signal.UPDATE, UpdateState.TOO_LARGE)
+                    or ctx.all(Signal.LOSS, LossState.DIVERGING, LossState.OSCILLATING))
+    too_high, too_low, lr_way = learning_rate_way(roots, unstable)
     roots = _merge_repeats(roots)
     out = []
     for r in roots:
