@@ -25,7 +25,7 @@ from enum import Enum
 
 import numpy as np
 
-from .health import Features, first_finite, row_median
+from .health import Features, first_finite, input_rows, row_median
 from .states import (_State, ActState, AttnState, GradState, InputState, ScalerState, Signal, UpdateState,
                      WeightState)
 from .thresholds import Thresholds
@@ -162,8 +162,10 @@ def input_band(trace: Trace, f: Features, th: Thresholds) -> list[BandSeries]:
     if not len(g):
         return []
     col = GLOBAL_COLUMNS.index
-    scale = np.fmax(np.abs(g[:, col("input_mean")]), g[:, col("input_std")]).astype(np.float64)
-    band = _series(Signal.INPUT, InputState.DRIFTING, InputState.UNSCALED, "input scale", ["input"], f.steps, scale,
+    # (with the unsampled steps whose input was read at a loss spike, as the health states have them)
+    steps, (mean, sd) = input_rows(trace, f.steps, [g[:, col("input_mean")], g[:, col("input_std")]])
+    scale = np.fmax(np.abs(mean), sd).astype(np.float64)
+    band = _series(Signal.INPUT, InputState.DRIFTING, InputState.UNSCALED, "input scale", ["input"], steps, scale,
                    th.input_drift, th.input_scale, rising=True, scale=Scale.LOG, persist=1)
     with np.errstate(invalid="ignore"):
         band.failed |= (scale < th.input_tiny)[:, None]   # out of scale the other way (no band leads there)

@@ -496,7 +496,7 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     upd_by_state[UpdateState.TOO_LARGE] = {**upd_values, "update_peak": lambda r: peak,
                                            "near_until": lambda r: float(steps[last[stretch[r]]])}
     upd_by_state[UpdateState.NEGLIGIBLE] = {**upd_values, "update_typical": lambda r: typical}
-    in_steps, (mean, sd, absmax, in_nf) = _input_rows(trace, steps, [g[:, col(c)] for c in (
+    in_steps, (mean, sd, absmax, in_nf) = input_rows(trace, steps, [g[:, col(c)] for c in (
         "input_mean", "input_std", "input_absmax", "input_nonfinite")])
     inp = np.zeros(len(in_steps), dtype=np.int8)
     with np.errstate(invalid="ignore"):
@@ -519,10 +519,11 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
                         persist=1)]
 
 
-def _input_rows(trace: Trace, steps: np.ndarray, columns: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The input's statistics at the sampled steps and at the unsampled steps whose loss spiked (read then,
-    from the input the step still held), in step order."""
-    extra = [r for r in trace.meta.get("input_at_spikes") or [] if len(r) == 1 + len(columns)]
+def input_rows(trace: Trace, steps: np.ndarray, columns: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The input's statistics (the first ``len(columns)`` of mean, std, absmax, nonfinite) at the sampled steps
+    and at the unsampled steps whose loss spiked (read then, from the input the step still held), in step
+    order."""
+    extra = [r for r in trace.meta.get("input_at_spikes") or [] if len(r) >= 1 + len(columns)]
     if not extra:
         return steps, columns
     all_steps = np.concatenate([steps, np.array([r[0] for r in extra], dtype=steps.dtype)])

@@ -262,7 +262,7 @@ def test_gradients_cleared_between_backward_and_step_are_named(set_to_none):
     hyps = dbg.explain()
     top = hyps[0]
     assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT, dbg.report()
-    assert "cleared" in top.chain[0] and "before loss.backward()" in top.suggestion
+    assert "cleared" in top.chain[0] and "zero_grad(), then loss.backward(), then optimizer.step()" in top.suggestion
     assert not any(h.cause == "learning_rate_too_low" and h.confidence >= CONFIDENT for h in hyps)
     assert not contradictions(hyps)
 

@@ -662,8 +662,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("compute the loss from the model's output as a tensor, without .detach(), .item(), torch.no_grad() "
                 "or a round trip through numpy / torch.tensor(...), and call loss.backward() before optimizer.step()")
     if k == "cleared":
-        return ("call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), never between "
-                "loss.backward() and optimizer.step(): in between it discards the gradients the step needs")
+        return ("in each step call optimizer.zero_grad(), then loss.backward(), then optimizer.step(): a "
+                "zero_grad() between loss.backward() and optimizer.step() (or a step() before backward()) leaves the "
+                "step no gradient")
     if k == "weights_collapse":
         return ("lower the weight decay (AdamW's weight_decay, or SGD's L2 term) by 10-100x: with lr x weight_decay "
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
