@@ -523,7 +523,9 @@ def input_rows(trace: Trace, steps: np.ndarray, columns: list[np.ndarray]) -> tu
     """The input's statistics (the first ``len(columns)`` of mean, std, absmax, nonfinite) at the sampled steps
     and at the unsampled steps whose loss spiked (read then, from the input the step still held), in step
     order."""
-    extra = [r for r in trace.meta.get("input_at_spikes") or [] if len(r) >= 1 + len(columns)]
+    sampled = set(int(x) for x in steps)  # a sampled step's own row comes first
+    extra = [r for r in trace.meta.get("input_at_spikes") or [] if len(r) >= 1 + len(columns)
+             and int(r[0]) not in sampled]
     if not extra:
         return steps, columns
     all_steps = np.concatenate([steps, np.array([r[0] for r in extra], dtype=steps.dtype)])

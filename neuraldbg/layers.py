@@ -197,7 +197,7 @@ def equal_weights(module: nn.Module) -> float | None:
     if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
         return None
     w = getattr(module, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() < 2 or w.is_meta or w.shape[0] < 2:
+    if not isinstance(w, torch.Tensor) or w.dim() < 2 or w.is_meta or w.shape[0] < 2 or w.numel() == 0:
         return None
     with torch.no_grad():
         flat = w.detach().reshape(-1)

@@ -74,7 +74,8 @@ def _name(fn) -> str:
     """The op's name; a softmax or log-softmax over a dimension given as 0, or as 2 and more, is marked: a
     batch's classes are on dimension 1, where NLL reads them (a sequence model's transposes come between, and
     say so). A dimension counted from the end (-1) is not marked: the graph, once used, no longer holds the
-    shape it would be read against; nor is a lone sample's (a 1-D input: its classes on dimension 0)."""
+    shape it would be read against. (A lone sample's classes are on dimension 0: a 1-D input to NLL would be
+    marked; batches are what training loops feed.)"""
     name = op_name(fn)
     if name in _NORMALISING:
         dim = getattr(fn, "_saved_dim", None)

@@ -284,6 +284,7 @@ class Recorder:
         self._opt_handles.clear()
         self.optimizer = optimizer
         self.trace.meta["optimizer"] = type(optimizer).__name__
+        self.trace.meta.update(_precision_meta(self._params, optimizer))
         self._seen_lr = self._lr(sync=False)
         if self.attached:
             self._hook_optimizer()
@@ -309,30 +310,37 @@ class Recorder:
         # again, so no step pays for a walk through the graph after these
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
-    _outside: tuple | None = None  # (weak reference to a tensor outside the model the loss depends on, its norm)
+    _outside: tuple | None = None  # (weak reference to a tensor outside the model the loss depends on, its norm,
+    #                                  sampled steps left to look at it)
+    OUTSIDE_CHECKS = 64  # sampled steps a tensor outside the model is looked at, at most, for a change
 
     def _watch_outside(self, leaves: list) -> None:
-        """Trainable tensors outside the model on the loss's path that the watched optimizer does not step: the
-        largest is watched until an update moves it (another optimizer trains it: a discriminator, a critic);
-        from then on the loss is a moving objective. Its norm is read on sampled steps only, until it moves."""
+        """Weight matrices outside the model on the loss's path that the watched optimizer does not step (a
+        discriminator's, a critic's; not a learned loss weight, a vector): the largest is watched until an
+        update moves it (another optimizer trains it), for ``OUTSIDE_CHECKS`` sampled steps at most; from
+        then on the loss is a moving objective. Without a watched optimizer nothing says who steps what."""
+        if self.optimizer is None:
+            return
         owned = {id(p) for g in getattr(self.optimizer, "param_groups", ()) for p in g["params"]}
-        free = [t for t in leaves if id(t) not in owned and t.numel() > 1]
+        free = [t for t in leaves if id(t) not in owned and t.dim() >= 2]
         if free:
             t = max(free, key=lambda t: t.numel())
-            self._outside = (weakref.ref(t), float(t.detach().float().norm()))
+            self._outside = (weakref.ref(t), float(t.detach().float().norm()), self.OUTSIDE_CHECKS)
             self.trace.meta["loss_outside"] = sum(t.numel() for t in free)
 
     def _check_outside(self) -> None:
         if self._outside is None:
             return
-        ref, norm = self._outside
+        ref, norm, left = self._outside
         t = ref()
-        if t is None:
+        if t is None or left <= 0:  # gone, or never moved: a fixed network in the loss
             self._outside = None
             return
         if float(t.detach().float().norm()) != norm:
             self.trace.meta["loss_moving"] = True
             self._outside = None
+        else:
+            self._outside = (ref, norm, left - 1)
 
     def record_loss(self, loss) -> None:
         self._loss_wanted = True
@@ -361,9 +369,11 @@ class Recorder:
         replay), so its scale is read now (a batch out of scale is the usual reason), into the trace's meta
         as [step, mean, std, absmax, nonfinite]."""
         st = self.trace.stats
-        if self._last_inputs is None or (st.n and int(st.steps[-1]) == step):
-            return  # nothing held, or sampled: its input is in the trace
+        if self._last_inputs is None or self._rec is not None or (st.n and int(st.steps[-1]) == step):
+            return  # nothing held, or sampled (being sampled): its input is in the trace
         spikes = self.trace.meta.setdefault("input_at_spikes", [])
+        if spikes and spikes[-1][0] == step:
+            return  # one row a step (a second micro-batch of the same step)
         x = nanhunt.float_tensors(self._last_inputs)
         if x and len(spikes) < self.MAX_SPIKE_INPUTS:
             spikes.append([int(step)] + [float(v) for v in forward_stats(x[0], None, None)[:4].tolist()])
@@ -701,20 +711,14 @@ class Recorder:
         self.trace.meta["gradients_carried"] = (checked + 1, was + int(carried))
 
     def _cleared(self) -> bool | None:
-        """A backward pass reached the model, and the optimizer is about to step with no gradient on its weights:
-        they were cleared in between (``zero_grad()`` after ``loss.backward()``). None (no gradient held) is free
-        to see on every step; gradients zeroed in place are read only on a sampled step, which reads its
-        statistics back anyway (None: not known on this step)."""
-        if not self._sentinels or self._sentinels[0].grad is not None and self._rec is None:
-            return None  # (the quiet step's whole cost: one attribute read)
-        grads = [p.grad for p in self._sentinels]
-        if all(g is None for g in grads):
-            return True
-        if any(g is None for g in grads):  # some layers unused by this pass: they hold none, the others do
-            return False
-        if self._rec is None:
-            return None
-        return not any(bool(g.detach().ne(0).any()) for g in grads)
+        """A backward pass fed the model's weights gradients, and the optimizer is about to step with none on
+        them: they were cleared in between (``zero_grad()`` after ``loss.backward()``, or ``step()`` before
+        ``backward()``). Seen as gradients set to None (``zero_grad()``'s default), at the cost of one
+        attribute read a step; gradients zeroed in place are not told apart from gradients that are zero (a
+        dead output, a loss whose gradient is 0), so they are not read. None: not known on this step."""
+        if not self._sentinels or self._sentinels[0].grad is not None or not self._fed:
+            return None if not self._sentinels or not self._fed else False
+        return all(p.grad is None for p in self._sentinels)
 
     # -- backward / optimizer -----------------------------------------------------------------------
     def _on_backward_end(self) -> None:
@@ -764,11 +768,14 @@ class Recorder:
         upd = torch.full_like(w, float("nan")) if rec.params is None else rec.params[2]
         rec.params = torch.stack([w, gn.to(w.device), upd])
 
+    _fed = False  # the last backward pass left a gradient on a layer's smallest parameter
+
     def _grad_level(self) -> tuple[bool, float] | None:
         """The every-step check, over the output's gradient and each layer's smallest parameter's: whether
         all are finite, and their norm (for spikes), read back to the host together (the only per-step
         sync). None when nothing was checked."""
         checked = [g for g in [p.grad for p in self._sentinels] if g is not None]
+        self._fed = bool(checked)
         checked += [g for g in self._out_grads if g is not None]
         return finite_norm(checked) if checked else None
 

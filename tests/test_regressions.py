@@ -253,12 +253,18 @@ def _accumulate(opt, loss, step):
         opt.zero_grad()
 
 
-@pytest.mark.parametrize("set_to_none", [True, False], ids=["to_none", "in_place"])
-def test_gradients_cleared_between_backward_and_step_are_named(set_to_none):
-    """``zero_grad()`` between ``loss.backward()`` and ``optimizer.step()``: the optimizer steps on no gradient,
-    the weights never move. Not a learning rate too low ("raise it 1000x" changes nothing): the order of the
-    calls, and the fix says which."""
-    dbg = _classifier_run(F.cross_entropy, steps=60, update=_clear_between(set_to_none))
+def _step_first(opt, loss, step):
+    opt.zero_grad()
+    opt.step()
+    loss.backward()
+
+
+@pytest.mark.parametrize("update", [_clear_between(True), _step_first], ids=["zero_grad_between", "step_first"])
+def test_gradients_cleared_between_backward_and_step_are_named(update):
+    """``zero_grad()`` between ``loss.backward()`` and ``optimizer.step()`` (or ``step()`` before
+    ``backward()``): the optimizer steps on no gradient, the weights never move. Not a learning rate too low
+    ("raise it 1000x" changes nothing): the order of the calls, and the fix says which."""
+    dbg = _classifier_run(F.cross_entropy, steps=60, update=update)
     hyps = dbg.explain()
     top = hyps[0]
     assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT, dbg.report()
@@ -271,8 +277,33 @@ def test_gradient_accumulation_is_not_cleared_gradients():
     """Four backward passes per step, zeroed after each step: every step holds its gradients."""
     dbg = _classifier_run(F.cross_entropy, steps=160, update=_accumulate)
     checked, cleared = dbg.trace.meta.get("steps_cleared", (0, 0))
-    assert checked >= 10 and cleared == 0
+    assert checked >= 30 and cleared == 0
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["to_none", "in_place"])
+def test_gradients_that_are_zero_are_not_cleared_gradients(set_to_none):
+    """A dead output ReLU (its bias at -100): every gradient is exactly 0, zeroed in place or not. The
+    dead units are the verdict; no step counts as cleared."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1), torch.nn.ReLU())
+    with torch.no_grad():
+        model[2].bias.fill_(-100.0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 8, generator=g)
+    y = x[:, :1].abs()
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(80):
+            i = (step * 32) % 512
+            loss = F.mse_loss(model(x[i:i + 32]), y[i:i + 32])
+            opt.zero_grad(set_to_none=set_to_none)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert dbg.trace.meta.get("steps_cleared", (0, 0))[1] == 0
+    assert not any("cleared" in line for h in dbg.explain() for line in h.chain), dbg.report()
 
 
 def _scheduled_run(make_sched, steps: int = 240, momentum: float = 0.9):
@@ -473,3 +504,9 @@ def test_the_top_hypothesis_sets_the_learning_rates_way_whatever_its_confidence(
     assert learning_rate_way([low, high], unstable=True) == (False, True, "raise")
     low.confidence, high.confidence = 0.05, top_confidence
     assert learning_rate_way([low, high], unstable=False) == (True, False, "lower")
+    # neither on top: the most confident of the confident ones; none: the run's updates say
+    other = SimpleNamespace(cause=Cause.DEAD_UNITS, confidence=0.95)
+    low.confidence, high.confidence = 0.8, 0.6
+    assert learning_rate_way([other, low, high], unstable=True) == (False, True, "raise")
+    low.confidence, high.confidence = 0.3, 0.2
+    assert learning_rate_way([other, low, high], unstable=True) == (False, False, "lower")

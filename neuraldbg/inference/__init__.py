@@ -48,21 +48,19 @@ def _merge_repeats(roots: list[Candidate]) -> list[Candidate]:
 
 def learning_rate_way(roots, unstable: bool) -> tuple[bool, bool, str]:
     """Which way the fixes may move the learning rate: (drop the hypotheses that it is too low, drop those
-    that it is too high, the way: "lower", "raise" or ""). The top hypothesis, whatever its confidence, or a
-    confident one, sets it: no fix below it may point the other way. ``unstable``: the run shows updates too
-    large or a loss diverging or oscillating."""
+    that it is too high, the way: "lower", "raise" or ""). The top hypothesis sets it when it is about the
+    learning rate, whatever its confidence; else the most confident hypothesis about it that is confident;
+    else updates too large or a loss diverging or oscillating (``unstable``) say "lower". No hypothesis
+    left pointing the other way is kept."""
+    lr = (Cause.LEARNING_RATE_TOO_HIGH, Cause.LEARNING_RATE_TOO_LOW)
     top = max(roots, key=lambda r: r.confidence, default=None)
-    confident_high = any(r.cause == Cause.LEARNING_RATE_TOO_HIGH and r.confidence >= CONFIDENT for r in roots)
-    too_high = confident_high or (top is not None and top.cause == Cause.LEARNING_RATE_TOO_HIGH)
-    # a learning rate too low on top (a schedule that decayed it away after large first updates) is the way:
-    # the updates that were large before it say nothing against it
-    low_on_top = (top is not None and top.cause == Cause.LEARNING_RATE_TOO_LOW
-                  and (top.confidence >= CONFIDENT or not confident_high))
-    lower = too_high or not low_on_top and unstable
-    # a confident learning rate too low, with nothing saying the updates were too large, sets the way too
-    too_low = not lower and (low_on_top or any(r.cause == Cause.LEARNING_RATE_TOO_LOW and r.confidence >= CONFIDENT
-                                               for r in roots))
-    return too_high, too_low, "lower" if lower else "raise" if too_low else ""
+    decides = top if top is not None and top.cause in lr else max(
+        (r for r in roots if r.cause in lr and r.confidence >= CONFIDENT), key=lambda r: r.confidence, default=None)
+    if decides is not None and decides.cause == Cause.LEARNING_RATE_TOO_HIGH:
+        return True, False, "lower"
+    if decides is not None:
+        return False, True, "raise"
+    return False, False, "lower" if unstable else ""
 
 
 def infer(ctx: Context) -> list[CausalHypothesis]:

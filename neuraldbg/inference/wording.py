@@ -598,9 +598,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return (f"the derivative of an operation in `{c.layer}` is infinite at the values it sees (sqrt or pow at "
                     "0, log of 0, division by ~0): add an eps (torch.sqrt(x + 1e-12)) or clamp its input")
         if k == "narrow_update":
+            has_eps = ctx.optimizer_eps == ctx.optimizer_eps  # (SGD has none)
             return ("keep the parameters in float32 (no model.half()) and run the forward pass under "
-                    "torch.autocast(device_type, dtype=torch.float16) with a torch.amp.GradScaler; if they must stay "
-                    "float16, give the optimizer eps=1e-4")
+                    "torch.autocast(device_type, dtype=torch.float16) with a torch.amp.GradScaler"
+                    + ("; if they must stay float16, give the optimizer eps=1e-4" if has_eps else ""))
         if k in ("weights", "overflow"):
             return ((f"lower the learning rate from {lr} to ~{lr10} and clip gradients " if may_lower else
                      "clip gradients ") + "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))")
