@@ -528,7 +528,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "unscaled":
             m, s, a = f.get("input_mean", math.nan), f.get("input_std", math.nan), f.get("input_absmax", math.nan)
             shift = f"x + {fmt(-m)}" if m < 0 else f"x - {fmt(m)}"
-            return (f"normalise the input: x = ({shift}) / {fmt(s)}" +
+            # per feature: one column in other units inflates the whole batch's spread, and dividing every
+            # feature by it would squash the others
+            return (f"normalise the input per feature (per channel for images) with the training set's mean and "
+                    f"std, x = (x - mean) / std (this batch overall: ({shift}) / {fmt(s)})" +
                     ("; for 0-255 images, divide by 255 first, then subtract the per-channel mean and divide by the std"
                      if a == a and 200 <= a <= 256 else
                      "; images divided by 255 twice land at values up to 1/255: divide once"
