@@ -408,7 +408,44 @@ class Recorder:
         if not self._explicit:
             return
         self._explicit = False
+        last, self._last_out = self._last_out, None
+        if not self._loss_path_seen and last:
+            self._read_explicit_path(outputs, last[0])
         self._end_forward(outputs)
+
+    # the output of the watched module that ran last in a sampled pass begun by begin_pass (held in a list that
+    # a copy of the model does not copy: a tensor of the graph cannot be)
+    _last_out: losspath.Nodes | None = None
+
+    _inner_tries = 0
+
+    def _read_inner_path(self, leaves: list) -> None:
+        """The model returned a scalar (its loss) with its other outputs: the loss's operations are read back
+        to those outputs at once, whatever the loop records (a detached loss, a trainer's logged float). A
+        scalar that does not lead to them (an auxiliary loss) is given up after ``TRIES`` passes, leaving the
+        recorded loss its own tries."""
+        self._inner_tries += 1
+        losses = [t for t in leaves if t.dim() == 0 and t.grad_fn is not None]
+        outs = [t.grad_fn for t in leaves if t.dim() > 0 and t.grad_fn is not None]
+        paths = losspath.paths(losses[0].grad_fn, outs) if losses and outs else []
+        if paths:
+            self.trace.meta["loss_paths"] = paths
+            self._loss_path_seen = True
+
+    def _read_explicit_path(self, outputs, last: torch.Tensor) -> None:
+        """A pass driven from outside the model's forward (a trainer's training step) has no model output:
+        the loss's operations are read back to the output of the watched module that ran last (the head),
+        from the loss handed to ``end_forward`` with its graph, before the backward pass frees it."""
+        loss = outputs if isinstance(outputs, torch.Tensor) else next(iter(nanhunt.float_tensors(outputs)), None)
+        if loss is None or loss.grad_fn is None or last.grad_fn is None or last.grad_fn is loss.grad_fn:
+            return
+        paths = losspath.paths(loss.grad_fn, [last.grad_fn])
+        self._loss_path_tries += 1
+        if paths:
+            self.trace.meta["loss_paths"] = paths
+            self._watch_outside(losspath.outside_leaves(loss.grad_fn, [last.grad_fn],
+                                                        {id(p) for p in self.inner.parameters()}))
+        self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
     def _on_forward_start(self, module, args, kwargs):
         if self._explicit or self._replaying or not torch.is_grad_enabled():
@@ -511,6 +548,9 @@ class Recorder:
         self._out_leaves = leaves
         self._out_grads = [None] * len(leaves)
         self._backward_queued = False
+        if (not self._loss_path_seen and self._inner_tries < losspath.TRIES and len(leaves) > 1
+                and any(t.dim() == 0 for t in leaves)):
+            self._read_inner_path(leaves)  # a model that returns its loss with its outputs (Hugging Face style)
         if self._loss_wanted and not self._loss_path_seen:  # the loop records losses: until one shows its ops
             self._out_fns = losspath.Nodes(t.grad_fn for t in leaves if t.grad_fn is not None)
         hooks = self._out_grad_hooks
@@ -555,7 +595,11 @@ class Recorder:
 
         def hook(module, args, output):
             rec = self._rec
-            if rec is None or rec.forward_done or rec.fwd.get(idx) is not None or self._replaying:
+            if rec is None or rec.forward_done or self._replaying:
+                return None
+            if self._explicit and type(output) is tensor:  # the head, once the pass is over (loss path)
+                self._last_out = losspath.Nodes((output,))
+            if rec.fwd.get(idx) is not None:
                 return None
             if (idx in settled and type(output) is tensor and output.is_floating_point()
                     and output.numel() <= BATCH_NUMEL):

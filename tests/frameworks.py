@@ -22,6 +22,7 @@ class Case:
     lr: float = 0.1
     dead: bool = False          # the second hidden layer's bias far below zero: its ReLU never fires
     nan_loss: bool = False      # a loss whose value and gradient are NaN
+    softmax: bool = False       # the classifier ends with nn.Softmax and its loss is cross_entropy of that
     accumulate: int = 1
     bf16: bool = False
     steps: int = 40
@@ -38,6 +39,7 @@ CASES = [
     Case("accumulation_4", dead=True, accumulate=4, steps=12, batch=8, expect=("dead_units", "net.3")),
     Case("bf16_autocast", bf16=True),
     Case("bf16_dead_units", bf16=True, dead=True, expect=("dead_units", "net.3")),
+    Case("softmax_twice", softmax=True, expect=("loss_plateau", "")),
 ]
 
 
@@ -51,7 +53,8 @@ class Classifier(nn.Module):
     def __init__(self, case: Case):
         super().__init__()
         torch.manual_seed(case.seed)
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3),
+                                 *([nn.Softmax(dim=1)] if case.softmax else []))
         if case.dead:
             with torch.no_grad():
                 self.net[2].bias.fill_(-20.0)

@@ -191,3 +191,64 @@ def test_a_broken_generator_is_still_named_in_a_game():
     dbg = _game(steps=150, break_g=zero)
     top = dbg.explain()[0]
     assert top.cause == "bad_initialization" and top.confidence >= 0.7, dbg.report()
+
+
+class _ReturnsLoss(nn.Module):
+    """A model that computes its loss in its forward and returns it with its outputs (Hugging Face style);
+    ``aux``: it returns an auxiliary scalar (a balance penalty on its hidden units) instead of the loss."""
+
+    def __init__(self, softmax: bool, aux: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3), *([nn.Softmax(dim=1)] if softmax
+                                                                                    else []))
+        self.aux = aux
+
+    def forward(self, x, y):
+        h = self.net[1](self.net[0](x))
+        out = self.net[3](self.net[2](h)) if len(self.net) > 3 else self.net[2](h)
+        if self.aux:
+            return out, 0.01 * h.mean() ** 2
+        return {"logits": out, "loss": F.cross_entropy(out, y)}
+
+
+def _loop(model, record, steps: int = 40):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 10, generator=g)
+    y = x[:, :3].argmax(1)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            i = (step * 32) % 512
+            loss = record(model(x[i:i + 32], y[i:i + 32]), y[i:i + 32])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss.item())  # a float: no graph to read from the loop
+    return dbg
+
+
+def test_a_loss_the_model_returns_is_read_at_once_whatever_the_loop_records():
+    dbg = _loop(_ReturnsLoss(softmax=True), lambda out, y: out["loss"])
+    assert misuse(dbg.trace.meta.get("loss_paths")) == LossMisuse.SOFTMAX_TWICE
+    assert misuse(_loop(_ReturnsLoss(softmax=False), lambda out, y: out["loss"]).trace.meta.get("loss_paths")) is None
+
+
+def test_an_auxiliary_scalar_among_the_outputs_leaves_the_recorded_loss_its_reading():
+    """The model returns (outputs, an auxiliary penalty): the penalty does not lead to the outputs, and the
+    loss the loop records as a tensor is read as usual."""
+    model = _ReturnsLoss(softmax=True, aux=True)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 10, generator=g)
+    y = x[:, :3].argmax(1)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(40):
+            i = (step * 32) % 512
+            out, aux = model(x[i:i + 32], y[i:i + 32])
+            loss = F.cross_entropy(out, y[i:i + 32]) + aux
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert misuse(dbg.trace.meta.get("loss_paths")) == LossMisuse.SOFTMAX_TWICE
