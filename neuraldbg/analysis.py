@@ -82,6 +82,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),
+                  through_time=dict(trace.meta.get("through_time") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

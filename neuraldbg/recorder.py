@@ -223,6 +223,10 @@ class Recorder:
             self._handles.append(self.model.register_forward_hook(self._on_forward_end,
                                                                   always_call=True))
             self._hook_optimizer()
+            if not self.compiled:  # a recurrent module's input, per time step, on sampled passes
+                for idx, (m, l) in enumerate(zip(self.modules, self.layers)):
+                    if isinstance(m, nn.RNNBase):
+                        self._handles.append(m.register_forward_pre_hook(self._make_time_hook(idx)))
             if self.compiled:  # permanent, excluded from the graph: no recompiles
                 for m, h in zip(self.modules, self._fwd_hooks):
                     self._handles.append(m.register_forward_hook(_disable_under_compile(h)))
@@ -616,6 +620,43 @@ class Recorder:
             self._record(rec, idx, layer, outs[0])
             return None
         return hook
+
+    # sampled steps whose gradient through time is kept per recurrent layer, at most
+    MAX_TIME_SAMPLES = 256
+
+    def _make_time_hook(self, idx: int):
+        """Before a recurrent module runs on a sampled pass: its input sequence's gradient, per time step, is
+        read in the backward pass (what arrives at the first step against the most any step gets: how much
+        of the gradient passes through time inside the module, which no module hook sees). An input that
+        needs no gradient (raw data) is given a copy that does, for that pass: the graph before it is the
+        same (there is none)."""
+        name = self.layers[idx].name
+
+        def pre(module, args):
+            if self._rec is None or self._replaying or not args or not torch.is_grad_enabled():
+                return None
+            x = args[0]
+            if type(x) is not torch.Tensor or not x.is_floating_point() or x.dim() < 2:
+                return None  # a PackedSequence, or no sequence
+            time_dim = 1 if getattr(module, "batch_first", False) and x.dim() == 3 else 0
+            if x.shape[time_dim] < 2:
+                return None
+            if not x.requires_grad:
+                x = x.detach().requires_grad_(True)
+                args = (x, *args[1:])
+            step = self.step
+            x.register_hook(lambda g, step=step, t=time_dim: self._through_time(name, step, g, t))
+            return args
+        return pre
+
+    def _through_time(self, name: str, step: int, g: torch.Tensor, time_dim: int) -> None:
+        dims = [d for d in range(g.dim()) if d != time_dim]
+        rms = g.detach().float().pow(2).mean(dim=dims).sqrt()
+        top = float(rms.max())
+        first = float(rms[0])
+        rows = self.trace.meta.setdefault("through_time", {}).setdefault(name, [])
+        if top > 0 and math.isfinite(top) and math.isfinite(first) and len(rows) < self.MAX_TIME_SAMPLES:
+            rows.append([int(step), first / top, int(g.shape[time_dim])])
 
     def _passes_through(self, module, args, out: torch.Tensor) -> bool:
         """The module returned its own input, unmodified (an in-place activation modifies it)."""

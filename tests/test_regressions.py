@@ -510,3 +510,56 @@ def test_the_top_hypothesis_sets_the_learning_rates_way_whatever_its_confidence(
     assert learning_rate_way([other, low, high], unstable=True) == (False, True, "raise")
     low.confidence, high.confidence = 0.3, 0.2
     assert learning_rate_way([other, low, high], unstable=True) == (False, False, "lower")
+
+
+class _FirstToken(torch.nn.Module):
+    """A recurrent classifier read at its last step, on sequences whose label is their first token."""
+
+    def __init__(self, cell: str):
+        super().__init__()
+        self.rnn = {"rnn": torch.nn.RNN, "lstm": torch.nn.LSTM}[cell](4, 32, batch_first=True)
+        self.out = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.out(self.rnn(x)[0][:, -1])
+
+
+def _first_token_run(cell: str, length: int, steps: int = 150, lm: bool = False):
+    torch.manual_seed(0)
+    model = _FirstToken(cell)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(steps):
+            y = torch.randint(0, 4, (32,), generator=g)
+            x = torch.randn(32, length, 4, generator=g) * 0.5
+            x[:, 0] = F.one_hot(y, 4).float() * 3
+            if lm:  # every step's output is read: the loss reaches each step directly
+                out = model.out(model.rnn(x)[0])
+                loss = F.cross_entropy(out.reshape(-1, 4), x.argmax(-1).reshape(-1))
+            else:
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_a_gradient_that_vanishes_through_time_inside_a_recurrent_module_is_named():
+    """A plain RNN asked for the first of 80 steps: no gradient reaches it through time, the loss stays at
+    chance. Hooks see only the module's output; the input's gradient per time step shows it."""
+    dbg = _first_token_run("rnn", 80)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("vanishing_gradients", "rnn") and top.confidence >= CONFIDENT, dbg.report()
+    assert "through time" in top.chain[0] and "nn.LSTM" in top.suggestion
+    assert len(dbg.trace.meta["through_time"]["rnn"]) >= 10
+
+
+@pytest.mark.parametrize("case", ["short", "every_step"])
+def test_a_recurrent_module_the_gradient_passes_through_is_quiet(case):
+    """Eight steps (the RNN learns the task), or a loss on every step's output (each gets its gradient
+    directly): no vanishing through time."""
+    dbg = _first_token_run("rnn", 8, steps=250) if case == "short" else _first_token_run("lstm", 40, lm=True)
+    assert not [h for h in dbg.explain() if h.cause == "vanishing_gradients" and h.confidence >= 0.5], dbg.report()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..events import SemanticEvent
@@ -46,6 +46,8 @@ class Context:
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     param_dtype: str = ""           # the dtype most of the trainable weights are stored in ("": unknown)
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
+    # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
+    through_time: dict = field(default_factory=dict)
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
 
     def grads_never_zeroed(self) -> bool:

@@ -11,7 +11,7 @@ from ..causes import Cause
 from ..events import SemanticEvent
 from ..layers import GRADIENT_KINDS, Kind
 from ..patterns import LinkKind
-from ..states import GradState, Signal
+from ..states import GradState, LossState, Signal
 from . import losses
 from .context import Context
 from .evidence import Candidate, below_ratio, past_ratio, persistence
@@ -71,8 +71,31 @@ def _span_persistence(span: list[SemanticEvent], ctx: Context) -> float:
     return min(max(held / whole, 0.0), 1.0)
 
 
-def candidates(ctx: Context) -> list[Candidate]:
+def _through_time(ctx: Context) -> list[Candidate]:
+    """Inside a recurrent module (hooks see only its output), the gradient that reaches the first time step
+    of its input against the most any step gets: below ``vanishing_ratio`` at most sampled steps, what the
+    loss needs from early in the sequence is not learned (it vanishes through time). Its measurement alone
+    is no failure (a task that needs only the last steps trains): it needs a loss that does not improve."""
     out = []
+    for layer, rows in ctx.through_time.items():
+        rows = [r for r in rows if len(r) >= 3 and r[0] < (ctx.nonfinite_step() or 1 << 62)]
+        if layer not in ctx.layers or len(rows) < ctx.th.persist:
+            continue
+        ratios = sorted(float(r[1]) for r in rows)
+        typical = ratios[len(ratios) // 2]
+        below = [r for r in rows if float(r[1]) < ctx.th.vanishing_ratio]
+        if typical >= ctx.th.vanishing_ratio or not below:
+            continue
+        out.append(Candidate(Cause.VANISHING_GRADIENTS, layer, int(below[0][0]), "through_time", [],
+                             severity=below_ratio(max(typical, 1e-30), ctx.th.vanishing_ratio),
+                             persistence=len(below) / len(rows), needs_harm=True, lasting=True,
+                             loss_kinds=losses.FLAT | {LossState.SLOW},
+                             facts={"ratio": typical, "steps_in_time": int(rows[-1][2]), "samples": len(rows)}))
+    return out
+
+
+def candidates(ctx: Context) -> list[Candidate]:
+    out = _through_time(ctx)
     exploding = ctx.all(Signal.GRADIENT, GradState.EXPLODING)
     if exploding:
         origin = _origin(ctx, exploding)

@@ -171,6 +171,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if f["others"]:
             lines.append(f"the growth reaches {names(f['others'])}")
         return lines
+    if c.cause == Cause.VANISHING_GRADIENTS and k == "through_time":
+        reach = ("no gradient at all reaches the first step of its input" if f["ratio"] <= 0 else
+                 f"the gradient reaching the first step of its input is {fmt(f['ratio'])}x the most any step gets")
+        return [f"through the {f['steps_in_time']} time steps of `{c.layer}`, {reach} (typical of {f['samples']} "
+                "sampled steps): it vanishes through time inside the recurrent module",
+                "what the loss needs from early in the sequence is not learned"]
     if c.cause == Cause.VANISHING_GRADIENTS:
         word = "is typically" if k == "diminishing" else "is"
         lines = [f"the relative gradient of `{c.layer}` {word} {fmt(f['attenuation'])}x that of the layers after it "
@@ -620,6 +626,15 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if c.layer != f["origin"]:
             text = f"check the backward of `{c.layer}` (a gradient scale or reversal coefficient far above 1?); " + text
         return text
+    if c.cause == Cause.VANISHING_GRADIENTS and k == "through_time":
+        cell = ctx.layers[c.layer].type_name if c.layer in ctx.layers else ""
+        gates = {"RNN": f"replace `{c.layer}` (nn.RNN) by a gated nn.LSTM or nn.GRU; ",
+                 "LSTM": f"initialise the forget-gate bias of `{c.layer}` to 1 or more (bias_ih/bias_hh entries "
+                         "[hidden:2*hidden]) so its state is kept; ",
+                 "GRU": f"bias the update gate of `{c.layer}` toward keeping its state (bias_ih/bias_hh entries "
+                        "[hidden:2*hidden] at +1 or more); "}.get(cell, "")
+        return (gates + "if the loss needs the start of long sequences, shorten them (chunks, truncated "
+                "backpropagation) or give the model a path over time (attention, skip connections across steps)")
     if c.cause == Cause.VANISHING_GRADIENTS:
         bounded = sorted({n for n, l in ctx.layers.items() if str(l.kind) == "bounded" and n in ctx.rank},
                          key=ctx.rank.__getitem__)
