@@ -563,3 +563,26 @@ def test_a_recurrent_module_the_gradient_passes_through_is_quiet(case):
     directly): no vanishing through time."""
     dbg = _first_token_run("rnn", 8, steps=250) if case == "short" else _first_token_run("lstm", 40, lm=True)
     assert not [h for h in dbg.explain() if h.cause == "vanishing_gradients" and h.confidence >= 0.5], dbg.report()
+
+
+def test_a_flat_loss_with_weights_that_do_not_move_is_the_learning_rate_not_the_time_span():
+    """An LSTM over 50 steps whose label is the last token, under Adam at 1e-7: the gradient through time
+    vanishes (as it does at an LSTM's init), but no weight moves; the learning rate is the root."""
+    torch.manual_seed(0)
+    model = _FirstToken("lstm")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-7)
+    g = torch.Generator().manual_seed(1)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(150):
+            y = torch.randint(0, 4, (32,), generator=g)
+            x = torch.randn(32, 50, 4, generator=g) * 0.5
+            x[:, -1] = F.one_hot(y, 4).float() * 3
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    hyps = dbg.explain()
+    assert hyps[0].cause == "learning_rate_too_low", dbg.report()
+    assert not [h for h in hyps if h.cause == "vanishing_gradients" and h.confidence >= 0.5]

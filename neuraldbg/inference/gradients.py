@@ -11,7 +11,7 @@ from ..causes import Cause
 from ..events import SemanticEvent
 from ..layers import GRADIENT_KINDS, Kind
 from ..patterns import LinkKind
-from ..states import GradState, LossState, Signal
+from ..states import GradState, Signal, UpdateState
 from . import losses
 from .context import Context
 from .evidence import Candidate, below_ratio, past_ratio, persistence
@@ -77,6 +77,9 @@ def _through_time(ctx: Context) -> list[Candidate]:
     loss needs from early in the sequence is not learned (it vanishes through time). Its measurement alone
     is no failure (a task that needs only the last steps trains): it needs a loss that does not improve."""
     out = []
+    # a loss that does not improve while no weight moves is the updates' (they are negligible), not what the
+    # gradient through time leaves out: then it explains no loss failure
+    still = bool(ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
     for layer, rows in ctx.through_time.items():
         rows = [r for r in rows if len(r) >= 3 and r[0] < (ctx.nonfinite_step() or 1 << 62)]
         if layer not in ctx.layers or len(rows) < ctx.th.persist:
@@ -89,7 +92,7 @@ def _through_time(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.VANISHING_GRADIENTS, layer, int(below[0][0]), "through_time", [],
                              severity=below_ratio(max(typical, 1e-30), ctx.th.vanishing_ratio),
                              persistence=len(below) / len(rows), needs_harm=True, lasting=True,
-                             loss_kinds=losses.FLAT | {LossState.SLOW},
+                             loss_kinds=frozenset() if still else losses.FLAT,
                              facts={"ratio": typical, "steps_in_time": int(rows[-1][2]), "samples": len(rows)}))
     return out
 
