@@ -106,7 +106,8 @@ class Recorder:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  every: int | None = None, capacity: int = 2048, schedule: Schedule | None = None,
                  on_step: Callable[[], None] | None = None, throttle: Throttle | None = None,
-                 after_step: Callable[[], None] | None = None, scaler=None, spike_factor: float = 10.0):
+                 after_step: Callable[[], None] | None = None, scaler=None, spike_factor: float = 10.0,
+                 creeping: float | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg watches a torch.nn.Module, got {type(model).__name__}")
         self.model = model
@@ -195,6 +196,10 @@ class Recorder:
         # spikes between sampled steps: the largest gradient, read every step anyway (a loss spike is too
         # often batch noise to start a burst: it is found in the recorded loss instead)
         self._grad_spikes = SpikeWatch(spike_factor, self.schedule.warmup)
+        # updates entering their warning band (the largest update-to-weight ratio past ``creeping``, and up on
+        # the sample before) start a burst: the trend of a signal in its band is read on dense samples
+        self._creeping = creeping
+        self._last_ratio = math.nan
         self._loss_spikes = SpikeWatch(spike_factor, self.schedule.warmup)
         self._backward_queued = False
         self._replaying = False
@@ -1044,6 +1049,15 @@ class Recorder:
         g[0] = self._lr()
         self.trace.add_sample(self.step, row, g)
         self.flush_losses()
+        if self._creeping is not None and rec.params is not None:
+            with np.errstate(all="ignore"):
+                ratios = row[:, int(Stat.W_UPDATE_NORM)] / row[:, int(Stat.W_NORM)]
+            ratios = ratios[np.isfinite(ratios)]
+            ratio = float(ratios.max()) if len(ratios) else math.nan
+            if ratio >= self._creeping and ratio > self._last_ratio and self.schedule.burst(self.step + 1):
+                self._sample_now = True
+            if ratio == ratio:
+                self._last_ratio = ratio
 
     @staticmethod
     def _rows(single: dict, small: dict, batch_fn) -> tuple[list[int], list[torch.Tensor]]:

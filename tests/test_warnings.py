@@ -291,3 +291,21 @@ def test_a_ratio_warns_at_its_first_qualifying_sample_and_a_share_of_units_one_l
     # a share whose conditions hold at one sample only, the last: no warning yet; as a ratio, one
     one = dataclasses.replace(dead, in_band=dead.in_band & (np.arange(len(steps)) == len(steps) - 1)[:, None])
     assert _scan(one, th) is None and _scan(dataclasses.replace(one, percent=False), th) is not None
+
+
+def test_updates_entering_their_warning_band_start_a_burst_of_samples():
+    """With NeuralDbg's own sampling, a warm-up that never ends lifts the updates into their warning band
+    between two sparse samples: the first sample past ``update_creeping``, higher than the one before,
+    starts a burst (the next steps are sampled), so the trend in the band is read on dense samples."""
+    from neuraldbg.stats import Stat
+    dbg = gradual.train(gradual.warmup_never_ends(steps=300), every=None)
+    th = dbg.thresholds
+    steps = dbg.trace.stats.steps
+    data = dbg.trace.stats.data
+    with np.errstate(all="ignore"):
+        ratio = np.nanmax(data[:, :, int(Stat.W_UPDATE_NORM)] / data[:, :, int(Stat.W_NORM)], axis=1)
+    entered = [i for i in range(1, len(steps)) if ratio[i] >= th.update_creeping and ratio[i] > ratio[i - 1]
+               and steps[i] >= 30]
+    assert entered, ratio
+    i = entered[0]
+    assert list(steps[i + 1:i + 5]) == [steps[i] + 1, steps[i] + 2, steps[i] + 3, steps[i] + 4]
