@@ -107,7 +107,10 @@ def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
 
 def _lr_high(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if b.cause in (C.DEAD_UNITS, C.SATURATED_ACTIVATIONS):  # units pushed out of their range by an update
-        return not ctx.from_start(b.step) and bool(_large_before(a, b.step, ctx) or a.facts.get("jump"))
+        # (seen too large, or the loss already unstable from them before the units went: the samples may have
+        # missed the updates themselves)
+        return not ctx.from_start(b.step) and bool(_large_before(a, b.step, ctx) or a.facts.get("jump")
+                                                   or _unstable_before(a, b.step))
     if b.cause == C.EXPLODING_GRADIENTS:
         return bool(_large_before(a, b.step, ctx, strict=True))
     if b.cause == C.VANISHING_GRADIENTS:  # units killed by an update pass no gradient back
