@@ -1054,7 +1054,8 @@ class Recorder:
                 ratios = row[:, int(Stat.W_UPDATE_NORM)] / row[:, int(Stat.W_NORM)]
             ratios = ratios[np.isfinite(ratios)]
             ratio = float(ratios.max()) if len(ratios) else math.nan
-            if ratio >= self._creeping and ratio > self._last_ratio and self.schedule.burst(self.step + 1):
+            if (ratio >= self._creeping and ratio > self._last_ratio
+                    and self.schedule.burst(self.step + 1, reason="band")):
                 self._sample_now = True
             if ratio == ratio:
                 self._last_ratio = ratio

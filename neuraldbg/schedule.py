@@ -37,8 +37,9 @@ class Schedule:
         self._sampled: deque[float] = deque(maxlen=5)  # ... and of the last sampled ones
         self._in_a_row = 0                             # sampled steps since the last unsampled one
         self._burst_until = 0                          # steps before this one are all sampled
-        self._last_burst = -(1 << 62)
-        self._credit: float | None = None              # seconds a burst may cost (None: the first is free)
+        self._last_burst: dict[str, int] = {}  # per reason, the step its last burst started
+        # per reason, seconds its bursts may cost (absent: its first is free)
+        self._credit: dict[str, float] = {}
         self._t_last: float | None = None
 
     def resume(self) -> None:
@@ -50,20 +51,22 @@ class Schedule:
 
     burst_steps = 8  # steps a burst samples
 
-    def burst(self, step: int, n: int | None = None, gap: int = 400) -> bool:
-        """Sample steps ``step`` .. ``step + n - 1`` (something changed: a new learning rate, a spike),
-        unless the user fixed the interval, the last burst started less than ``gap`` steps ago (a schedule
-        with frequent restarts must not keep the sampling dense), or bursts have used up their budget:
-        the same share ``budget`` of the plain steps' time as regular sampling, saved up between bursts
-        (the first is free). Returns whether it did."""
-        if self.every is not None or step < self._last_burst + gap:
+    def burst(self, step: int, n: int | None = None, gap: int = 400, reason: str = "change") -> bool:
+        """Sample steps ``step`` .. ``step + n - 1`` (something changed: a new learning rate, a spike; or
+        a signal entered its warning band: ``reason`` "band"), unless the user fixed the interval, the last
+        burst for the same reason started less than ``gap`` steps ago (a schedule with frequent restarts
+        must not keep the sampling dense), or bursts have used up their budget: the same share ``budget``
+        of the plain steps' time as regular sampling, saved up between bursts (the first is free).
+        Returns whether it did."""
+        if self.every is not None or step < self._last_burst.get(reason, -(1 << 62)) + gap:
             return False
         n = self.burst_steps if n is None else n
         cost = n * self._extra()
-        if self._credit is not None and self._credit < cost:
+        credit = self._credit.get(reason)
+        if credit is not None and credit < cost:
             return False
-        self._credit = (self._credit if self._credit is not None else cost) - cost
-        self._last_burst = step
+        self._credit[reason] = (credit if credit is not None else cost) - cost
+        self._last_burst[reason] = step
         self._burst_until = max(self._burst_until, step + n)
         return True
 
@@ -78,9 +81,10 @@ class Schedule:
         now = self.clock()
         if self._t_last is not None:
             (self._sampled if sampled else self._plain).append(now - self._t_last)
-            if not sampled and self._credit is not None:  # bursts save up their share of plain steps' time
-                self._credit = min(self._credit + self.budget * (now - self._t_last),
-                                   self.burst_steps * self._extra())
+            if not sampled and self._credit:  # bursts save up their share of plain steps' time
+                cap = self.burst_steps * self._extra()
+                for reason, credit in self._credit.items():
+                    self._credit[reason] = min(credit + self.budget * (now - self._t_last), cap)
         self._t_last = now
         if not sampled:
             self._in_a_row = 0
