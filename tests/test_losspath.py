@@ -212,7 +212,8 @@ class _ReturnsLoss(nn.Module):
         return {"logits": out, "loss": F.cross_entropy(out, y)}
 
 
-def _loop(model, record, steps: int = 40):
+def _loop(model, loss_of, steps: int = 40, as_float: bool = True):
+    """``as_float``: the loop records ``loss.item()``, no graph to read from it."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(512, 10, generator=g)
@@ -220,11 +221,11 @@ def _loop(model, record, steps: int = 40):
     with NeuralDbg(model, optimizer=opt) as dbg:
         for step in range(steps):
             i = (step * 32) % 512
-            loss = record(model(x[i:i + 32], y[i:i + 32]), y[i:i + 32])
+            loss = loss_of(model(x[i:i + 32], y[i:i + 32]), y[i:i + 32])
             opt.zero_grad()
             loss.backward()
             opt.step()
-            dbg.record_loss(loss.item())  # a float: no graph to read from the loop
+            dbg.record_loss(loss.item() if as_float else loss)
     return dbg
 
 
@@ -237,18 +238,6 @@ def test_a_loss_the_model_returns_is_read_at_once_whatever_the_loop_records():
 def test_an_auxiliary_scalar_among_the_outputs_leaves_the_recorded_loss_its_reading():
     """The model returns (outputs, an auxiliary penalty): the penalty does not lead to the outputs, and the
     loss the loop records as a tensor is read as usual."""
-    model = _ReturnsLoss(softmax=True, aux=True)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(512, 10, generator=g)
-    y = x[:, :3].argmax(1)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(40):
-            i = (step * 32) % 512
-            out, aux = model(x[i:i + 32], y[i:i + 32])
-            loss = F.cross_entropy(out, y[i:i + 32]) + aux
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = _loop(_ReturnsLoss(softmax=True, aux=True), lambda out, y: F.cross_entropy(out[0], y) + out[1],
+                as_float=False)
     assert misuse(dbg.trace.meta.get("loss_paths")) == LossMisuse.SOFTMAX_TWICE

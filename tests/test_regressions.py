@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from faultgen.score import RAISE_LR, contradictions
 from regressions import (functional_cnn_adam, lstm_recurrent_too_large, postln_transformer_adamw,
                          reverse_transformer, tanh_mlp_sgd, train_recording)
+from zoo import Run, teacher_classes, train
 
 CONFIDENT = 0.5
 ATTENTION = ("encoder.layers.0.self_attn", "encoder.layers.1.self_attn")
@@ -311,20 +312,9 @@ def _scheduled_run(make_sched, steps: int = 240, momentum: float = 0.9):
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
     sched = make_sched(opt, steps)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4096, 20, generator=g)
-    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
-    from neuraldbg import NeuralDbg
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(steps):
-            i = (step * 64) % 4096
-            loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            dbg.record_loss(loss)
-    return dbg
+    # the scheduler steps after each optimizer step: before every step but the first
+    return train(Run(model, opt, teacher_classes(20, 5), steps=steps,
+                     before_step=lambda step, opt: sched.step() if step else None))
 
 
 def test_a_scheduler_stepped_every_batch_is_a_learning_rate_too_low_from_its_decline():
@@ -385,20 +375,14 @@ def test_targets_out_of_scale_under_adam_are_the_root_of_the_plateau():
     flat. The targets' scale is the root (it lasts: they keep it), the plateau is in its chain, and no fix
     asks for a larger learning rate."""
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(2048, 20, generator=g)
-    y = (x @ torch.randn(20, generator=g)) * 1000 + 5000
+    w = torch.randn(20, generator=torch.Generator().manual_seed(2))
+
+    def data(step):
+        x = torch.randn(64, 20, generator=torch.Generator().manual_seed(step))
+        return x, (x @ w) * 1000 + 5000
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    from neuraldbg import NeuralDbg
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(200):
-            i = (step * 64) % 2048
-            loss = F.mse_loss(model(x[i:i + 64]).squeeze(1), y[i:i + 64])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data,
+                    loss=lambda out, y: F.mse_loss(out.squeeze(1), y), steps=200))
     hyps = dbg.explain()
     assert hyps and hyps[0].cause == "data" and hyps[0].confidence >= CONFIDENT, dbg.report()
     assert "standardise the targets" in hyps[0].suggestion
@@ -412,20 +396,8 @@ def _init_run(init, act=torch.nn.ReLU, steps: int = 150):
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), act(), torch.nn.Linear(64, 64), act(),
                                 torch.nn.Linear(64, 5))
     init(model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2048, 20, generator=g)
-    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
-    from neuraldbg import NeuralDbg
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(steps):
-            i = (step * 64) % 2048
-            loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
-    return dbg
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(20, 5, seed=1),
+                     steps=steps))
 
 
 def _fill(value, which=(0, 2, 4), bias: bool = True):
@@ -470,21 +442,13 @@ def test_one_batch_out_of_scale_is_named_as_that_batch_not_the_pipeline(at):
     that finds that batch (normalising every input by its statistics would break the rest). Whether or not the
     step is sampled: an unsampled one's input is read when its loss spikes."""
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2048, 20, generator=g)
-    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
+    clean = teacher_classes(20, 5, seed=1)
+
+    def data(step):
+        x, y = clean(step)
+        return x * (1000.0 if step == at else 1.0), y
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    from neuraldbg import NeuralDbg
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(200):
-            i = (step * 64) % 2048
-            xb = x[i:i + 64] * (1000.0 if step == at else 1.0)
-            loss = F.cross_entropy(model(xb), y[i:i + 64])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), data, steps=200))
     top = dbg.explain()[0]
     assert top.cause == "data" and top.step == at, dbg.report()
     assert f"batch at step {at}" in top.chain[0] and f"find the batch of step {at}" in top.suggestion
@@ -513,38 +477,34 @@ def test_the_top_hypothesis_sets_the_learning_rates_way_whatever_its_confidence(
 
 
 class _FirstToken(torch.nn.Module):
-    """A recurrent classifier read at its last step, on sequences whose label is their first token."""
+    """A recurrent classifier read at its last step, on sequences whose label is their first token
+    (``every_step``: it reads every step's output instead)."""
 
-    def __init__(self, cell: str):
+    def __init__(self, cell: str, every_step: bool = False):
         super().__init__()
         self.rnn = {"rnn": torch.nn.RNN, "lstm": torch.nn.LSTM}[cell](4, 32, batch_first=True)
         self.out = torch.nn.Linear(32, 4)
+        self.every_step = every_step
 
     def forward(self, x):
-        return self.out(self.rnn(x)[0][:, -1])
+        h = self.rnn(x)[0]
+        return self.out(h).reshape(-1, 4) if self.every_step else self.out(h[:, -1])
 
 
-def _first_token_run(cell: str, length: int, steps: int = 150, lm: bool = False):
+def _first_token_run(cell: str, length: int, steps: int = 150, lm: bool = False, token: int = 0,
+                     lr: float = 1e-3):
+    """``token``: the position of the label's token (0: the first, -1: the last)."""
     torch.manual_seed(0)
-    model = _FirstToken(cell)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model = _FirstToken(cell, every_step=lm)
     g = torch.Generator().manual_seed(1)
-    from neuraldbg import NeuralDbg
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for _ in range(steps):
-            y = torch.randint(0, 4, (32,), generator=g)
-            x = torch.randn(32, length, 4, generator=g) * 0.5
-            x[:, 0] = F.one_hot(y, 4).float() * 3
-            if lm:  # every step's output is read: the loss reaches each step directly
-                out = model.out(model.rnn(x)[0])
-                loss = F.cross_entropy(out.reshape(-1, 4), x.argmax(-1).reshape(-1))
-            else:
-                loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
-    return dbg
+
+    def data(step):
+        y = torch.randint(0, 4, (32,), generator=g)
+        x = torch.randn(32, length, 4, generator=g) * 0.5
+        x[:, token] = F.one_hot(y, 4).float() * 3
+        # ``lm``: every step's output is read, against its own token: the loss reaches each step directly
+        return x, (x.argmax(-1).reshape(-1) if lm else y)
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=lr), data, steps=steps))
 
 
 def test_a_gradient_that_vanishes_through_time_inside_a_recurrent_module_is_named():
@@ -568,21 +528,7 @@ def test_a_recurrent_module_the_gradient_passes_through_is_quiet(case):
 def test_a_flat_loss_with_weights_that_do_not_move_is_the_learning_rate_not_the_time_span():
     """An LSTM over 50 steps whose label is the last token, under Adam at 1e-7: the gradient through time
     vanishes (as it does at an LSTM's init), but no weight moves; the learning rate is the root."""
-    torch.manual_seed(0)
-    model = _FirstToken("lstm")
-    opt = torch.optim.Adam(model.parameters(), lr=1e-7)
-    g = torch.Generator().manual_seed(1)
-    from neuraldbg import NeuralDbg
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for _ in range(150):
-            y = torch.randint(0, 4, (32,), generator=g)
-            x = torch.randn(32, 50, 4, generator=g) * 0.5
-            x[:, -1] = F.one_hot(y, 4).float() * 3
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = _first_token_run("lstm", 50, token=-1, lr=1e-7)
     hyps = dbg.explain()
     assert hyps[0].cause == "learning_rate_too_low", dbg.report()
     assert not [h for h in hyps if h.cause == "vanishing_gradients" and h.confidence >= 0.5]
