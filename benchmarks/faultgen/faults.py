@@ -480,6 +480,26 @@ def _gradient_reversal(b: Build) -> None:
     b.arch["reversal"] = str(at)
 
 
+SPARSITY = 1e4    # the penalty's weight grows this many times over 60% of the run
+SPARSITY_START = 1e-3
+
+
+def _sparsity_ramp(b: Build) -> None:
+    """An L1 penalty on the middle ReLU's output (a sparsity regulariser) whose weight grows by the same
+    factor every step: it pushes the units' inputs below zero, more of them every step."""
+    site = b.sites().middle("relu", blocking=True)
+    held: dict = {}
+    dict(b.model.named_modules())[site.place].register_forward_hook(lambda m, i, out: held.__setitem__("h", out))
+    weight = {"now": SPARSITY_START}
+    rate = per_step(SPARSITY, b)
+
+    def grow(step, opt, rate=rate):
+        weight["now"] = SPARSITY_START * rate ** step
+    b.schedule.append(grow)
+    task_loss = b.loss
+    b.loss = lambda out, y: task_loss(out, y) + weight["now"] * held["h"].abs().mean()
+
+
 def _mechanism_list() -> list[Mechanism]:
     return [
         # -- learning rate too high ------------------------------------------------------------------
@@ -518,6 +538,12 @@ def _mechanism_list() -> list[Mechanism]:
                   all_of(site_state("dead", lambda b: b.sites().middle("relu", blocking=True).place, "start"),
                          site_state("dead", lambda b: b.sites().middle("relu", blocking=True).place, "end"),
                          worse_than_twin)),
+        Mechanism("sparsity_penalty_ramp", "dead_units",
+                  "an L1 penalty on the middle ReLU's output whose weight grows by the same factor every step "
+                  "(1e-3, then 1e4 times that by 60% of the run): more of its units are pushed below zero every step",
+                  only("mlp_relu", "cnn_bn", "residual_cnn", "autoencoder"), _sparsity_ramp,
+                  lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place),),
+                                   gradual_onset(b)), worse_than_twin, gradual=True),
         # -- saturated activations -------------------------------------------------------------------
         Mechanism("squash_bias_shift", "saturated_activations",
                   "the bias before the middle tanh/sigmoid set to +20: it sits at its upper bound for every input",

@@ -147,24 +147,28 @@ def mask_sign_flipped(b: Build) -> None:
         dict(b.model.named_modules())[a.place].key_bias = bias
 
 
-SPARSITY = 1e4    # the penalty's weight grows this many times over 60% of the run
-SPARSITY_START = 1e-3
-
-
-def sparsity_ramp(b: Build) -> None:
-    """An L1 penalty on the middle ReLU's output (a sparsity regulariser) whose weight grows by the same
-    factor every step: it pushes the units' inputs below zero, more of them every step."""
+def dropout_as_keep_prob(b: Build) -> None:
+    """``F.dropout(h, p=keep_prob)`` on the middle ReLU-family activation's input, with keep_prob 1.0 (a keep
+    probability passed where PyTorch takes the probability of dropping, as in a port from TensorFlow 1):
+    in training every element is dropped, so the activation reads 0 for every input."""
     site = b.sites().middle("relu", blocking=True)
-    held: dict = {}
-    dict(b.model.named_modules())[site.place].register_forward_hook(lambda m, i, out: held.__setitem__("h", out))
-    weight = {"now": SPARSITY_START}
-    rate = K.per_step(SPARSITY, b)
+    dict(b.model.named_modules())[site.pre].register_forward_hook(
+        lambda m, i, out: F.dropout(out, p=1.0, training=m.training))
 
-    def grow(step, opt, rate=rate):
-        weight["now"] = SPARSITY_START * rate ** step
-    b.schedule.append(grow)
-    task_loss = b.loss
-    b.loss = lambda out, y: task_loss(out, y) + weight["now"] * held["h"].abs().mean()
+
+def dropout_schedule_to_one(b: Build) -> None:
+    """A dropout schedule on the middle ReLU-family activation's input whose p rises linearly from 0 to
+    1.0 at ``RAMP_CROSS`` of the run (a schedule of the keep probability's complement run past its end):
+    ever fewer elements pass, then none, and the activation reads 0 for every input."""
+    site = b.sites().middle("relu", blocking=True)
+    p = {"now": 0.0}
+    end = K.RAMP_CROSS * b.steps
+
+    def rise(step, opt, end=end):
+        p["now"] = min(1.0, step / end)
+    b.schedule.append(rise)
+    dict(b.model.named_modules())[site.pre].register_forward_hook(
+        lambda m, i, out: F.dropout(out, p=p["now"], training=m.training))
 
 
 # -- did it bite? ------------------------------------------------------------------------------------
@@ -238,12 +242,21 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
     Mechanism("one_layer_scaled", "bad_initialization",
               "the middle weight layer x1000 at initialisation",
               K.only("mlp_relu", "mlp_gelu", "autoencoder"), scale_middle(1000.0), one_layer_expect, K.worse_than_twin),
-    Mechanism("sparsity_penalty_ramp", "dead_units",
-              "an L1 penalty on the middle ReLU's output whose weight grows by the same factor every step (1e-3, "
-              "then 1e4 times that by 60% of the run): more of its units are pushed below zero every step",
-              K.only("mlp_relu", "cnn_bn", "residual_cnn", "autoencoder"), sparsity_ramp,
-              lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place),),
-                               K.gradual_onset(b)), K.worse_than_twin, gradual=True),
+    Mechanism("dropout_as_keep_prob", "dead_units",
+              "functional dropout on the middle ReLU-family activation's input called with a keep probability "
+              "of 1.0 as its p: in training every element is dropped, the activation outputs 0 for every input",
+              K.only("mlp_relu", "mlp_gelu", "cnn_bn", "cnn_bn_functional", "autoencoder"),
+              dropout_as_keep_prob,
+              lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
+                                  b.sites().middle("relu", blocking=True).pre),), (0, 2)),
+              K.worse_than_twin),
+    Mechanism("dropout_schedule_to_one", "dead_units",
+              "a dropout schedule on the middle ReLU-family activation's input whose p rises from 0 to 1.0 by 60% "
+              "of the run: ever fewer elements pass, then none",
+              K.only("mlp_relu", "cnn_bn", "cnn_bn_functional", "autoencoder"), dropout_schedule_to_one,
+              lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
+                                  b.sites().middle("relu", blocking=True).pre),), K.gradual_onset(b)),
+              K.worse_than_twin, gradual=True),
     Mechanism("attention_mask_sign_flipped", "attention_collapse",
               "hand-written attention whose padding mask (+1e4 on the last key) is added with the wrong sign: "
               "every query attends to that one key",
