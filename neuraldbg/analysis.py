@@ -83,6 +83,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),
                   through_time=dict(trace.meta.get("through_time") or {}),
-                  optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)))
+                  optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
+                  loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t})
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

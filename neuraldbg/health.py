@@ -321,8 +321,11 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         sub = act[:, f.bi]
         sub[(f.sat >= th.saturated_fraction) & (sub == 0)] = ActState.SATURATED.code
         act[:, f.bi] = sub
-    act_values = {ActState.DEAD: {"dead_fraction": _at(f.dead_all)},
-                  ActState.SATURATED: {"saturated_fraction": _at(f.sat_all)},
+    # the worst share from a sample on (units that keep dying after the state began count at their worst)
+    dead_peak, sat_peak = (np.fmax.accumulate(x[::-1], axis=0)[::-1] if len(x) else x
+                           for x in (f.dead_all, f.sat_all))
+    act_values = {ActState.DEAD: {"dead_fraction": _at(f.dead_all), "dead_peak": _at(dead_peak)},
+                  ActState.SATURATED: {"saturated_fraction": _at(f.sat_all), "saturated_peak": _at(sat_peak)},
                   ActState.ANOMALOUS: {"act_std": _at(std), "act_growth": _ratio(std, f.base)}}
     out.append(StateSeries(Signal.ACTIVATION, steps, act, names, act_values))
 

@@ -62,6 +62,17 @@ class Nodes(list):
         return (Nodes, ())
 
 
+class NodeMap(dict):
+    """Layer outputs' autograd nodes by id (node id -> (node, layer index)), held until a loss is read; like
+    ``Nodes``, not copied with a copy of the model."""
+
+    def __deepcopy__(self, memo) -> "NodeMap":
+        return NodeMap()
+
+    def __reduce__(self):
+        return (NodeMap, ())
+
+
 def op_name(fn) -> str:
     return _SUFFIX.sub("", type(fn).__name__)
 
@@ -126,6 +137,31 @@ def outside_leaves(loss_fn, outputs: list, inside: set[int]) -> list:
             continue
         stack.extend(nxt for nxt, _ in getattr(fn, "next_functions", ()) if nxt is not None)
     return list(found.values())
+
+
+def layer_terms(loss_fn, outputs: list, layers: dict[int, int]) -> list[tuple[int, list[str]]]:
+    """Terms of the loss on a watched layer's output other than through the model's outputs (an activity
+    penalty such as ``w * h.abs().mean()``, a feature-matching loss): ``layers`` maps the id of a layer
+    output's node to the layer's index. Each layer reached is returned once, with the op names from the loss
+    to it (loss side first, shape-only ops left out, the layer's own node not included). The walk does not
+    enter the model through its outputs, nor go on past a layer it reached; at most ``MAX_NODES`` nodes."""
+    stop = {id(fn) for fn in outputs}
+    found: dict[int, list[str]] = {}
+    stack: list[tuple[object, list[str]]] = [(loss_fn, [])] if loss_fn is not None else []
+    visited: set[int] = set()
+    while stack and len(visited) < MAX_NODES:
+        fn, trail = stack.pop()
+        if id(fn) in visited or id(fn) in stop:
+            continue
+        visited.add(id(fn))
+        idx = layers.get(id(fn))
+        if idx is not None:
+            found.setdefault(idx, trail)
+            continue
+        name = op_name(fn)
+        step = trail if name in SHAPE_OPS or name == "AccumulateGrad" else trail + [name]
+        stack.extend((nxt, step) for nxt, _ in getattr(fn, "next_functions", ()) if nxt is not None)
+    return list(found.items())
 
 
 def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:

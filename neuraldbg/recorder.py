@@ -31,7 +31,7 @@ from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
 from .paramnorms import ParamNorms
-from .schedule import Schedule, SpikeWatch, Throttle
+from .schedule import LossTurn, Schedule, SpikeWatch, Throttle
 from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
                     dtype_max, finite_norm, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, max_abs)
 from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
@@ -177,6 +177,7 @@ class Recorder:
         self._seen_lr = self._lr(sync=False)  # the learning rate of the latest step, to see it rise
         self._seen_lr_value: object = None    # ... as the optimizer holds it (unchanged while it is the same object)
         self._pending_losses: list = []
+        self._layer_nodes = losspath.NodeMap()  # see _read_layer_terms
         self._out_grads: list = []
         self._out_leaves: list = []
         self._last_inputs = None
@@ -201,6 +202,9 @@ class Recorder:
         self._creeping = creeping
         self._last_ratio = math.nan
         self._loss_spikes = SpikeWatch(spike_factor, self.schedule.warmup)
+        # the loss turning back up (its smoothed level, not one batch) starts a burst: what the layers do while
+        # it rises is read on dense samples
+        self._loss_turn = LossTurn(warmup=self.schedule.warmup)
         self._backward_queued = False
         self._replaying = False
         self.attached = False
@@ -311,6 +315,7 @@ class Recorder:
         if paths:
             self._watch_outside(losspath.outside_leaves(loss.grad_fn, self._out_fns,
                                                         {id(p) for p in self.inner.parameters()}))
+            self._read_layer_terms(loss.grad_fn, self._out_fns)
         self._out_fns = ()
         self._loss_path_tries += 1
         if paths:
@@ -318,6 +323,19 @@ class Recorder:
         # found, or not found in the first few losses (a loss that does not come from the output): not looked for
         # again, so no step pays for a walk through the graph after these
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
+
+    # on sampled passes until the loss's graph is read: each layer output's node (by id: the node, the layer)
+
+
+    def _read_layer_terms(self, loss_fn, outputs) -> None:
+        """Terms of the loss on watched layers' outputs other than through the model's outputs (an activity
+        penalty), from a sampled pass's layer outputs: into the trace's meta as [layer, op, op ...]."""
+        nodes, self._layer_nodes = self._layer_nodes, losspath.NodeMap()
+        if not nodes:
+            return
+        terms = losspath.layer_terms(loss_fn, list(outputs), {k: idx for k, (_, idx) in nodes.items()})
+        if terms:
+            self.trace.meta["loss_terms"] = [[self.layers[idx].name] + ops for idx, ops in terms]
 
     _outside: tuple | None = None  # (weak reference to a tensor outside the model the loss depends on, its norm,
     #                                  sampled steps left to look at it)
@@ -364,8 +382,11 @@ class Recorder:
                 value = float(value)
         else:
             value = float(loss)
-        if isinstance(value, float) and self._loss_spikes(value):
-            self._input_at_spike(self._pass_step)
+        if isinstance(value, float):
+            if self._loss_spikes(value):
+                self._input_at_spike(self._pass_step)
+            if self._loss_turn(value):
+                self.schedule.burst(self.step, reason="loss")
         self._pending_losses.append((self._pass_step, value))
         if len(self._pending_losses) >= 256:
             self.flush_losses()
@@ -454,6 +475,7 @@ class Recorder:
             self.trace.meta["loss_paths"] = paths
             self._watch_outside(losspath.outside_leaves(loss.grad_fn, [last.grad_fn],
                                                         {id(p) for p in self.inner.parameters()}))
+            self._read_layer_terms(loss.grad_fn, [last.grad_fn])
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
     def _on_forward_start(self, module, args, kwargs):
@@ -469,6 +491,8 @@ class Recorder:
         if self._pass_step != self.step:  # the first forward pass of a step (not a second, accumulated one)
             self._pass_step = self.step
             self._watch_lr()
+            if self._layer_nodes:
+                self._layer_nodes = losspath.NodeMap()
         self._last_inputs = (args, kwargs)
         if self.trace.nonfinite is None:
             if self._sample_now or self._forward_draws is not False:
@@ -576,7 +600,10 @@ class Recorder:
             if t._version == version:
                 self._settled.add(idx)
         rec.watch = []
+        nodes = None if self._loss_path_seen else self._layer_nodes
         for idx, t, version in rec.seen:
+            if nodes is not None and t.grad_fn is not None:
+                nodes[id(t.grad_fn)] = (t.grad_fn, idx)
             rec.dtype[idx] = t.dtype
             self._keep(rec, idx, t, version, self._key(idx, self.layers[idx], t))
         rec.seen = []
@@ -675,6 +702,8 @@ class Recorder:
         if layer.order is None:
             layer.order = self._next_order
             self._next_order += 1
+        if not self._loss_path_seen and t.grad_fn is not None:  # until the loss's graph is read: what it may read
+            self._layer_nodes[id(t.grad_fn)] = (t.grad_fn, idx)
         rec.dtype[idx] = t.dtype
         if t.numel() <= BATCH_NUMEL:
             key = self._key(idx, layer, t)

@@ -144,6 +144,46 @@ class SpikeWatch:
         return spike
 
 
+class LossTurn:
+    """The loss turning back up: its smoothed level (an exponential average over ~``span`` steps, so one noisy
+    batch does not move it) has given back ``share`` of what it had come down from its first value, once that
+    is at least ``gain`` of the first value (a loss that hardly came down has nothing to give back but noise).
+    Fires once per turn, not in the first ``warmup`` values; armed again once the level is back near its best.
+    A number at hand every step on the host (no extra work on the device)."""
+
+    def __init__(self, share: float = 0.5, span: int = 20, warmup: int = 16, gain: float = 0.1):
+        self.share = share
+        self.gain = gain
+        self.alpha = 2.0 / (span + 1)
+        self.warmup = warmup
+        self._n = 0
+        self._level = self._start = math.nan
+        self._best = math.inf
+        self._armed = True
+
+    def __call__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        self._n += 1
+        if self._n == 1:
+            self._level = self._start = value
+        else:
+            self._level += self.alpha * (value - self._level)
+        level = self._level
+        self._best = min(self._best, level)
+        gained = self._start - self._best
+        if gained <= self.gain * abs(self._start) or self._n <= self.warmup:
+            return False
+        back = (level - self._best) / gained
+        if not self._armed:
+            self._armed = back < self.share / 4
+            return False
+        if back >= self.share:
+            self._armed = False
+            return True
+        return False
+
+
 def _median(values) -> float:
     """``statistics.median``, without its checks (every step)."""
     s = sorted(values)

@@ -241,3 +241,52 @@ def test_an_auxiliary_scalar_among_the_outputs_leaves_the_recorded_loss_its_read
     dbg = _loop(_ReturnsLoss(softmax=True, aux=True), lambda out, y: F.cross_entropy(out[0], y) + out[1],
                 as_float=False)
     assert misuse(dbg.trace.meta.get("loss_paths")) == LossMisuse.SOFTMAX_TWICE
+
+
+# -- terms of the loss on a hidden layer's output (an activity penalty) --------------------------------------
+
+def _penalised(weight_at, steps: int = 300, seed: int = 0):
+    """An MLP classifier whose loss adds an L1 penalty on its second ReLU's output, weighted by
+    ``weight_at(step)``."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    held = {}
+    model[3].register_forward_hook(lambda m, i, out: held.__setitem__("h", out))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2048, 10, generator=g)
+    y = (x[:, :4] + 0.3 * torch.randn(2048, 4, generator=g)).argmax(1)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            i = (step * 64) % 2048
+            loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64]) + weight_at(step) * held["h"].abs().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_a_penalty_on_a_hidden_layers_output_is_read_as_a_term_of_the_loss():
+    terms = _penalised(lambda s: 1e-3, steps=20).trace.meta.get("loss_terms")
+    assert terms and terms[0][0] == "3" and {"Abs", "Mean"} <= set(terms[0][1:]), terms
+    # a loss of the outputs alone has none; nor a penalty on what the model returns (a VAE's KL term)
+    assert _train(F.cross_entropy).trace.meta.get("loss_terms") is None
+    dbg = _loop(_ReturnsLoss(softmax=False, aux=True), lambda out, y: F.cross_entropy(out[0], y) + out[1],
+                as_float=False)
+    assert dbg.trace.meta.get("loss_terms") is None
+
+
+def test_units_a_growing_penalty_kills_are_named_with_the_penalty_not_the_learning_rate():
+    """The penalty's weight grows 1e4-fold over the run: the loss rises with it before the units die, which read
+    as a divergence (the learning rate) until the loss's graph shows the term on that layer's output."""
+    dbg = _penalised(lambda s: 1e-3 * 10 ** (s / 50))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("dead_units", "3") and top.confidence >= CONFIDENT, dbg.report()
+    assert "penalty" in top.suggestion and "learning rate" not in top.suggestion
+    assert not [h for h in dbg.explain() if h.cause == "learning_rate_too_high" and h.confidence >= CONFIDENT]
+
+
+def test_a_small_constant_penalty_trains_quietly():
+    dbg = _penalised(lambda s: 1e-3)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()

@@ -7,13 +7,47 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg, Stat
-from neuraldbg.schedule import SpikeWatch
+from neuraldbg.schedule import LossTurn, SpikeWatch
 
 
 def test_spike_watch():
     grad = SpikeWatch(10.0, window=4)
     assert [grad(v) for v in (1.0, 2.0, 1.0, 2.0, 12.0, 30.0, 1.5)] == [False] * 5 + [True, False]
     assert not grad(float("nan")) and not grad(0.0)
+
+
+def test_loss_turn_fires_once_when_the_smoothed_loss_gives_back_half_its_progress():
+    rng = np.random.default_rng(0)
+    falling = [2.0 * 0.97 ** k for k in range(60)]
+    rising = [falling[-1] + 0.05 * k for k in range(1, 40)]
+    turn = LossTurn(warmup=8)
+    fired = [k for k, v in enumerate(falling + rising + rising[::-1]) if turn(v)]
+    assert len(fired) == 1 and 60 < fired[0] < 99
+    # batch noise around a falling loss, and a loss that hardly came down, do not turn
+    noisy, flat = LossTurn(warmup=8), LossTurn(warmup=8)
+    assert not any(noisy(v * (1 + 0.2 * rng.standard_normal())) for v in falling)
+    assert not any(flat(1.0 + 0.02 * rng.standard_normal()) for _ in range(200))
+    assert not LossTurn()(float("nan"))
+
+
+def test_a_loss_turning_back_up_starts_a_burst_of_samples():
+    """The recorded loss climbs back between sparse samples (a term of it grows; nothing in the gradients
+    spikes): the next steps are sampled."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(256, 8)
+    y = (x[:, 0] > 0).long()
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(200):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss.item() + 0.05 * max(0, step - 120))
+    sampled = [int(s) for s in dbg.trace.stats.steps]
+    after = [s for s in sampled if 120 < s < 150]
+    assert len(after) >= 6 and max(np.diff(after)) == 1, sampled
 
 
 def train(glitch: int | None, seed: int, steps: int = 300):

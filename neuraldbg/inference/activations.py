@@ -21,27 +21,43 @@ def _downstream(ctx: Context, ev: SemanticEvent) -> list[SemanticEvent]:
             and e.signal in (Signal.ACTIVATION, Signal.GAIN)]
 
 
+def _share(ev: SemanticEvent, key: str, default: float = 1.0) -> float:
+    """A share the event carries (``default`` when absent; 1 when not measured)."""
+    v = ev.values.get(key, default)
+    return 1.0 if v != v else v
+
+
+def _loss_kinds(ctx: Context, ev: SemanticEvent) -> frozenset:
+    """A loss that stays flat or oscillates; and units that stop during training take away what the model had
+    learned with them: a loss that rises back from then on. (Units the loss itself penalises, through a term on
+    their output, are pushed there by that term from the first step: see ``acting_from``.)"""
+    kinds = losses.FLAT | {losses.LossState.OSCILLATING}
+    return kinds if ctx.from_start(ev) else kinds | {losses.LossState.DIVERGING}
+
+
 def candidates(ctx: Context) -> list[Candidate]:
     out = []
     for ev in ctx.all(Signal.ACTIVATION, ActState.DEAD):
-        frac = ev.values.get("dead_fraction", 1.0)
-        frac = 1.0 if frac != frac else frac
+        frac = _share(ev, "dead_fraction")
+        worst = max(frac, _share(ev, "dead_peak", frac))
         blocked = ctx.linked(LinkKind.BLOCKS, ev)
         downstream = _downstream(ctx, ev) if frac >= _ALL_DEAD else []
-        out.append(Candidate(Cause.DEAD_UNITS, ev.layer, ev.step, "dead", [ev],
-                             severity=past_fraction(frac, ctx.th.dead_fraction), persistence=persistence(ev, ctx),
+        penalised = ev.layer in ctx.loss_terms
+        out.append(Candidate(Cause.DEAD_UNITS, ev.layer, ev.step, "penalised" if penalised else "dead", [ev],
+                             severity=past_fraction(worst, ctx.th.dead_fraction), persistence=persistence(ev, ctx),
                              partial=True,
-                             symptoms=blocked + downstream, loss_kinds=losses.FLAT | {losses.LossState.OSCILLATING},
+                             symptoms=blocked + downstream, loss_kinds=_loss_kinds(ctx, ev),
+                             acting_from=ctx.first_step if penalised else None,
                              facts={"fraction": frac, "blocked": blocked, "downstream": downstream,
-                                    "previous": ctx.previous(ev.layer)}))
+                                    "previous": ctx.previous(ev.layer), "term": ctx.loss_terms.get(ev.layer)}))
     for ev in ctx.all(Signal.ACTIVATION, ActState.SATURATED):
-        frac = ev.values.get("saturated_fraction", 1.0)
-        frac = 1.0 if frac != frac else frac
+        frac = _share(ev, "saturated_fraction")
+        worst = max(frac, _share(ev, "saturated_peak", frac))
         blocked = ctx.linked(LinkKind.BLOCKS, ev)
         out.append(Candidate(Cause.SATURATED_ACTIVATIONS, ev.layer, ev.step, "saturated", [ev],
-                             severity=past_fraction(frac, ctx.th.saturated_fraction),
+                             severity=past_fraction(worst, ctx.th.saturated_fraction),
                              persistence=persistence(ev, ctx), symptoms=blocked, partial=True,
-                             loss_kinds=losses.FLAT | {losses.LossState.OSCILLATING},
+                             loss_kinds=_loss_kinds(ctx, ev),
                              facts={"fraction": frac, "blocked": blocked,
                                     "previous": ctx.previous_weight_layer(ev.layer)}))
     return out

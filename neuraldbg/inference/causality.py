@@ -249,10 +249,10 @@ def explained_loss(c: Candidate, ctx: Context) -> list:
     can it explain a failure that began before it could have (before the sample preceding its onset)."""
     end = _span_end(c)
     reach = end + max(ctx.th.lr_jump_window, end - c.step)
-    since = ctx.sample_before(c.step)
+    since = ctx.sample_before(c.step) if c.acting_from is None else c.since
     out = [e for e in ctx.events if (e.signal in (Signal.LOSS, Signal.TARGET) or e.signal == Signal.SPIKE
                                      and not e.layer) and e.after in c.loss_kinds
-           and (e.end is None or e.end > c.step) and since <= e.step <= reach]
+           and (e.end is None or e.end > c.since) and since <= e.step <= reach]
     return out
 
 
@@ -264,7 +264,7 @@ def _explains(a: Candidate, b: Candidate, ctx: Context) -> bool:
             return a.kind == "weights_collapse" and any(e in a.loss for e in b.events)
         return any(e in a.loss for e in b.events)
     if (b.events and all(e.signal == Signal.LOSS for e in b.events) and all(e in a.loss for e in b.events)
-            and not b.facts.get("nan") and b.step >= a.step):
+            and not b.facts.get("nan") and b.step >= a.since):
         return True  # a candidate made of nothing but a loss failure that ``a`` accounts for
     if b.events and b.step >= a.step and all(any(e is s for s in a.symptoms) for e in b.events):
         return True  # a candidate whose evidence is all symptoms named by ``a``'s signature
@@ -288,7 +288,10 @@ def resolve(cands: list[Candidate], ctx: Context) -> list[Candidate]:
     for j in range(len(cands)):
         sources = [i for i, jj in edges if jj == j]
         if sources:
-            parent[j] = min(sources, key=lambda i: (-cands[i].confidence, cands[i].family, cands[i].step))
+            # a source that came first (onset, then causal order) before one that did not: two candidates that
+            # explain each other (the same state in two layers) never keep each other from an earlier root
+            parent[j] = min(sources, key=lambda i: (cands[i].order >= cands[j].order, -cands[i].confidence,
+                                                    cands[i].family, cands[i].step))
 
     def root(j: int) -> int:
         seen = {j}

@@ -49,6 +49,9 @@ class Context:
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
     through_time: dict = field(default_factory=dict)
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
+    # layers whose output the loss reads directly, besides through the model's outputs (an activity penalty):
+    # layer -> the ops from the loss to it, loss side first
+    loss_terms: dict = field(default_factory=dict)
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

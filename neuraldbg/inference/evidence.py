@@ -51,6 +51,8 @@ class Candidate:
     partial: bool = False                       # its measurement is a share of a layer's units: past its
                                                 # threshold, it explains part of a loss failure
     lasting: bool = False                       # its effects outlast its evidence (a scale it starts with)
+    acting_from: int | None = None              # the step its cause acts from, when before its evidence shows
+                                                # (a penalty in the loss on a layer's output: the first step)
     symptoms: list[SemanticEvent] = field(default_factory=list)   # consequences named by its signature
     loss_kinds: frozenset = frozenset()         # loss states it can explain
     facts: dict = field(default_factory=dict)   # numbers for the wording
@@ -64,7 +66,12 @@ class Candidate:
 
     @property
     def order(self) -> tuple[int, int]:
-        return (self.step, self.family)
+        return (self.step if self.acting_from is None else min(self.step, self.acting_from), self.family)
+
+    @property
+    def since(self) -> int:
+        """The step its cause acts from: its onset, or earlier (``acting_from``)."""
+        return self.step if self.acting_from is None else min(self.step, self.acting_from)
 
     def explained(self) -> list["Candidate"]:
         """Every candidate this one explains, directly or not."""

@@ -20,6 +20,15 @@ from .evidence import Candidate
 fmt = number
 
 
+
+def _term(ops) -> str:
+    """The ops of a loss's term on a layer's output, from the layer on (``abs -> mean -> mul``); the op that
+    joins it to the rest of the loss is left out."""
+    ops = [str(o).split("@")[0] for o in (ops or [])]
+    if ops and ops[0] in ("Add", "Sub"):
+        ops = ops[1:]
+    return " -> ".join(o.lower() for o in reversed(ops)) or "a term of its own"
+
 def layer_list(names: list[str], limit: int = 4) -> str:
     unique = list(dict.fromkeys(n for n in names if n))
     shown = ", ".join(f"`{n}`" for n in unique[:limit])
@@ -112,7 +121,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.DEAD_UNITS:
         lines = [f"{f['fraction']:.0%} of the units of `{c.layer}` are dead: they output 0 for every input from step "
                  f"{c.step}"]
-        if ctx.from_start(c.step) and f.get("previous"):
+        if k == "penalised":
+            lines.append(f"the loss reads `{c.layer}`'s output directly ({_term(f.get('term'))}): a penalty on its "
+                         "activations pushes its units toward zero from the first step, and below it")
+        elif ctx.from_start(c.step) and f.get("previous"):
             lines.append(f"present from step {c.step}: `{f['previous']}` feeds `{c.layer}` only non-positive values "
                          "(its bias or weight scale)")
         if f["blocked"]:
@@ -552,6 +564,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("check the targets' range: binary_cross_entropy(_with_logits) needs targets in [0, 1] (divide 0/255 "
                 "masks by 255), cross_entropy class indices in [0, classes) or probabilities summing to 1; if the loss "
                 "is meant to go negative (a Gaussian NLL), check that its variance is bounded below")
+    if c.cause == Cause.DEAD_UNITS and k == "penalised":
+        return (f"lower the weight of the penalty on `{c.layer}`'s output ({_term(f.get('term'))} in the loss), or "
+                "stop it growing (cap it, or warm it up to a fixed value); the units it has already killed stay dead: "
+                "retrain from before they died, or penalise through a nn.LeakyReLU(0.01)")
     if c.cause == Cause.DEAD_UNITS:
         prev = f.get("previous")
         text = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{c.layer}` by "
