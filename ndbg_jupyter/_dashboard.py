@@ -310,7 +310,8 @@ class Dashboard:
         measured = self._measured(dbg)
         verdict = dbg.explain() if measured else Verdict([], steps=dbg.step)  # nothing to analyse before a step
         view = dbg.view
-        layers = [view.layers[i] for i in view.order]
+        every = view.layers  # (a tuple made on each read)
+        layers = [every[i] for i in view.order]
         health = dict(dbg.health()) if measured else {}
         if health:  # once something is measured, a layer with no place in the forward order was not observed
             health.update({l.name: Unobserved() for l in layers if l.order is None})
