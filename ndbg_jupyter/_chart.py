@@ -61,7 +61,21 @@ def gradient_flow(steps: np.ndarray, grad_rms: np.ndarray, columns: int = _COLUM
     idx = np.clip(np.searchsorted(steps, grid, side="right") - 1, 0, len(steps) - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         logged = np.log10(np.where(grad_rms >= 0, grad_rms, np.nan))
+    logged = _carried(logged)
     return logged[idx].T, lo, max(hi, lo + 1)
+
+
+def _carried(x: np.ndarray) -> np.ndarray:
+    """(samples x layers) with a sample that did not measure a layer's gradient showing its last measurement
+    (output gradients are measured on every other sample under the automatic interval)."""
+    if x.ndim != 2 or not len(x):
+        return x
+    missing = np.isnan(x)
+    if not missing.any():
+        return x
+    last = np.where(missing, 0, np.arange(len(x))[:, None])
+    np.maximum.accumulate(last, axis=0, out=last)
+    return x[last, np.arange(x.shape[1])[None, :]]
 
 
 def row_flow(view: TraceView, rows: Sequence[Row], end: int) -> tuple[np.ndarray, int, int]:

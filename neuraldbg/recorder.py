@@ -60,7 +60,7 @@ class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
-                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen")
+                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -81,6 +81,7 @@ class _StepRecord:
         self.input: torch.Tensor | None = None
         self.prev_params: list | None = None
         self.forward_done = False
+        self.grads = True  # the layers' output gradients are retained and measured on this step
 
 
 
@@ -501,11 +502,26 @@ class Recorder:
         if self._sample_now and (self._rec is None or not self._rec.forward_done):
             if self._rec is None:
                 self._rec = _StepRecord()
+                self._rec.grads = self._output_grads_now()
             x = nanhunt.float_tensors((args, kwargs))
             if x:
                 self._rec.input = forward_stats(x[0], None, None)[:4]
             if not self.compiled:
                 self._start_observer()
+
+    _grad_passes = 0  # sampled passes under the auto schedule, counted to measure output gradients on half
+
+    def _output_grads_now(self) -> bool:
+        """Whether a sampled pass retains its layers' output gradients (``Stat.GRAD_RMS``/``GRAD_NONFINITE``):
+        on every one when the user fixed the interval; under the auto schedule, on one in two (the first
+        included). No diagnosis reads their size (the parameters' gradient norms carry the gradient flow; a
+        NaN/Inf pass is caught every step and replayed): they draw the chart's gradient flow, where a sample
+        without them shows the one before. Retaining them costs about as much as the rest of a sampled step's
+        output statistics on a model of small layers."""
+        if self.schedule.every is not None:
+            return True
+        self._grad_passes += 1
+        return self._grad_passes % 2 == 1
 
     # A model whose forward passes showed no functional operation (every activation a module, no
     # attention written as functions) is looked at again on one sampled pass in this many: a function
@@ -719,7 +735,7 @@ class Recorder:
         else:
             unit_dim = layer.unit_dim(t.dim())
             rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=layer.kind in _DEAD_KINDS)
-        if t.requires_grad:
+        if t.requires_grad and rec.grads:
             t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
 
     def _key(self, idx: int, layer: LayerInfo, t: torch.Tensor) -> tuple:
@@ -736,7 +752,7 @@ class Recorder:
     def _keep(self, rec: _StepRecord, idx: int, t: torch.Tensor, version: int, key: tuple) -> None:
         """Measure output ``t`` as it is when the pass ends (no copy), and retain its gradient."""
         rec.fwd_kept.setdefault(key, []).append((idx, t, version))
-        if t.requires_grad:
+        if t.requires_grad and rec.grads:
             if t.grad_fn is not None:
                 t.retain_grad()
                 rec.grad_kept.append((idx, t, key[:3] + (None,)))  # a gradient has its tensor's layout

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .layers import LayerInfo
-from .stats import N_STATS
+from .stats import N_STATS, Stat
 
 if TYPE_CHECKING:
     from .ranktrace import RankSeries
@@ -24,6 +24,9 @@ class BoundedSeries:
     ``capacity`` rows (a short run does not pay for the memory of a long one)."""
 
     _FIRST_ROWS = 64
+    # indices on the rows' last axis of measurements not taken on every row: when two rows are thinned to
+    # one, the one kept takes the other's where it has none (so every other row holding them never loses them)
+    carry: tuple[int, ...] = ()
 
     def __init__(self, row_shape: tuple[int, ...], capacity: int, dtype=np.float32):
         if capacity < 4:
@@ -72,7 +75,13 @@ class BoundedSeries:
         keep = np.arange(0, half, 2)
         k = len(keep)
         self._steps[:k] = self._steps[keep]
-        self._data[:k] = self._data[keep]
+        if self.carry:
+            cols = list(self.carry)
+            kept, dropped = self._data[keep][..., cols], self._data[keep + 1][..., cols]
+            self._data[:k] = self._data[keep]
+            self._data[:k, ..., cols] = np.where(np.isnan(kept), dropped, kept)
+        else:
+            self._data[:k] = self._data[keep]
         rest = self.n - half
         self._steps[k:k + rest] = self._steps[half:self.n]
         self._data[k:k + rest] = self._data[half:self.n]
@@ -164,6 +173,7 @@ class Trace:
     def __post_init__(self):
         if self.stats is None:
             self.stats = BoundedSeries((len(self.layers), N_STATS), self.capacity)
+        self.stats.carry = (int(Stat.GRAD_RMS), int(Stat.GRAD_NONFINITE))  # measured on some samples only
         if self.globals is None:
             self.globals = BoundedSeries((len(GLOBAL_COLUMNS),), self.capacity)
         if self.loss is None:

@@ -399,3 +399,29 @@ def test_recurrent_weight_scale_is_measured_against_the_default_init(tmp_path):
     dbg.save(tmp_path / "r.ndbg")
     (info,) = NeuralDbg.load(tmp_path / "r.ndbg").trace.layers
     assert info.extra["recurrent_scale"] == pytest.approx(30.0, rel=0.05)
+
+
+def test_output_gradients_are_read_on_every_other_sample_of_the_auto_schedule_and_the_chart_carries_them():
+    """No diagnosis reads their size: under the automatic interval every other sampled step retains the
+    layers' output gradients; with an interval the user set, every one does. The chart's gradient flow shows
+    a sample without them as the one before."""
+    from ndbg_jupyter._chart import gradient_flow
+
+    def run(every):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        with NeuralDbg(model, optimizer=opt, every=every) as dbg:
+            for _ in range(12):
+                opt.zero_grad()
+                F.cross_entropy(model(torch.randn(32, 8)), torch.randint(0, 2, (32,))).backward()
+                opt.step()
+        return dbg
+
+    auto, fixed = run(None), run(1)
+    i = auto.trace.layer("1").index
+    measured = np.isfinite(auto.trace.stats.data[:, i, Stat.GRAD_RMS])
+    assert auto.trace.stats.n == 12 and list(measured) == [True, False] * 6
+    assert np.isfinite(fixed.trace.stats.data[:, i, Stat.GRAD_RMS]).all()
+    flow, _, _ = gradient_flow(auto.view.steps, auto.view.stat(Stat.GRAD_RMS))
+    assert np.isfinite(flow[i]).all()

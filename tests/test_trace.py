@@ -20,6 +20,23 @@ def test_series_keeps_recent_rows_at_full_resolution_and_thins_old_ones():
     assert np.array_equal(s.data[:, 0], steps.astype(np.float32))
 
 
+def test_thinning_keeps_a_measurement_taken_on_every_other_row():
+    """Column 1 is measured on odd rows only (a statistic of some samples): thinned pairs keep it."""
+    s = BoundedSeries((3, 2), capacity=16)
+    s.carry = (1,)
+    for step in range(1000):
+        s.append(step, [[step, step if step % 2 else np.nan]] * 3)
+    assert s.n <= 16
+    thinned = np.append(np.diff(s.steps) > 1, False)  # the older rows, each kept for two or more
+    assert thinned.sum() >= 3 and np.isfinite(s.data[thinned, :, 1]).all()
+    # the carried value comes from the row dropped next to the kept one, never from further away
+    assert np.all(s.data[thinned, :, 1] - s.data[thinned, :, 0] <= 1)
+    plain = BoundedSeries((3, 2), capacity=16)  # without carry: the odd rows are dropped, and their values
+    for step in range(1000):
+        plain.append(step, [[step, step if step % 2 else np.nan]] * 3)
+    assert not np.isfinite(plain.data[np.append(np.diff(plain.steps) > 1, False), :, 1]).any()
+
+
 def test_a_million_step_run_of_200_layers_stays_under_64_mb():
     layers = [LayerInfo(i, f"block.{i}", "Linear", Kind.LINEAR) for i in range(200)]
     trace = Trace(layers)
