@@ -17,7 +17,6 @@ import base64
 import html
 import math
 import struct
-import warnings
 import zlib
 from collections.abc import Sequence
 
@@ -84,13 +83,23 @@ def row_flow(view: TraceView, rows: Sequence[Row], end: int) -> tuple[np.ndarray
     rms = view.stat(Stat.GRAD_RMS)
     matrix, lo, hi = gradient_flow(view.steps, rms, end=end)
     out = np.full((len(rows), matrix.shape[1]), np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a group with no measured layer: NaN, as it should
-        for r, row in enumerate(rows):
-            cols = [index[m] for m in row.members if m in index]
-            if cols:
-                out[r] = np.nanmedian(matrix[cols], axis=0) if len(cols) > 1 else matrix[cols[0]]
+    for r, row in enumerate(rows):
+        cols = [index[m] for m in row.members if m in index]
+        if cols:
+            out[r] = _median(matrix[cols]) if len(cols) > 1 else matrix[cols[0]]
     return out, lo, hi
+
+
+def _median(m: np.ndarray) -> np.ndarray:
+    """The median of each column of ``m`` over its non-NaN entries (-inf, a zero gradient, counts), NaN for a
+    column with none: ``np.nanmedian``'s result, without its per-call cost (it is called once per group)."""
+    s = np.sort(m, axis=0)  # NaN last
+    n = (~np.isnan(m)).sum(axis=0)
+    cols = np.arange(m.shape[1])
+    lo, hi = s[np.maximum(n - 1, 0) // 2, cols], s[np.maximum(n, 1) // 2 - (n == 0), cols]
+    with np.errstate(invalid="ignore"):
+        mid = np.where(lo == hi, lo, (lo + hi) / 2)
+    return np.where(n > 0, mid, np.nan)
 
 
 # -- drawing helpers ---------------------------------------------------------------------------------

@@ -486,3 +486,19 @@ def test_layers_not_observed_show_so_in_the_grid_the_chart_and_the_report():
     assert shown == [l.name for l in dbg.trace.observed_layers()] and set(shown) == {l.name for l in dbg.trace.layers}
     assert set(shown[-len(hidden):]) == hidden
     assert "not observed" in dbg.report() and "0.self_attn.out_proj` (its forward never ran)" in dbg.report()
+
+
+def test_a_groups_flow_line_is_the_median_of_its_layers():
+    """The folded group's line in the gradient flow: the median of its members' values per column, NaN (not
+    measured) left out, a zero gradient (-inf) counted, a column none of them measured left NaN."""
+    import warnings
+
+    from ndbg_jupyter._chart import _median
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        m = rng.standard_normal((int(rng.integers(2, 7)), 8))
+        m[rng.random(m.shape) < 0.3] = np.nan
+        m[rng.random(m.shape) < 0.1] = -np.inf
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            assert np.allclose(_median(m), np.nanmedian(m, axis=0), equal_nan=True)
