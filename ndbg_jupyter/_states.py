@@ -43,6 +43,9 @@ LOOKS: dict[str, Look] = {
     "exploding": Look("#c62828", "exploding", 3,
                       "gradient exploding: the relative gradient is above exploding_ratio times that of the layers "
                       "after it, or of its own start"),
+    "unreached": Look("#4527a0", "unreached", 2,
+                      "no gradient reaches the layer: its weights are trainable and it ran, but the backward pass "
+                      "never got to it (the graph is cut after it)"),
 }
 
 # the warning bands: between healthy and failing, and heading for failure (amber; never a verdict)
@@ -76,7 +79,7 @@ class Unobserved:
     nonfinite: bool = False
 
 ACT_STATES = ("normal", "drifting", "narrowing", "saturated", "dead", "anomalous")
-GRAD_STATES = ("healthy", "diminishing", "vanishing", "exploding")
+GRAD_STATES = ("healthy", "diminishing", "vanishing", "unreached", "exploding")
 
 # white on the state's colour, with a thin edge that keeps a dark chip apart from a dark theme
 CHIP = ("display:block;text-align:center;border-radius:3px;padding:0 4px;color:#fff;white-space:nowrap;"

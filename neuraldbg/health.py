@@ -154,6 +154,9 @@ class Features:
     sat: np.ndarray
     gi: np.ndarray             # weight layers in forward order, relative gradient and what follows
     rel: np.ndarray
+    # (T, len(gi)) bool: a trainable weight layer that ran holds no gradient at a sample where another one does
+    # (the backward pass never reached it)
+    unreached: np.ndarray
     later: np.ndarray
     rel0: np.ndarray
     wi: list[int]              # gain layers, their spread and the spread before them
@@ -235,6 +238,9 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     wn = cols(gi, Stat.W_NORM)
     with np.errstate(all="ignore"):
         rel = np.where(wn > 0, wg / wn, np.float32(np.nan)).astype(np.float32)
+    reached = np.isfinite(wg)
+    unreached = (~reached & np.isfinite(wn) & reached.any(axis=1, keepdims=True)
+                 & (order[gi] >= 0)[None, :] if len(gi) else np.zeros((len(wg), 0), dtype=bool))
     weighty = np.array([l.n_params > 0 and k in _GAIN_KINDS for l, k in zip(layers, kinds)], dtype=bool)
     pos = {int(i): p for p, i in enumerate(path)}
     wi = [int(i) for i in path if weighty[i]]
@@ -289,7 +295,8 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     by_order=by_order, std=std, base=first_finite(std), act_nf=act_nf,
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
                     ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
-                    gi=gi, rel=rel, later=_later_max(rel), rel0=first_finite(rel), wi=wi, own=own, prev=prev,
+                    gi=gi, rel=rel, unreached=unreached, later=_later_max(rel), rel0=first_finite(rel), wi=wi, own=own,
+                    prev=prev,
                     origin=origin, offset=offset, segment=segment, rscale=rscale, wscale=wscale,
                     nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
                     growth=growth, has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
@@ -339,6 +346,7 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
         # started attenuated and recovers has grown from a vanished start, not exploded)
         grad[(rel > later * th.exploding_ratio) | ((rel > f.rel0 * th.exploding_ratio) & ~(rel < later))] = \
             GradState.EXPLODING.code
+    grad[f.unreached] = GradState.UNREACHED.code
     grad_values = {GradState.VANISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
                    GradState.DIMINISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
                    GradState.EXPLODING: {"attenuation": _ratio(rel, later), "grad_growth": _ratio(rel, f.rel0),

@@ -47,6 +47,7 @@ class GradState(_State):
     VANISHING = "vanishing"
     EXPLODING = "exploding"
     DIMINISHING = "diminishing"   # attenuated toward the input, within ten times of vanishing (a warning band)
+    UNREACHED = "unreached"       # trainable, ran forward, and no gradient reaches it: the graph is cut after it
 
 
 class GainState(_State):

@@ -532,3 +532,51 @@ def test_a_flat_loss_with_weights_that_do_not_move_is_the_learning_rate_not_the_
     hyps = dbg.explain()
     assert hyps[0].cause == "learning_rate_too_low", dbg.report()
     assert not [h for h in hyps if h.cause == "vanishing_gradients" and h.confidence >= 0.5]
+
+
+class _Encoded(torch.nn.Module):
+    """An encoder and a head; ``cut``: how the forward cuts the graph between them, or None."""
+
+    def __init__(self, cut: str | None, freeze: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.enc = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                       torch.nn.ReLU())
+        self.head = torch.nn.Linear(64, 5)
+        self.cut = cut
+        if freeze:
+            self.enc.requires_grad_(False)
+
+    def forward(self, x):
+        h = self.enc(x)
+        if self.cut == "detach":
+            h = h.detach()
+        elif self.cut == "numpy":
+            h = torch.from_numpy(h.detach().numpy())
+        elif self.cut == "no_grad":
+            with torch.no_grad():
+                h = h * 1.0
+        return self.head(h)
+
+
+def _encoded_run(model, steps: int = 300):
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(20, 5), steps=steps))
+
+
+@pytest.mark.parametrize("cut", ["detach", "numpy", "no_grad"])
+def test_an_encoder_cut_from_the_graph_in_the_forward_is_named_where_the_cut_is(cut):
+    """The encoder runs and is trainable, but the forward cuts the graph after it: only the head learns. Was a
+    plateau asking for a larger learning rate."""
+    dbg = _encoded_run(_Encoded(cut))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("vanishing_gradients", "enc.2") and top.confidence >= CONFIDENT, dbg.report()
+    assert ".detach()" in top.suggestion and "learning rate" not in top.suggestion
+    assert not [h for h in dbg.explain() if h.cause in ("loss_plateau", "learning_rate_too_low")
+                and h.confidence >= CONFIDENT]
+
+
+def test_an_encoder_that_learns_or_is_frozen_on_purpose_is_not_cut():
+    dbg = _encoded_run(_Encoded(None))
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+    frozen = _encoded_run(_Encoded(None, freeze=True))
+    assert not [h for h in frozen.explain() if h.cause == "vanishing_gradients"], frozen.report()

@@ -11,7 +11,7 @@ from ..causes import Cause
 from ..events import SemanticEvent
 from ..layers import GRADIENT_KINDS, Kind
 from ..patterns import LinkKind
-from ..states import GradState, Signal, UpdateState
+from ..states import GradState, LossState, Signal, UpdateState
 from . import losses
 from .context import Context
 from .evidence import Candidate, below_ratio, past_ratio, persistence
@@ -97,8 +97,25 @@ def _through_time(ctx: Context) -> list[Candidate]:
     return out
 
 
+def _unreached(ctx: Context) -> list[Candidate]:
+    """Trainable weight layers that run and never get a gradient while the layers after them do: the graph is
+    cut between them and the loss (a ``.detach()``, ``.data``, a round trip through ``.item()``/``.numpy()``,
+    a ``torch.no_grad()`` block in the forward). Named at the last of them before the cut, from its first
+    sample so. Not a failure by itself (a part frozen on purpose trains the rest): it needs a loss that does
+    not get down, or barely."""
+    events = ctx.all(Signal.GRADIENT, GradState.UNREACHED)
+    if not events:
+        return []
+    origin = max(events, key=lambda e: (ctx.rank.get(e.layer, -1), -e.step))
+    before = sorted({e.layer for e in events if ctx.upstream(e.layer, origin.layer)}, key=lambda n: ctx.rank.get(n, 0))
+    return [Candidate(Cause.VANISHING_GRADIENTS, origin.layer, min(e.step for e in events), "unreached", [origin],
+                      severity=1.0, persistence=persistence(origin, ctx), needs_harm=True,
+                      symptoms=[e for e in events if e is not origin], loss_kinds=losses.FLAT | {LossState.SLOW},
+                      facts={"before": before})]
+
+
 def candidates(ctx: Context) -> list[Candidate]:
-    out = _through_time(ctx)
+    out = _through_time(ctx) + _unreached(ctx)
     exploding = ctx.all(Signal.GRADIENT, GradState.EXPLODING)
     if exploding:
         origin = _origin(ctx, exploding)

@@ -189,6 +189,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"through the {f['steps_in_time']} time steps of `{c.layer}`, {reach} (typical of {f['samples']} "
                 "sampled steps): it vanishes through time inside the recurrent module",
                 "what the loss needs from early in the sequence is not learned"]
+    if c.cause == Cause.VANISHING_GRADIENTS and k == "unreached":
+        others = f" (nor {layer_list(f['before'], 3)} before it)" if f["before"] else ""
+        return [f"no gradient reaches `{c.layer}`{others} from step {c.step}, though its weights are trainable and "
+                "it runs: the backward pass stops after it, so it never learns",
+                "the graph is cut between it and the loss"]
     if c.cause == Cause.VANISHING_GRADIENTS:
         word = "is typically" if k == "diminishing" else "is"
         lines = [f"the relative gradient of `{c.layer}` {word} {fmt(f['attenuation'])}x that of the layers after it "
@@ -651,6 +656,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                         "[hidden:2*hidden] at +1 or more); "}.get(cell, "")
         return (gates + "if the loss needs the start of long sequences, shorten them (chunks, truncated "
                 "backpropagation) or give the model a path over time (attention, skip connections across steps)")
+    if c.cause == Cause.VANISHING_GRADIENTS and k == "unreached":
+        return (f"find what cuts the graph after `{c.layer}` in the forward pass: a .detach(), .data, a round trip "
+                "through .item(), .numpy() or torch.tensor(...), or a torch.no_grad() block; if it is meant to stay "
+                "fixed, freeze it (requires_grad_(False) on its parameters)")
     if c.cause == Cause.VANISHING_GRADIENTS:
         bounded = sorted({n for n, l in ctx.layers.items() if str(l.kind) == "bounded" and n in ctx.rank},
                          key=ctx.rank.__getitem__)
