@@ -60,7 +60,7 @@ class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
-                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads")
+                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads", "stepped")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -82,6 +82,7 @@ class _StepRecord:
         self.prev_params: list | None = None
         self.forward_done = False
         self.grads = True  # the layers' output gradients are retained and measured on this step
+        self.stepped: torch.Tensor | None = None  # per-layer gradient norms as the optimizer steps on them
 
 
 
@@ -992,6 +993,8 @@ class Recorder:
         rec = self._rec
         if rec is not None and self._params:
             rec.prev_params = self._pnorms.snapshot()
+            if rec.params is not None:  # read at backward end: what the step gets may have been clipped since
+                rec.stepped = self._pnorms.grads(len(self.layers))
         return None
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
@@ -1056,6 +1059,8 @@ class Recorder:
             parts.append(rec.params.reshape(-1))
         if rec.input is not None:
             parts.append(rec.input)
+        if rec.stepped is not None:
+            parts.append(rec.stepped)
         if isinstance(scale, torch.Tensor):
             parts.append(scale.detach().reshape(-1)[:1].float())
         row = np.full((len(self.layers), N_STATS), np.nan, dtype=np.float32)
@@ -1081,10 +1086,16 @@ class Recorder:
             if rec.input is not None:
                 g[1:5] = flat[k:k + 4]
                 k += 4
+            stepped = None
+            if rec.stepped is not None:
+                stepped = flat[k:k + len(rec.stepped)]
+                k += len(rec.stepped)
             if isinstance(scale, torch.Tensor):
                 g[_SCALE_COL] = flat[k]
                 if flat[k] > 0:  # the gradients of a scaled loss, back to the loss's own scale
                     row[:, _SCALED_COLS] /= flat[k]
+            if stepped is not None:
+                self._note_clip(row[:, int(Stat.W_GRAD_NORM)], stepped)
         row[np.ix_(self._no_params, _PARAM_COLS)] = np.nan
         if rec.dtype:
             idx = list(rec.dtype)
@@ -1104,6 +1115,20 @@ class Recorder:
                 self._sample_now = True
             if ratio == ratio:
                 self._last_ratio = ratio
+
+    CLIP_KEPT = 64  # sampled steps whose gradient norm before and after clipping are kept (the latest)
+
+    def _note_clip(self, backward: np.ndarray, stepped: np.ndarray) -> None:
+        """The gradients' whole norm at backward end (back at the loss's scale) and as the optimizer steps on
+        them (after a ``clip_grad_norm_``/``clip_grad_value_``, and a GradScaler's unscale): into the trace's
+        meta, ``grad_clip`` = [[norm at backward end, norm stepped on], ...] for the latest sampled steps."""
+        with np.errstate(all="ignore"):
+            before, after = float(np.sqrt(np.nansum(backward ** 2))), float(np.sqrt(np.nansum(stepped ** 2)))
+        if not (before > 0 and math.isfinite(before) and math.isfinite(after)):
+            return
+        kept = self.trace.meta.setdefault("grad_clip", [])
+        kept.append([before, after])
+        del kept[:-self.CLIP_KEPT]
 
     @staticmethod
     def _rows(single: dict, small: dict, batch_fn) -> tuple[list[int], list[torch.Tensor]]:

@@ -57,6 +57,9 @@ class Thresholds:
                                 "zero that is a collapse (a weight decay holding them there)", slider=False)
     update_negligible: float = _f(1e-5, "update/weight low", "log", 1e-10, 1e-2,
                                   "largest update-to-weight ratio per step below which updates are negligible")
+    clip_ratio: float = _f(0.1, "gradient clipped", "log", 1e-6, 0.9,
+                           "share of their norm the gradients keep after clipping (median of the sampled steps) "
+                           "below which the clip, not the learning rate, sets the updates' size")
     # -- loss --------------------------------------------------------------------------------------
     loss_rise: float = _f(1.0, "loss rise", "log", 0.05, 100.0,
                           "rise of the smoothed loss above its best, as a fraction of the start loss: divergence")

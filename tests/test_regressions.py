@@ -580,3 +580,45 @@ def test_an_encoder_that_learns_or_is_frozen_on_purpose_is_not_cut():
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
     frozen = _encoded_run(_Encoded(None, freeze=True))
     assert not [h for h in frozen.explain() if h.cause == "vanishing_gradients"], frozen.report()
+
+
+def _clipped_run(clip, opt_kind: str = "sgd", steps: int = 300):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 5))
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_kind == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-3))
+    data = teacher_classes(20, 5)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            if clip is not None:
+                clip(model.parameters())
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("clip", [lambda p: torch.nn.utils.clip_grad_norm_(p, 1e-3),
+                                  lambda p: torch.nn.utils.clip_grad_value_(p, 1e-5)], ids=["norm", "value"])
+def test_gradients_clipped_to_almost_nothing_are_named_with_the_clip(clip):
+    """A clip far below the gradients' norm shrinks every update: the loss stays flat under SGD at 0.1. Was a
+    plateau asking for a larger learning rate; the gradient's norm before and after the clip says why."""
+    dbg = _clipped_run(clip)
+    top = dbg.explain()[0]
+    assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
+    assert "clipped" in top.chain[0] and "max_norm" in top.suggestion and "raise the learning rate" not in top.suggestion
+    assert not contradictions(dbg.explain())
+
+
+@pytest.mark.parametrize("clip, opt_kind", [(lambda p: torch.nn.utils.clip_grad_norm_(p, 1.0), "sgd"),
+                                            (lambda p: torch.nn.utils.clip_grad_norm_(p, 1e-3), "adam")],
+                         ids=["usual-clip", "adam-scale-free"])
+def test_a_clip_that_leaves_training_alone_is_quiet(clip, opt_kind):
+    """A usual clip; and a tiny one under Adam, whose updates do not depend on the gradients' scale."""
+    dbg = _clipped_run(clip, opt_kind)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()

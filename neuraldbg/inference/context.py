@@ -52,6 +52,8 @@ class Context:
     # layers whose output the loss reads directly, besides through the model's outputs (an activity penalty):
     # layer -> the ops from the loss to it, loss side first
     loss_terms: dict = field(default_factory=dict)
+    # sampled steps' whole gradient norm at backward end and as the optimizer steps on it (after a clip)
+    grad_clip: list = field(default_factory=list)
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

@@ -60,7 +60,7 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     if nf_step is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the learning rate
         small = [e for e in small if e.step < nf_step]
     decayed = _decayed(ctx, small)
-    out += decayed
+    out += decayed + _clipped(ctx, small)
     if decayed:  # updates made negligible by the decay are its consequence, in its chain
         small = [e for e in small if not any(e in c.events for c in decayed)]
     if small:
@@ -102,6 +102,28 @@ def _too_large(ctx: Context, large: list, unstable: list, spikes: list, nan: lis
                      severity=sev, persistence=persistence(first, ctx) if first is not None else 0.0,
                      loss_kinds=losses.UNSTABLE | losses.SPIKES,
                      facts={"update_max": top, "large": large, "jump": jump, "nan": nan, "spikes": spikes})
+
+
+def _clipped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
+    """Gradients clipped to a small share of their norm before every step (``clip_grad_norm_`` with a
+    ``max_norm`` far below their norm, ``clip_grad_value_`` with a tiny value): the clip, not the learning
+    rate, sets the updates' size. Seen by comparing their norm at backward end with the one the optimizer
+    steps on, on sampled steps. No failure by itself (Adam's updates barely depend on the gradients' scale):
+    it needs a loss that does not come down, or barely."""
+    rows = [r for r in ctx.grad_clip if len(r) >= 2 and r[0] > 0]
+    if len(rows) < ctx.th.persist:
+        return []
+    ratios = sorted(r[1] / r[0] for r in rows)
+    typical = ratios[len(ratios) // 2]
+    if typical > ctx.th.clip_ratio:
+        return []
+    norms = sorted(r[0] for r in rows)
+    share = sum(q <= ctx.th.clip_ratio for q in ratios) / len(ratios)
+    return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "clipped", [],
+                      severity=below_ratio(typical, ctx.th.clip_ratio), persistence=share, needs_harm=True,
+                      lasting=True, symptoms=list(small), loss_kinds=losses.FLAT | {LossState.SLOW},
+                      facts={"kept": typical, "norm": norms[len(norms) // 2], "clipped": share,
+                             "samples": len(rows)})]
 
 
 def _decayed(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:

@@ -248,6 +248,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if f["negligible_from"] is not None:
             lines.append(f"updates are negligible next to the weights from step {f['negligible_from']}")
         return lines
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped":
+        return [f"the gradients are clipped to {fmt(100 * f['kept'])}% of their norm before the optimizer steps "
+                f"(median of {f['samples']} sampled steps; their norm is ~{fmt(f['norm'])} before the clip): the "
+                f"updates are that much smaller than the learning rate ({fmt(ctx.lr)}) would make them"]
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                 f"the weights per step (lr {fmt(ctx.lr)})"]
@@ -685,6 +689,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"keep the learning rate near {fmt(f['lr_peak'])} until the loss settles: a scheduler stepped every "
                 "batch with a step size meant in epochs (StepLR, ExponentialLR, MultiStepLR) decays it that fast; call "
                 "scheduler.step() once per epoch, or give the step size in batches")
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped":
+        return (f"raise the clipping threshold: the gradients' norm is typically ~{fmt(f['norm'])}, so "
+                f"clip_grad_norm_(params, max_norm=~{fmt(3 * f['norm'])}) clips only the spikes above it (a "
+                "clip_grad_value_ clamps every entry: prefer clip_grad_norm_), or remove the clip; leave the "
+                "learning rate as it is")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         lrv = ctx.lr
         target = lrv * 1e3 if lrv == lrv and lrv > 0 else math.nan
