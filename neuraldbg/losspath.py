@@ -79,6 +79,8 @@ def op_name(fn) -> str:
 
 _NORMALISING = frozenset({"Softmax", "LogSoftmax"})
 _OFF_CLASSES = "@off_classes"   # marks a (log-)softmax over another dimension than a batch's classes (dim 1)
+_SUM = "@sum"                   # marks a loss function that sums over its elements (reduction="sum")
+_SUM_REDUCTION = 2              # the value of an autograd node's ``_saved_reduction`` for reduction="sum"
 
 
 def _name(fn) -> str:
@@ -94,6 +96,8 @@ def _name(fn) -> str:
             dim -= 1 << 64
         if isinstance(dim, int) and dim >= 0 and dim != 1:
             return name + _OFF_CLASSES
+    if getattr(fn, "_saved_reduction", None) == _SUM_REDUCTION:
+        return name + _SUM
     return name
 
 
@@ -164,11 +168,17 @@ def layer_terms(loss_fn, outputs: list, layers: dict[int, int]) -> list[tuple[in
     return list(found.items())
 
 
+def summed(recorded: list[list[str]] | None) -> bool:
+    """The loss sums over the batch rather than averaging: a loss function with reduction="sum", or a sum
+    as the loss's last operation (``per_sample_loss.sum()``). Its gradient grows with the batch size."""
+    return any(path and (path[0] == "Sum" or any(op.endswith(_SUM) for op in path)) for path in recorded or [])
+
+
 def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
     """What the recorded paths say of how the loss is computed (None: nothing wrong seen)."""
     for path in recorded or []:
         for near_loss, near_model in zip(path, path[1:]):  # directly: a transpose between moves the classes
-            if near_loss in _NLL and near_model == "LogSoftmax" + _OFF_CLASSES:
+            if near_loss.split("@")[0] in _NLL and near_model == "LogSoftmax" + _OFF_CLASSES:
                 return LossMisuse.NORMALISED_OVER_BATCH
         path = [op.split("@")[0] for op in path]
         ops = [op for op in path if op not in SHAPE_OPS]

@@ -290,3 +290,39 @@ def test_units_a_growing_penalty_kills_are_named_with_the_penalty_not_the_learni
 def test_a_small_constant_penalty_trains_quietly():
     dbg = _penalised(lambda s: 1e-3)
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+def test_a_loss_summed_over_the_batch_is_read_and_named_in_the_learning_rates_fix():
+    """reduction='sum' under SGD: the steps grow with the batch and the run diverges. The learning rate is
+    too high for that gradient; the fix says to average the loss first."""
+    from neuraldbg.losspath import summed
+    assert summed(paths(*_graph(lambda o, y: F.cross_entropy(o, y, reduction="sum"))))
+    assert summed(paths(*_graph(lambda o, y: F.cross_entropy(o, y, reduction="none").sum())))
+    assert not summed(paths(*_graph(F.cross_entropy)))
+    assert not summed(paths(*_graph(lambda o, y: F.cross_entropy(o, y, reduction="none").mean())))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 10, generator=g)
+    y = x[:, :3].argmax(1)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(150):
+            i = (step * 64) % 2048
+            loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64], reduction="sum")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    top = dbg.explain()[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT, dbg.report()
+    assert "reduction='mean'" in top.suggestion and any("sums over the batch" in line for line in top.chain)
+
+
+def _graph(make_loss):
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    out = nn.Linear(4, 3)(x)
+    loss = make_loss(out, y)
+    loss.backward()
+    return loss.grad_fn, [out.grad_fn]

@@ -54,6 +54,7 @@ class Context:
     loss_terms: dict = field(default_factory=dict)
     # sampled steps' whole gradient norm at backward end and as the optimizer steps on it (after a clip)
     grad_clip: list = field(default_factory=list)
+    loss_summed: bool = False  # the loss sums over the batch (reduction="sum"): its gradient grows with the batch
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

@@ -208,6 +208,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             lines.append(f"the gradients are never zeroed: after {percent(ctx.carried)} of the optimizer steps the "
                          "next backward pass adds to the gradients already there, so each update holds every "
                          "earlier gradient")
+        if ctx.loss_summed:
+            lines.append("the loss sums over the batch (reduction='sum', or a .sum() of per-sample losses): its "
+                         "gradient is the batch size times a mean's")
         jump = f.get("jump")
         if jump is not None:
             lines.append(f"the learning rate rises from {fmt(jump.values.get('lr_before', math.nan))} to "
@@ -676,6 +679,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.grads_never_zeroed():
         return ("call optimizer.zero_grad() in every step, before loss.backward() (with gradient accumulation, after "
                 "each optimizer.step()); then check the learning rate")
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.loss_summed:
+        return ("average the loss over the batch (reduction='mean', or divide the summed loss by the batch size): "
+                "summed, its gradient and so every step grow with the batch size; or lower the learning rate from "
+                f"{lr} by as many times as the batch has samples")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
         text = (f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")
         if f.get("spikes"):
