@@ -277,10 +277,12 @@ def test_a_penalty_on_a_hidden_layers_output_is_read_as_a_term_of_the_loss():
     assert dbg.trace.meta.get("loss_terms") is None
 
 
-def test_units_a_growing_penalty_kills_are_named_with_the_penalty_not_the_learning_rate():
-    """The penalty's weight grows 1e4-fold over the run: the loss rises with it before the units die, which read
-    as a divergence (the learning rate) until the loss's graph shows the term on that layer's output."""
-    dbg = _penalised(lambda s: 1e-3 * 10 ** (s / 50))
+@pytest.mark.parametrize("decade", [50, 60])
+def test_units_a_growing_penalty_kills_are_named_with_the_penalty_not_the_learning_rate(decade):
+    """The penalty's weight grows tenfold every ``decade`` steps: the loss rises with it before the units die,
+    which read as a divergence (the learning rate) until the loss's graph shows the term on that layer's
+    output; growing slower, the units die late and the loss gives back most of what it had gained."""
+    dbg = _penalised(lambda s: 1e-3 * 10 ** (s / decade))
     top = dbg.explain()[0]
     assert (top.cause, top.layer) == ("dead_units", "3") and top.confidence >= CONFIDENT, dbg.report()
     assert "penalty" in top.suggestion and "learning rate" not in top.suggestion

@@ -29,10 +29,11 @@ def _share(ev: SemanticEvent, key: str, default: float = 1.0) -> float:
 
 def _loss_kinds(ctx: Context, ev: SemanticEvent) -> frozenset:
     """A loss that stays flat or oscillates; and units that stop during training take away what the model had
-    learned with them: a loss that rises back from then on. (Units the loss itself penalises, through a term on
+    learned with them: a loss that rises back from then on (past its divergence threshold, or to where it
+    has hardly come down from its start). (Units the loss itself penalises, through a term on
     their output, are pushed there by that term from the first step: see ``acting_from``.)"""
     kinds = losses.FLAT | {losses.LossState.OSCILLATING}
-    return kinds if ctx.from_start(ev) else kinds | {losses.LossState.DIVERGING}
+    return kinds if ctx.from_start(ev) else kinds | {losses.LossState.DIVERGING, losses.LossState.SLOW}
 
 
 def candidates(ctx: Context) -> list[Candidate]:
