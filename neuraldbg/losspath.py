@@ -63,8 +63,13 @@ class Nodes(list):
 
 
 class NodeMap(dict):
-    """Layer outputs' autograd nodes by id (node id -> (node, layer index)), held until a loss is read; like
-    ``Nodes``, not copied with a copy of the model."""
+    """Layer outputs' autograd nodes by id (node id -> (node, layer index)), and the model's output nodes of
+    every pass of the step (``outputs``), held until a loss is read; like ``Nodes``, not copied with a copy
+    of the model."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outputs: list = []
 
     def __deepcopy__(self, memo) -> "NodeMap":
         return NodeMap()

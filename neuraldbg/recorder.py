@@ -335,7 +335,8 @@ class Recorder:
         nodes, self._layer_nodes = self._layer_nodes, losspath.NodeMap()
         if not nodes:
             return
-        terms = losspath.layer_terms(loss_fn, list(outputs), {k: idx for k, (_, idx) in nodes.items()})
+        terms = losspath.layer_terms(loss_fn, list(outputs) + nodes.outputs,
+                                     {k: idx for k, (_, idx) in nodes.items()})
         if terms:
             self.trace.meta["loss_terms"] = [[self.layers[idx].name] + ops for idx, ops in terms]
 
@@ -603,6 +604,8 @@ class Recorder:
             self._read_inner_path(leaves)  # a model that returns its loss with its outputs (Hugging Face style)
         if self._loss_wanted and not self._loss_path_seen:  # the loop records losses: until one shows its ops
             self._out_fns = losspath.Nodes(t.grad_fn for t in leaves if t.grad_fn is not None)
+            if self._layer_nodes:  # every pass's outputs of the step: a loss may read two (a consistency term)
+                self._layer_nodes.outputs.extend(self._out_fns)
         hooks = self._out_grad_hooks
         for i, t in enumerate(leaves):
             if i == len(hooks):

@@ -275,6 +275,20 @@ def test_a_penalty_on_a_hidden_layers_output_is_read_as_a_term_of_the_loss():
     dbg = _loop(_ReturnsLoss(softmax=False, aux=True), lambda out, y: F.cross_entropy(out[0], y) + out[1],
                 as_float=False)
     assert dbg.trace.meta.get("loss_terms") is None
+    # nor a loss over two passes' outputs (a consistency term): the first pass's output is no hidden layer's
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(20):
+            x, y = torch.randn(32, 10), torch.randint(0, 3, (32,))
+            first = model(x)
+            loss = F.cross_entropy(first, y) + 0.1 * F.mse_loss(first, model(x + 0.1 * torch.randn_like(x)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert dbg.trace.meta.get("loss_paths") and dbg.trace.meta.get("loss_terms") is None
 
 
 @pytest.mark.parametrize("decade", [50, 60])
