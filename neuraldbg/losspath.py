@@ -67,7 +67,7 @@ class NodeMap(dict):
     every pass of the step (``outputs``), held until a loss is read; like ``Nodes``, not copied with a copy
     of the model."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.outputs: list = []
 
