@@ -326,9 +326,6 @@ class Recorder:
         # again, so no step pays for a walk through the graph after these
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
-    # on sampled passes until the loss's graph is read: each layer output's node (by id: the node, the layer)
-
-
     def _read_layer_terms(self, loss_fn, outputs) -> None:
         """Terms of the loss on watched layers' outputs other than through the model's outputs (an activity
         penalty), from a sampled pass's layer outputs: into the trace's meta as [layer, op, op ...]."""
@@ -996,7 +993,7 @@ class Recorder:
         rec = self._rec
         if rec is not None and self._params:
             rec.prev_params = self._pnorms.snapshot()
-            if rec.params is not None:  # read at backward end: what the step gets may have been clipped since
+            if rec.params is not None and self._clip_read_now():  # read at backward end: clipped since?
                 rec.stepped = self._pnorms.grads(len(self.layers))
         return None
 
@@ -1120,6 +1117,15 @@ class Recorder:
                 self._last_ratio = ratio
 
     CLIP_KEPT = 64  # sampled steps whose gradient norm before and after clipping are kept (the latest)
+    CLIP_EVERY = 4  # one sampled step in this many reads the gradients again as the optimizer steps
+    _clip_reads = 0
+
+    def _clip_read_now(self) -> bool:
+        """Whether this sampled step reads the gradients' norms a second time, as the optimizer steps (the
+        first sampled step, then one in ``CLIP_EVERY``): a clip acts on every step, so a few of them say it,
+        and the reading costs about a tenth of what a sampled step adds on a model of small layers."""
+        self._clip_reads += 1
+        return self._clip_reads % self.CLIP_EVERY == 1
 
     def _note_clip(self, backward: np.ndarray, stepped: np.ndarray) -> None:
         """The gradients' whole norm at backward end (back at the loss's scale) and as the optimizer steps on
