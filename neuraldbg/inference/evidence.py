@@ -66,7 +66,7 @@ class Candidate:
 
     @property
     def order(self) -> tuple[int, int]:
-        return (self.step if self.acting_from is None else min(self.step, self.acting_from), self.family)
+        return (self.since, self.family)
 
     @property
     def since(self) -> int:
