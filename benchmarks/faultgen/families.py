@@ -130,6 +130,7 @@ class Build:
     model: nn.Module | None = None
     prefix: str = ""
     task: T.Task | None = None
+    clean_task: T.Task | None = None                 # the task before a fault changes its data
     loss: Callable | None = None
     opt: Opt | None = None
     schedule: list = field(default_factory=list)     # before_step(step, optimizer) callables
@@ -147,7 +148,7 @@ class Build:
 
     def materialize(self) -> "Build":
         f = self.family
-        self.task = (self.task_maker or f.task)(self.var.batch, self.var.data_seed)
+        self.task = self.clean_task = (self.task_maker or f.task)(self.var.batch, self.var.data_seed)
         torch.manual_seed(self.var.seed)
         self.core = self.model = f.build(self.task, *self.size, **{k: v for k, v in self.arch.items()
                                                                      if k not in ("width", "depth")})

@@ -99,6 +99,16 @@ def worse_than_twin(e: Evidence) -> str | None:
     return f"loss ends at {p.last:.3g}, the run without the fault at {t.last:.3g} (chance {p.baseline:.3g})"
 
 
+def worse_on_fresh_batches(e: Evidence) -> str | None:
+    """On batches the model never trained on (the task's data as drawn before the fault), the trained model
+    loses at least half of what the same run without the fault gains over chance: a fault in what the model
+    is shown can leave the training loss low."""
+    p, t = e.probe, e.twin
+    if p.nonfinite_step is not None or not p.fresh < t.fresh + 0.5 * (p.baseline - t.fresh):
+        return None
+    return f"loss on fresh batches {p.fresh:.3g}, the run without the fault {t.fresh:.3g} (chance {p.baseline:.3g})"
+
+
 def no_progress(e: Evidence) -> str | None:
     """Under a quarter of the progress the same run makes without the fault, from the same start (means
     over the first and the last fifth of the run)."""
@@ -354,6 +364,29 @@ def _shuffle_labels(step, x, y, b):
     return x, y[torch.randperm(len(y), generator=g)]
 
 
+EPOCH_BATCHES = 60   # batches in one pass over a data set read in a fixed order
+
+
+def epoch_pool(b: Build, offset: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A data set of ``EPOCH_BATCHES`` of the task's batches (drawn apart from the ones it trains on), and
+    the batch size."""
+    xs, ys = zip(*(b.task.data(offset + i) for i in range(EPOCH_BATCHES)))
+    return torch.cat(xs), torch.cat(ys), len(ys[0])
+
+
+def _label_sorted(b: Build) -> None:
+    """The data set sorted by label and read in that order every epoch (a loader without shuffle=True over
+    files grouped by class): every batch holds one class, the class changes every few batches."""
+    x, y, batch = epoch_pool(b, 20_000)
+    order = torch.sort(y, stable=True).indices
+    x, y = x[order], y[order]
+
+    def data(step: int):
+        i = (step % EPOCH_BATCHES) * batch
+        return x[i:i + batch], y[i:i + batch]
+    b.task = b.task.with_data(data)
+
+
 # -- slowly failing: the fault grows at a constant rate from a healthy start ---------------------------
 
 RAMP_CROSS = 0.6   # share of the run by which a gradual fault has grown by its factor
@@ -607,6 +640,10 @@ def _mechanism_list() -> list[Mechanism]:
                   "the targets are shuffled within each batch, apart from their inputs",
                   lambda f: True, map_data(_shuffle_labels),
                   lambda b: Expect((V("data", "input"), V("loss_plateau", "")), (0, b.steps)), at_chance),
+        Mechanism("label_sorted", "data",
+                  "the data set sorted by label and read in that order every epoch of 60 batches (no shuffling)",
+                  lambda f: f.has("classes"), _label_sorted,
+                  lambda b: Expect((V("data", "input"),), (0, EPOCH_BATCHES)), worse_on_fresh_batches),
         # -- loss plateau ----------------------------------------------------------------------------
         Mechanism("unrepresentable_task", "loss_plateau",
                   "labels the model cannot express: XOR for a linear model, token order for a bag of tokens",

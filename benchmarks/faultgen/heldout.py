@@ -194,6 +194,19 @@ def below_zero_or_far(e: Evidence) -> str | None:
     return K.worse_than_twin(e)
 
 
+def class_groups_sorted(b: Build) -> None:
+    """The data set sorted by pairs of classes (a superclass, the source a class was collected from) and
+    read in that order every epoch: each batch holds two classes of the task's three or four, in turn."""
+    x, y, batch = K.epoch_pool(b, 30_000)
+    order = torch.sort(torch.div(y, 2, rounding_mode="floor"), stable=True).indices
+    x, y = x[order], y[order]
+
+    def data(step: int):
+        i = (step % K.EPOCH_BATCHES) * batch
+        return x[i:i + batch], y[i:i + batch]
+    b.task = b.task.with_data(data)
+
+
 # -- mechanisms --------------------------------------------------------------------------------------
 
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
@@ -239,6 +252,11 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
               "binary targets 0/255 (masks saved as bytes); regression targets in raw units (500 + 300 y)",
               lambda f: f.has("binary") or f.has("regression"), K.map_data(targets_out_of_range),
               lambda b: Expect((V("data", "input"),), (0, 20)), below_zero_or_far),
+    Mechanism("class_groups_sorted", "data",
+              "the data set sorted by pairs of classes and read in that order every epoch (no shuffling)",
+              K.only("mlp_relu", "mlp_tanh", "mlp_gelu", "cnn_bn", "cnn_bn_functional", "residual_cnn"),
+              class_groups_sorted,
+              lambda b: Expect((V("data", "input"),), (0, 20)), K.worse_on_fresh_batches),
     Mechanism("one_layer_scaled", "bad_initialization",
               "the middle weight layer x1000 at initialisation",
               K.only("mlp_relu", "mlp_gelu", "autoencoder"), scale_middle(1000.0), one_layer_expect, K.worse_than_twin),

@@ -35,6 +35,7 @@ class Probe:
     baseline: float
     start: Snapshot
     end: Snapshot
+    fresh: float = math.nan   # the trained model's loss on batches it never trained on (eval mode)
 
     @property
     def nonfinite_step(self) -> int | None:

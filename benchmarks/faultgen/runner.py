@@ -54,7 +54,24 @@ def train(b: Build, watch: bool, every: int | None = None):
                 dbg.record_loss(loss)
             losses.append(float(loss.detach()))
     end = snapshot(b, b.task.data(b.steps), backward=False)
-    return dbg, Probe(losses, b.task.baseline(), start, end)
+    return dbg, Probe(losses, b.task.baseline(), start, end, fresh_loss(b))
+
+
+FRESH_BATCHES = 4
+
+
+def fresh_loss(b: Build) -> float:
+    """The trained model's mean loss, in eval mode, on batches of the task as drawn before any fault changed
+    its data, none of them trained on: what the user's validation would show."""
+    was = b.model.training
+    b.model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            values = [float(b.loss(b.model(x), y)) for x, y in
+                      (b.clean_task.data(90_000 + i) for i in range(FRESH_BATCHES))]
+    finally:
+        b.model.train(was)
+    return sum(values) / len(values)
 
 
 def bite(case: Case) -> str | None:
