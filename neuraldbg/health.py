@@ -756,6 +756,43 @@ def target_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
                         {TargetState.OUT_OF_REACH: reach_values, TargetState.UNBOUNDED: fall_values}, persist=1)]
 
 
+ORDER_WINDOW = 5  # sampled batches whose median says how far batches are from the run's mix of classes
+
+
+def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
+    """How far each sampled batch's classes are from the mix of the whole run (read off the output's
+    gradient, meta ``batch_classes``): Pearson's chi-square of its class counts against the run's
+    shares, per degree of freedom. Batches drawn at random from the data hold ~1 whatever their size and
+    the classes' balance; batches that hold one class each (data sorted by label, read without shuffling)
+    hold about their size. The median of ``ORDER_WINDOW`` batches past ``batch_order`` is the state."""
+    rows = [r for r in trace.meta.get("batch_classes", ()) if sum(r[2]) >= 2]
+    if len(rows) < ORDER_WINDOW:
+        return []
+    classes = sorted({c for r in rows for c in r[1]})
+    if len(classes) < 2:
+        return []
+    col = {c: i for i, c in enumerate(classes)}
+    counts = np.zeros((len(rows), len(classes)))
+    for j, (_, found, n) in enumerate(rows):
+        counts[j, [col[c] for c in found]] = n
+    size = counts.sum(1)
+    share = counts.sum(0) / counts.sum()
+    expected = size[:, None] * share[None, :]
+    ratio = ((counts - expected) ** 2 / expected).sum(1) / (len(classes) - 1)
+    level = _rolling_median(ratio, ORDER_WINDOW)
+    level[:ORDER_WINDOW - 1] = np.nan  # too few batches yet
+    with np.errstate(invalid="ignore"):
+        state = np.where(level >= th.batch_order, TargetState.ORDERED.code, 0).astype(np.int8)
+    held = (counts > 0).sum(1)
+    # the classes a batch of this size would hold if drawn at random, on average
+    random_held = (1.0 - (1.0 - share[None, :]) ** size[:, None]).sum(1)
+    values = {"ratio": _at(level), "classes": lambda r: float(len(classes)),
+              "batch_classes": lambda r: float(np.mean(held)), "random_classes": lambda r: float(np.mean(random_held)),
+              "batch": lambda r: float(np.median(size))}
+    steps = np.array([r[0] for r in rows], dtype=np.int64)
+    return [StateSeries(Signal.TARGET, steps, state[:, None], [""], {TargetState.ORDERED: values})]
+
+
 def skip_run(steps: np.ndarray) -> tuple[int, int]:
     """The longest run of skipped optimizer steps with at most one applied step between two of them
     (skips share the step number of the next applied step): (its first step, its length)."""
@@ -827,6 +864,7 @@ def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> Hea
     series += lr_series(trace, f, th)
     series += loss_series(trace, th, curve)
     series += target_series(trace, th)
+    series += order_series(trace, th)
     series += scaler_series(trace, th)
     with np.errstate(invalid="ignore"):
         median = row_median(f.update_ratio)

@@ -47,6 +47,15 @@ _SCALE_COL = GLOBAL_COLUMNS.index("loss_scale")
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
 
+def _batch_rows(inputs) -> int | None:
+    """The number of samples in a pass's input: the first dimension of its first tensor."""
+    args, kwargs = inputs
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, torch.Tensor) and v.dim() >= 1:
+            return int(v.shape[0])
+    return None
+
+
 def _queue_backward_callback(fn: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
@@ -885,8 +894,66 @@ class Recorder:
                     self._rec.input = forward_stats(x[0], None, None)[:4]
         if self._rec is not None:
             self._read_param_grads(self._rec)
+            self._read_classes()
         if self.optimizer is None:
             self._finish_step()
+
+    MAX_CLASS_ROWS = 512  # sampled batches whose classes are kept; past it, every other one is dropped
+
+    def _read_classes(self) -> None:
+        """The classes of a sampled batch, read off the gradient at the model's output (targets are not the
+        model's input, and the loss's saved targets are freed by the backward pass): a classification loss
+        pushes up each sample's own class and no other, so its class is the one output entry with the most
+        negative gradient (a binary one's sign). Kept in the trace's meta as [step, classes, counts].
+        Only for a loss read as a classification (NLL of a log-softmax, a binary cross-entropy with logits)
+        of one output whose rows are the input's samples (not a sequence's positions)."""
+        kind = self._class_loss()
+        if kind is None or len(self._out_grads) != 1 or self._last_inputs is None:
+            return
+        g = self._out_grads[0]
+        rows = _batch_rows(self._last_inputs)
+        if g is None or rows is None or g.shape[0] != rows or rows < 2:
+            return
+        out = self._out_leaves[0] if len(self._out_leaves) == 1 else None
+        if out is None or out.shape != g.shape:
+            return
+        with torch.no_grad():
+            if kind == "classes" and g.dim() == 2 and g.shape[1] >= 2:
+                low, cls = g.min(dim=1)
+                # a sample the model fits exactly (its class at probability 1) has no gradient: its class is the
+                # one the model outputs (leaving it out would leave out what the model has learnt best)
+                cls = torch.where(low < 0, cls, out.detach().argmax(dim=1))
+            elif kind == "binary" and (g.dim() == 1 or g.dim() == 2 and g.shape[1] == 1):
+                g = g.reshape(-1)
+                cls = torch.where(g != 0, g < 0, out.detach().reshape(-1) > 0).long()
+            else:
+                return
+            cls = cls[torch.isfinite(g.reshape(len(g), -1)).all(dim=1)]
+            counts = torch.bincount(cls) if cls.numel() else cls
+            present = torch.nonzero(counts).flatten()
+            found, n = present.tolist(), counts[present].tolist()
+        if not found:
+            return
+        table = self.trace.meta.setdefault("batch_classes", [])
+        if len(table) >= self.MAX_CLASS_ROWS:
+            del table[1::2]
+        table.append([int(self._pass_step), found, n])
+
+    def _class_loss(self) -> str | None:
+        """What the recorded loss's operations say of its targets: classes, a binary label, or neither."""
+        paths = self.trace.meta.get("loss_paths")
+        if not paths:
+            return None
+        for path in paths:
+            ops = [op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS]
+            names = [op.split("@")[0] for op in ops]
+            # an NLL of a log-softmax over the classes' dimension (a cross-entropy, with label smoothing or a
+            # penalty added), or a binary cross-entropy with logits, on the way to the output
+            if any(a == "NllLoss" and b == "LogSoftmax" for a, b in zip(names, ops[1:])):
+                return "classes"
+            if "BinaryCrossEntropyWithLogits" in names:
+                return "binary"
+        return None
 
     def read_gradients(self) -> None:
         """Measure the parameter gradients as they are now, for the step in progress."""

@@ -90,11 +90,12 @@ class LossState(_State):
 
 
 class TargetState(_State):
-    """What the loss says of the targets (they are not seen themselves)."""
+    """What the loss says of the targets, and their classes read off the output's gradient."""
 
     NORMAL = "normal"
     OUT_OF_REACH = "out_of_reach"   # a first loss far beyond what the outputs' scale can reach
     UNBOUNDED = "unbounded"         # a loss that cannot be negative falls deep below zero, still falling
+    ORDERED = "ordered"             # batches whose classes are far from the run's mix (data not shuffled)
 
 
 class WeightState(_State):

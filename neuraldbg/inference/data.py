@@ -1,5 +1,5 @@
 """Data: NaN/Inf in the input or in the targets, an input out of scale, targets out of the outputs' reach or
-outside the loss's range."""
+outside the loss's range, batches whose classes are grouped (data read in order, not shuffled)."""
 from __future__ import annotations
 
 from ..causes import Cause
@@ -54,4 +54,10 @@ def candidates(ctx: Context) -> list[Candidate]:
                                           RATIO_CAP),
                              # a failure by itself, not one more loss failure it explains: its own event is the loss
                              persistence=persistence(ev, ctx), facts=dict(ev.values)))
+    for ev in ctx.all(Signal.TARGET, TargetState.ORDERED)[:1]:
+        # the order is the data loader's, from the first batch on; each batch pulls the model toward its classes
+        out.append(Candidate(Cause.DATA, "input", ev.step, "ordered", [ev],
+                             severity=past_ratio(ev.values.get("ratio", 0.0), ctx.th.batch_order),
+                             persistence=persistence(ev, ctx), lasting=True, acting_from=ctx.first_step,
+                             loss_kinds=losses.ANY | {LossState.SLOW}, facts=dict(ev.values)))
     return out

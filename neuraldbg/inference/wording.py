@@ -109,6 +109,16 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "unscaled":
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
+        if k == "ordered":
+            return [f"the sampled batches hold {f.get('batch_classes', math.nan):.1f} of the run's "
+                    f"{f.get('classes', math.nan):.0f} classes on average, where batches of "
+                    f"{f.get('batch', math.nan):.0f} drawn at random would hold "
+                    f"{f.get('random_classes', math.nan):.1f} (their mix of classes "
+                    f"{fmt(f.get('ratio', math.nan))}x further from the run's than chance; classes read off the "
+                    "output's gradient)",
+                    "the data is read in an order that groups classes: each batch pulls the outputs toward its own "
+                    "classes and the next undoes it, so the loss jumps as the classes change and the model ends "
+                    "fitted to the last ones"]
         if k == "targets_out_of_reach":
             target = math.sqrt(abs(f.get("loss", math.nan)))
             return [f"the loss starts at {fmt(f.get('loss', math.nan))}, while the outputs' RMS is "
@@ -569,6 +579,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "targets_broadcast":
             return ("give the outputs and the targets the same shape before the loss: out.squeeze(-1) or "
                     "y.view_as(out) (torch warns: 'Using a target size ... different to the input size')")
+        if k == "ordered":
+            return ("shuffle the training data: DataLoader(dataset, shuffle=True) (or a sampler that draws at "
+                    "random), or shuffle the arrays once per epoch (idx = torch.randperm(len(x))); a data set "
+                    "stored grouped by class must not be read in its stored order")
         if k == "targets_out_of_reach":
             target = math.sqrt(abs(f.get("loss", math.nan)))
             return ("standardise the targets (y = (y - y.mean()) / y.std(), computed on the training set; invert it on "

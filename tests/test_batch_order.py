@@ -1,0 +1,135 @@
+"""Batches whose classes are grouped (a data set sorted by label, read without shuffling): the classes of a
+sampled batch are read off the gradient at the model's output, and a run whose batches each hold one or
+two classes of many is named ``data`` with a fix that shuffles."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from faultgen.score import contradictions
+from neuraldbg import NeuralDbg
+from zoo import Run, train
+
+CONFIDENT = 0.5
+
+
+def _pool(n_in: int, n_out: int, n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n_in, n_out, generator=g)
+    x = torch.randn(n, n_in, generator=g)
+    return x, (x @ w).argmax(1)
+
+
+def _epochs(x, y, batch: int, order: str):
+    """Batches read in a fixed order every epoch: as stored (``"sorted"`` by label) or drawn at random."""
+    if order == "sorted":
+        idx = torch.sort(y, stable=True).indices
+        x, y = x[idx], y[idx]
+    per_epoch = len(y) // batch
+
+    def data(step: int):
+        if order == "shuffled":
+            pick = torch.randperm(len(y), generator=torch.Generator().manual_seed(step))[:batch]
+            return x[pick], y[pick]
+        i = (step % per_epoch) * batch
+        return x[i:i + batch], y[i:i + batch]
+    return data
+
+
+def _mlp(n_in: int, n_out: int, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(n_in, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, n_out))
+
+
+def _classes_run(order: str, seed: int = 0, steps: int = 200, batch: int = 32, lr: float = 0.1,
+                 n_out: int = 5) -> NeuralDbg:
+    x, y = _pool(16, n_out, 40 * batch)
+    model = _mlp(16, n_out, seed)
+    return train(Run(model, torch.optim.SGD(model.parameters(), lr=lr), _epochs(x, y, batch, order), steps=steps))
+
+
+def _ordered(dbg) -> list:
+    return [e for e in dbg.analysis().events if e.after == "ordered"]
+
+
+def test_the_classes_read_off_the_output_gradient_are_the_batches_classes():
+    """Every sampled batch's recorded classes are its labels' counts: the entry of the gradient a
+    cross-entropy pushes down is the sample's class, label smoothing or not."""
+    x, y = _pool(16, 5, 640)
+    data = _epochs(x, y, 32, "shuffled")
+    for loss in (F.cross_entropy, lambda out, t: F.cross_entropy(out, t, label_smoothing=0.1)):
+        model = _mlp(16, 5, 0)
+        dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.05), data, loss=loss, steps=40,
+                        options={"every": 3}))
+        rows = dbg.trace.meta["batch_classes"]
+        assert len(rows) >= 10
+        for step, found, counts in rows:
+            truth = torch.bincount(data(step)[1])
+            assert found == torch.nonzero(truth).flatten().tolist() and counts == truth[truth > 0].tolist()
+
+
+def test_a_binary_label_is_read_off_the_sign_of_the_output_gradient():
+    x, y = _pool(16, 2, 640)
+    data = _epochs(x, y.float(), 32, "shuffled")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.05), data, steps=30,
+                    loss=lambda out, t: F.binary_cross_entropy_with_logits(out.squeeze(-1), t),
+                    options={"every": 3}))
+    rows = dbg.trace.meta["batch_classes"]
+    assert rows
+    for step, found, counts in rows:
+        ones = int(data(step)[1].sum())
+        assert dict(zip(found, counts)) == {c: n for c, n in ((0, 32 - ones), (1, ones)) if n}
+
+
+def test_a_sequence_models_positions_are_not_read_as_a_batchs_samples():
+    """A language model's loss over every position (outputs flattened to (N * T, vocab)): its rows are not
+    the input's samples, and their tokens, correlated within a sequence, are no batch of classes."""
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(12, 16), nn.Linear(16, 12)
+    model = nn.Sequential(emb, nn.Tanh(), head)
+    tokens = torch.randint(0, 12, (16, 9))
+    run = Run(model, torch.optim.Adam(model.parameters(), lr=1e-2), lambda step: (tokens[:, :-1], tokens[:, 1:]),
+              loss=lambda out, t: F.cross_entropy(out.reshape(-1, 12), t.reshape(-1)), steps=20)
+    assert "batch_classes" not in train(run).trace.meta
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_data_sorted_by_label_is_named_with_a_shuffle(seed):
+    """Five classes sorted by label, read in that order every epoch: the loss jumps at each change of class,
+    which read as a learning rate too high; now the data, from its first batches, with the fix."""
+    dbg = _classes_run("sorted", seed=seed)
+    hyps = dbg.explain()
+    top = hyps[0]
+    assert (top.cause, top.layer) == ("data", "input") and top.confidence >= CONFIDENT, dbg.report()
+    assert "shuffle" in top.suggestion.lower() and top.step <= 20
+    assert not any(h.cause == "learning_rate_too_high" and h.confidence >= CONFIDENT for h in hyps[1:])
+    assert not contradictions(hyps)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_same_data_shuffled_stays_quiet(seed):
+    dbg = _classes_run("shuffled", seed=seed)
+    assert not _ordered(dbg) and not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+def test_imbalanced_classes_and_small_batches_drawn_at_random_are_not_ordered():
+    """Batches of 8 from classes 90/10 hold one class most of the time by chance: the comparison is with
+    what random batches of their size would hold, not with the run's number of classes."""
+    x = torch.randn(4000, 16, generator=torch.Generator().manual_seed(3))
+    y = (torch.rand(4000, generator=torch.Generator().manual_seed(4)) < 0.1).long()
+    model = _mlp(16, 2, 0)
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.05), _epochs(x, y, 8, "shuffled"), steps=150,
+                    options={"every": 2}))
+    assert len(dbg.trace.meta["batch_classes"]) >= 50 and not _ordered(dbg)
+
+
+def test_the_order_threshold_moves_the_verdict():
+    """``batch_order`` decides: past the batches' measured distance from the run's mix, nothing is ordered."""
+    dbg = _classes_run("sorted")
+    assert _ordered(dbg)
+    assert not any(h.cause == "data" for h in dbg.reanalyze(batch_order=100.0))
+    assert not _ordered(dbg)
