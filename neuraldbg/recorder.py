@@ -47,6 +47,20 @@ _SCALE_COL = GLOBAL_COLUMNS.index("loss_scale")
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
 
+def _class_loss(paths: list | None) -> str | None:
+    """What the recorded loss's operations say of its targets: classes, a binary label, or neither."""
+    for path in paths or []:
+        ops = [op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS]
+        names = [op.split("@")[0] for op in ops]
+        # an NLL of a log-softmax over the classes' dimension (a cross-entropy, with label smoothing or a
+        # penalty added), or a binary cross-entropy with logits, on the way to the output
+        if any(a == "NllLoss" and b == "LogSoftmax" for a, b in zip(names, ops[1:])):
+            return "classes"
+        if "BinaryCrossEntropyWithLogits" in names:
+            return "binary"
+    return None
+
+
 def _batch_rows(inputs) -> int | None:
     """The number of samples in a pass's input: the first dimension of its first tensor."""
     args, kwargs = inputs
@@ -898,6 +912,7 @@ class Recorder:
         if self.optimizer is None:
             self._finish_step()
 
+    _class_kind: tuple = (None, None)  # (the loss paths, what they say of the targets)
     MAX_CLASS_ROWS = 512  # sampled batches whose classes are kept; past it, every other one is dropped
 
     def _read_classes(self) -> None:
@@ -907,7 +922,10 @@ class Recorder:
         negative gradient (a binary one's sign). Kept in the trace's meta as [step, classes, counts].
         Only for a loss read as a classification (NLL of a log-softmax, a binary cross-entropy with logits)
         of one output whose rows are the input's samples (not a sequence's positions)."""
-        kind = self._class_loss()
+        paths = self.trace.meta.get("loss_paths")
+        if self._class_kind[0] is not paths:
+            self._class_kind = (paths, _class_loss(paths))
+        kind = self._class_kind[1]
         if kind is None or len(self._out_grads) != 1 or self._last_inputs is None:
             return
         g = self._out_grads[0]
@@ -938,22 +956,6 @@ class Recorder:
         if len(table) >= self.MAX_CLASS_ROWS:
             del table[1::2]
         table.append([int(self._pass_step), found, n])
-
-    def _class_loss(self) -> str | None:
-        """What the recorded loss's operations say of its targets: classes, a binary label, or neither."""
-        paths = self.trace.meta.get("loss_paths")
-        if not paths:
-            return None
-        for path in paths:
-            ops = [op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS]
-            names = [op.split("@")[0] for op in ops]
-            # an NLL of a log-softmax over the classes' dimension (a cross-entropy, with label smoothing or a
-            # penalty added), or a binary cross-entropy with logits, on the way to the output
-            if any(a == "NllLoss" and b == "LogSoftmax" for a, b in zip(names, ops[1:])):
-                return "classes"
-            if "BinaryCrossEntropyWithLogits" in names:
-                return "binary"
-        return None
 
     def read_gradients(self) -> None:
         """Measure the parameter gradients as they are now, for the step in progress."""

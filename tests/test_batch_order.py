@@ -133,3 +133,12 @@ def test_the_order_threshold_moves_the_verdict():
     assert _ordered(dbg)
     assert not any(h.cause == "data" for h in dbg.reanalyze(batch_order=100.0))
     assert not _ordered(dbg)
+
+
+def test_a_saved_run_keeps_its_batches_classes(tmp_path):
+    """The post-mortem of a saved run names the order as the live session did."""
+    dbg = _classes_run("sorted")
+    dbg.save(tmp_path / "sorted.ndbg")
+    loaded = NeuralDbg.load(tmp_path / "sorted.ndbg")
+    assert loaded.trace.meta["batch_classes"] == dbg.trace.meta["batch_classes"]
+    assert (loaded.explain()[0].cause, loaded.explain()[0].step) == (dbg.explain()[0].cause, dbg.explain()[0].step)
