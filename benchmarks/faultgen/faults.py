@@ -387,6 +387,12 @@ def _label_sorted(b: Build) -> None:
     b.task = b.task.with_data(data)
 
 
+def _rnn_not_batch_first(b: Build) -> None:
+    """The recurrent module built without batch_first=True and fed (batch, time, features): it runs along
+    the batch, each time step a separate sequence, and the head reads the last time step of every sample."""
+    b.core.rnn.batch_first = False
+
+
 # -- slowly failing: the fault grows at a constant rate from a healthy start ---------------------------
 
 RAMP_CROSS = 0.6   # share of the run by which a gradual fault has grown by its factor
@@ -644,6 +650,11 @@ def _mechanism_list() -> list[Mechanism]:
                   "the data set sorted by label and read in that order every epoch of 60 batches (no shuffling)",
                   lambda f: f.has("classes"), _label_sorted,
                   lambda b: Expect((V("data", "input"),), (0, EPOCH_BATCHES)), worse_on_fresh_batches),
+        Mechanism("rnn_not_batch_first", "data",
+                  "nn.LSTM / nn.GRU left at batch_first=False and fed (batch, time, features): the recurrence runs "
+                  "across the samples of the batch",
+                  lambda f: f.has("recurrent"), _rnn_not_batch_first,
+                  lambda b: Expect((V("data", b.prefix + "rnn"),), (0, 10)), worse_than_twin),
         # -- loss plateau ----------------------------------------------------------------------------
         Mechanism("unrepresentable_task", "loss_plateau",
                   "labels the model cannot express: XOR for a linear model, token order for a bag of tokens",
