@@ -393,6 +393,14 @@ def _rnn_not_batch_first(b: Build) -> None:
     b.core.rnn.batch_first = False
 
 
+def _attention_not_batch_first(b: Build) -> None:
+    """Every nn.MultiheadAttention left at batch_first=False and fed (batch, tokens, dim): each token attends
+    over the samples of the batch at its position, not over its own sequence."""
+    for m in b.core.modules():
+        if isinstance(m, nn.MultiheadAttention):
+            m.batch_first = False
+
+
 # -- slowly failing: the fault grows at a constant rate from a healthy start ---------------------------
 
 RAMP_CROSS = 0.6   # share of the run by which a gradual fault has grown by its factor
@@ -655,6 +663,11 @@ def _mechanism_list() -> list[Mechanism]:
                   "across the samples of the batch",
                   lambda f: f.has("recurrent"), _rnn_not_batch_first,
                   lambda b: Expect((V("data", b.prefix + "rnn"),), (0, 10)), worse_than_twin),
+        Mechanism("attention_not_batch_first", "data",
+                  "nn.MultiheadAttention left at batch_first=False and fed (batch, tokens, dim): attention runs "
+                  "across the samples of the batch",
+                  lambda f: f.has("attention") and not f.has("custom_attention"), _attention_not_batch_first,
+                  lambda b: Expect((V("data", *attention_places(b)),), (0, 10)), worse_than_twin),
         # -- loss plateau ----------------------------------------------------------------------------
         Mechanism("unrepresentable_task", "loss_plateau",
                   "labels the model cannot express: XOR for a linear model, token order for a bag of tokens",

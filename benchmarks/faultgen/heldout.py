@@ -207,12 +207,21 @@ def class_groups_sorted(b: Build) -> None:
     b.task = b.task.with_data(data)
 
 
-def attention_not_batch_first(b: Build) -> None:
-    """Every nn.MultiheadAttention left at batch_first=False and fed (batch, tokens, dim): each token attends
-    over the samples of the batch at its position, not over its own sequence."""
-    for m in b.core.modules():
-        if isinstance(m, nn.MultiheadAttention):
-            m.batch_first = False
+class FoldedView(nn.Module):
+    """Features stored (features, batch) and read back with a view where a transpose was meant:
+    ``x.reshape(n, -1)`` laid out again as ``(features, n)`` and transposed, each row a mix of samples."""
+
+    def forward(self, x):
+        n = x.shape[0]
+        return x.reshape(n, -1).reshape(-1, n).t().reshape(x.shape)
+
+
+def view_mixes_batch(b: Build) -> None:
+    b.wrap(M.front("view", FoldedView(), b.core), "net.")
+
+
+def view_expect(b: Build) -> Expect:
+    return Expect((V("data", "view", b.prefix + b.sites().weights[0]),), (0, 10))
 
 
 # -- mechanisms --------------------------------------------------------------------------------------
@@ -265,11 +274,10 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
               K.only("mlp_relu", "mlp_tanh", "mlp_gelu", "cnn_bn", "cnn_bn_functional", "residual_cnn"),
               class_groups_sorted,
               lambda b: Expect((V("data", "input"),), (0, 20)), K.worse_on_fresh_batches),
-    Mechanism("attention_not_batch_first", "data",
-              "nn.MultiheadAttention left at batch_first=False and fed (batch, tokens, dim): attention runs "
-              "across the samples of the batch",
-              lambda f: f.has("attention") and not f.has("custom_attention"), attention_not_batch_first,
-              lambda b: Expect((V("data", *K.attention_places(b)),), (0, 10)), K.worse_than_twin),
+    Mechanism("view_mixes_batch", "data",
+              "the input read with a view where a transpose was meant (stored features x batch): every row a mix "
+              "of samples",
+              lambda f: f.has("float_input"), view_mixes_batch, view_expect, K.worse_than_twin),
     Mechanism("one_layer_scaled", "bad_initialization",
               "the middle weight layer x1000 at initialisation",
               K.only("mlp_relu", "mlp_gelu", "autoencoder"), scale_middle(1000.0), one_layer_expect, K.worse_than_twin),
