@@ -86,6 +86,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
                   grad_clip=[list(r) for r in trace.meta.get("grad_clip") or []],
-                  loss_summed=losspath.summed(trace.meta.get("loss_paths")))
+                  loss_summed=losspath.summed(trace.meta.get("loss_paths")),
+                  batch_mixing=dict(trace.meta.get("batch_mixing") or {}))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -47,15 +47,15 @@ def _own_params_nonfinite(module: nn.Module) -> bool:
     return any(_nonfinite(p) for p in module.parameters(recurse=False))
 
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
                "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 
 
-def _copy_without_hooks(module: nn.Module) -> nn.Module:
+def copy_without_hooks(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` that carries none of its hooks (they may reference live graphs)."""
     stash = []
     for sub in module.modules():
-        for attr in _HOOK_DICTS:
+        for attr in HOOK_DICTS:
             d = sub.__dict__.get(attr)
             if d:
                 stash.append((sub, attr, d))
@@ -119,7 +119,7 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
         if _nonfinite(t):
             return NonFiniteOrigin(step, "input", "input", "the input batch contains NaN/Inf")
     try:
-        replica = _copy_without_hooks(module)
+        replica = copy_without_hooks(module)
     except Exception as exc:  # noqa: BLE001 - a module that cannot be copied: say so rather than guess
         return NonFiniteOrigin(step, "", "unknown", f"could not replay the pass ({type(exc).__name__})")
     for p in replica.parameters():

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import losspath, nanhunt
+from . import distributed, losspath, mixing, nanhunt
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
@@ -1086,11 +1086,39 @@ class Recorder:
         self._finish_step()
 
     # -- step end ----------------------------------------------------------------------------------
+    _mixing_tries = 3  # sampled steps on which a replay of the pass is tried, to see samples mixed
+
+    def _check_mixing(self) -> None:
+        """Once a run, on a sampled step: does one sample's output reach the other samples' inputs (a module
+        fed another layout than it expects, see ``mixing``)? Into the trace's meta (``batch_mixing``). A pass
+        driven from outside the model's forward, a compiled model or a run already non-finite is not
+        replayed; a model whose replay fails is left alone (its training is not disturbed)."""
+        self._mixing_tries -= 1
+        if (self._last_inputs is None or self._replay_run is not None or self.compiled
+                or self.trace.nonfinite is not None):
+            return
+        args, kwargs = self._last_inputs
+        self._replaying = True
+        try:
+            base = distributed.unwrap(self.inner)
+            names = {id(m): name for name, m in base.named_modules()}
+            found = mixing.probe(base, [names[id(m)] for m in self.modules if id(m) in names], args, kwargs,
+                                 self._autocast)
+        except Exception:  # noqa: BLE001 - a model that cannot be replayed this way: nothing is said of it
+            found = None
+        finally:
+            self._replaying = False
+        if found is not None:
+            self.trace.meta["batch_mixing"] = {"step": int(self._pass_step), **found}
+            self._mixing_tries = 0
+
     def _finish_step(self) -> None:
         self._awaiting = False
         rec, self._rec = self._rec, None
         if rec is not None:
             self._flush(rec)
+            if self._mixing_tries and self.step >= 1:
+                self._check_mixing()
         schedule = self.schedule
         schedule.step_done(self.step, rec is not None)
         self.step += 1

@@ -221,7 +221,7 @@ def view_mixes_batch(b: Build) -> None:
 
 
 def view_expect(b: Build) -> Expect:
-    return Expect((V("data", "view", b.prefix + b.sites().weights[0]),), (0, 10))
+    return Expect((V("data", "view", b.sites().weights[0]),), (0, 10))
 
 
 # -- mechanisms --------------------------------------------------------------------------------------

@@ -62,6 +62,9 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
             return _early(a, b, ctx)
         first = ctx.input_reach()
         return _after(a, b) and (b.layer in first or any(e.layer in first for e in b.events))
+    if a.kind == "mixed":  # what the model cannot learn when each output depends on other samples' inputs
+        return b.cause in (C.LEARNING_RATE_TOO_HIGH, C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.DEAD_UNITS,
+                           C.SATURATED_ACTIVATIONS, C.VANISHING_GRADIENTS, C.EXPLODING_GRADIENTS)
     if a.kind == "ordered":  # each batch pulls the outputs toward its own classes, the next one away again
         return b.cause in (C.LEARNING_RATE_TOO_HIGH, C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.DEAD_UNITS,
                            C.SATURATED_ACTIVATIONS, C.EXPLODING_GRADIENTS) and b.step >= a.since

@@ -55,6 +55,8 @@ class Context:
     # sampled steps' whole gradient norm at backward end and as the optimizer steps on it (after a clip)
     grad_clip: list = field(default_factory=list)
     loss_summed: bool = False  # the loss sums over the batch (reduction="sum"): its gradient grows with the batch
+    # one replay of a pass: how far one sample's output gradient reaches the other samples' inputs (see mixing)
+    batch_mixing: dict = field(default_factory=dict)
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

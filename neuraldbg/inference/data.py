@@ -1,8 +1,11 @@
 """Data: NaN/Inf in the input or in the targets, an input out of scale, targets out of the outputs' reach or
-outside the loss's range, batches whose classes are grouped (data read in order, not shuffled)."""
+outside the loss's range, batches whose classes are grouped (data read in order, not shuffled), a batch whose
+samples a module mixes (fed another layout than it expects)."""
 from __future__ import annotations
 
+from .. import mixing
 from ..causes import Cause
+from ..layers import Kind
 from ..losspath import LossMisuse
 from ..states import GradState, InputState, LossState, Signal, TargetState
 from . import losses
@@ -54,6 +57,18 @@ def candidates(ctx: Context) -> list[Candidate]:
                                           RATIO_CAP),
                              # a failure by itself, not one more loss failure it explains: its own event is the loss
                              persistence=persistence(ev, ctx), facts=dict(ev.values)))
+    mix = ctx.batch_mixing
+    spread = float(mix.get("spread", 0.0))
+    at = ctx.layers.get(str(mix.get("layer") or ""))
+    # a module made to mix along a sequence (attention, a recurrence) found mixing the batch's samples, an output
+    # that changes with the batch's order, or mixing past the threshold; a batch statistic computed by hand (a
+    # batch normalisation in functions, between two layers that mix nothing) is none of these
+    sequence_module = at is not None and at.kind in (Kind.ATTENTION, Kind.RECURRENT)
+    if spread > mixing.TINY and (sequence_module or mix.get("equivariant") is False or spread >= ctx.th.batch_mixing):
+        # the layout a module reads the batch in is a fact of the code, from the first step: no loss says more
+        out.append(Candidate(Cause.DATA, str(mix.get("layer") or ""), ctx.first_step, "mixed", [], severity=1.0,
+                             persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
+                             facts=dict(mix)))
     for ev in ctx.all(Signal.TARGET, TargetState.ORDERED)[:1]:
         # the order is the data loader's, from the first batch on; each batch pulls the model toward its classes
         out.append(Candidate(Cause.DATA, "input", ev.step, "ordered", [ev],

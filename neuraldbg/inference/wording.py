@@ -109,6 +109,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "unscaled":
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
+        if k == "mixed":
+            where = f"`{c.layer}`" if c.layer else "the model"
+            order = "; the outputs also change with the batch's order" if f.get("equivariant") is False else ""
+            return [f"one sample's output depends on the other samples of the batch: its gradient reaches their "
+                    f"inputs, {fmt(f.get('spread', math.nan))}x as much as its own in all (a replay of the pass at "
+                    f"step {f.get('step', c.step)}, in eval mode){order}",
+                    f"{where} mixes them: it reads the batch in another layout than it is fed (a recurrence or "
+                    "attention run across the batch's samples, not along each sample's sequence)"]
         if k == "ordered":
             return [f"the sampled batches hold {f.get('batch_classes', math.nan):.1f} of the run's "
                     f"{f.get('classes', math.nan):.0f} classes on average, where batches of "
@@ -579,6 +587,12 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "targets_broadcast":
             return ("give the outputs and the targets the same shape before the loss: out.squeeze(-1) or "
                     "y.view_as(out) (torch warns: 'Using a target size ... different to the input size')")
+        if k == "mixed":
+            where = f"`{c.layer}`" if c.layer else "the module that mixes them"
+            return (f"give {where} the batch in the layout it expects: nn.LSTM / nn.GRU / nn.RNN / "
+                    "nn.MultiheadAttention / nn.Transformer* take (time, batch, features) unless built with "
+                    "batch_first=True, so pass batch_first=True (or x.transpose(0, 1) in and out); a reshape between "
+                    "layouts needs a transpose or permute, not a view")
         if k == "ordered":
             return ("shuffle the training data: DataLoader(dataset, shuffle=True) (or a sampler that draws at "
                     "random), or shuffle the arrays once per epoch (idx = torch.randperm(len(x))); a data set "

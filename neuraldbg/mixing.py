@@ -1,0 +1,147 @@
+"""Whether the samples of a batch reach each other's outputs: one replay of a pass, once per run.
+
+A model treats the samples of a batch apart: sample ``j``'s output depends on sample ``j``'s input only
+(BatchNorm aside, which is put in eval mode for the replay). A module fed another layout than the one it
+expects breaks that: ``nn.LSTM``/``nn.GRU``/``nn.MultiheadAttention`` left at ``batch_first=False`` and fed
+``(batch, time, features)`` run their recurrence or attention across the batch; a ``view`` where a
+transpose was meant mixes samples too. No hook sees it (every layer's statistics look fine); the gradient
+of one sample's output does: it reaches the other samples' inputs.
+
+The replay runs a copy of the model, without its hooks, in eval mode (no dropout, BatchNorm on its running
+statistics), with the same input, and takes the gradient of the output row of the middle sample with respect to the input (or the
+first layer's output, for token inputs) and to every watched layer's output. Per place: how much of that
+gradient lands on the other samples' rows, against the sample's own (``spread``). A second pass on the
+batch in reverse order says whether the model is equivariant to the batch's order (a function of each
+sample alone, or of the batch as a set, as a hand-written batch normalisation or attention across the
+batch is); a recurrence across the batch is not. The mixing module is the first layer, in the order the
+forward runs, whose output's gradient stays on the sample's own row after the layers before it have it
+spread: an attention or a recurrent module there reads the batch as its sequence.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+
+import torch
+from torch import nn
+
+from . import nanhunt
+
+TINY = 1e-3     # a gradient on other rows below this share of the sample's own is rounding, not mixing
+EQUAL = 1e-4    # relative difference under which two outputs of the same batch are the same
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    return t.detach().float().reshape(n, -1).norm(dim=1)
+
+
+def _spread(g: torch.Tensor | None, n: int, j: int) -> tuple[float, float] | None:
+    """(sum, largest) of the other rows' gradient norms, over the sample's own; None without one."""
+    if g is None:
+        return None
+    r = _rows(g, n)
+    own = float(r[j])
+    if not own > 0:
+        return None
+    others = torch.cat([r[:j], r[j + 1:]])
+    return float(others.sum()) / own, float(others.max()) / own
+
+
+def _first_out(output, n: int) -> torch.Tensor | None:
+    return next((t for t in nanhunt.float_tensors(output) if t.dim() >= 1 and t.shape[0] == n), None)
+
+
+def _sharded(model: nn.Module) -> bool:
+    """A module sharded across processes: its forward gathers from the others, which a replay on one
+    process alone would wait for."""
+    return any("FullyShard" in type(m).__name__ or "FSDP" in type(m).__name__ for m in model.modules())
+
+
+MAX_COPY_BYTES = 512 * 2 ** 20  # a model whose weights and buffers take more is not copied to be replayed
+
+
+def probe(model: nn.Module, watched: list[str], args: tuple, kwargs: dict,
+          autocast: list | None = None) -> dict | None:
+    """Replay one pass of ``model`` on ``(args, kwargs)`` and measure how far one sample's output reaches the
+    others' inputs. The replay runs on a copy of the model without its hooks (what the forward changes in the
+    model, a counter, a cache, is changed in the copy; what it prints is not shown), and only for a model of
+    ``MAX_COPY_BYTES`` at most. ``watched``: the watched layers' names. None when the pass does not lend itself:
+    no batch dimension shared by the input and a 2-D output (a sequence's positions flattened, a
+    sequence-first layout whose first dimension is time), fewer than 4 samples, a model too large to copy or
+    sharded across processes."""
+    if _sharded(model) or sum(t.numel() * t.element_size()
+                              for t in [*model.parameters(), *model.buffers()]) > MAX_COPY_BYTES:
+        return None
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        replica = nanhunt.copy_without_hooks(model)
+        named = dict(replica.named_modules())
+        layers = [(name, named[name]) for name in watched if name in named]
+        return _measure(replica, layers, args, kwargs, autocast)
+
+
+def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple, kwargs: dict,
+             autocast: list | None) -> dict | None:
+    tensors = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor) and v.dim() >= 1]
+    if not tensors:
+        return None
+    x = tensors[0]
+    n = int(x.shape[0])
+    if n < 4 or (x.dim() >= 2 and x.shape[1] == n):
+        return None  # too few samples, or no telling the batch's dimension from the next one
+    leaf = x.detach().clone().requires_grad_(True) if x.is_floating_point() else None
+    taken: list[tuple[int, torch.Tensor]] = []   # (watched layer, its output), in the order they finish
+
+    def keep(i):
+        def hook(_m, _inputs, output):
+            nonlocal leaf
+            t = _first_out(output, n)
+            if t is None:
+                return None
+            if leaf is None and t.is_floating_point():
+                # token input: the first float output with the batch's rows stands for the input
+                leaf = t.detach().clone().requires_grad_(True)
+                return leaf if isinstance(output, torch.Tensor) else None
+            if t.requires_grad:
+                taken.append((i, t))
+            return None
+        return hook
+
+    def swap(v):
+        return leaf if leaf is not None and v is x else v
+
+    model.eval()
+    handles = [m.register_forward_hook(keep(i)) for i, (_, m) in enumerate(watched)]
+    try:
+        with torch.enable_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
+            out = _first_out(model(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()}), n)
+        for h in handles:
+            h.remove()
+        if out is None or out.dim() != 2 or leaf is None or not out.requires_grad:
+            return None
+        j = n // 2
+        grads = torch.autograd.grad(out[j].float().sum(), [leaf] + [t for _, t in taken], allow_unused=True)
+        at_input = _spread(grads[0], n, j)
+        if at_input is None:
+            return None
+        layers = [(watched[i][0], _spread(g, n, j)) for (i, _), g in zip(taken, grads[1:])]
+        with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
+            again = _first_out(model(*args, **kwargs), n)
+            flipped = _first_out(model(*[a.flip(0) if a is x else a for a in args],
+                                       **{k: (v.flip(0) if v is x else v) for k, v in kwargs.items()}), n)
+    finally:
+        for h in handles:
+            h.remove()
+    equivariant = None
+    if again is not None and flipped is not None and torch.allclose(again, out.detach(), rtol=EQUAL, atol=EQUAL):
+        scale = float(again.abs().max()) or 1.0
+        equivariant = bool(float((flipped.flip(0) - again).abs().max()) <= EQUAL * scale)
+    place = ""
+    spread_before = at_input[0] > TINY
+    for name, s in layers:   # the first layer whose output's gradient is the sample's own, after a spread one
+        if s is None:
+            continue
+        if s[0] > TINY:
+            spread_before, place = True, ""
+        elif spread_before and not place:
+            place = name
+    return {"rows": n, "spread": at_input[0], "largest": at_input[1], "equivariant": equivariant, "layer": place}

@@ -1,0 +1,161 @@
+"""Samples of a batch that reach each other's outputs: a recurrence or attention left at batch_first=False
+and fed (batch, time, features). One replay of a pass (eval mode) measures how far one sample's output
+gradient lands on the other samples' inputs; the module that mixes them is named, with the layout fix."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from faultgen.score import contradictions
+from neuraldbg import NeuralDbg, mixing
+from zoo import Run, train
+
+CONFIDENT = 0.5
+
+
+class Recurrent(nn.Module):
+    def __init__(self, batch_first: bool, cell=nn.LSTM):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn = cell(3, 24, batch_first=batch_first)
+        self.fc = nn.Linear(24, 2)
+
+    def forward(self, x):
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
+class Attending(nn.Module):
+    def __init__(self, batch_first: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(12, 16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=batch_first)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, tok):
+        h = self.emb(tok)
+        return self.head((h + self.attn(h, h, h, need_weights=False)[0])[:, 0])
+
+
+class HandNormalised(nn.Module):
+    """A batch normalisation written in functions between two linear layers: a batch statistic, by design."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1, self.l2 = nn.Linear(8, 32), nn.Linear(32, 3)
+
+    def forward(self, x):
+        h = self.l1(x)
+        return self.l2(F.relu((h - h.mean(0)) / (h.std(0) + 1e-5)))
+
+
+def _sequences(step: int, n: int = 32):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(n, 12, 3, generator=g)
+    return x, (x[:, :, 0].sum(1) > 0).long()
+
+
+def _tokens(step: int, n: int = 32):
+    x = torch.randint(1, 12, (n, 9), generator=torch.Generator().manual_seed(step))
+    return x, (x[:, 1:] < 6).float().mean(1).gt(0.5).long()
+
+
+def _run(model, data, steps: int = 80, lr: float = 3e-3):
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=lr), data, steps=steps))
+
+
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU])
+def test_a_recurrence_left_at_batch_first_false_is_named_at_the_module(cell):
+    dbg = _run(Recurrent(False, cell), _sequences)
+    hyps = dbg.explain()
+    top = hyps[0]
+    assert (top.cause, top.layer) == ("data", "rnn") and top.confidence >= CONFIDENT, dbg.report()
+    assert "batch_first=True" in top.suggestion and top.step <= 2
+    assert not contradictions(hyps)
+
+
+def test_attention_left_at_batch_first_false_is_named_at_the_module():
+    dbg = _run(Attending(False), _tokens)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("data", "attn") and top.confidence >= CONFIDENT, dbg.report()
+    assert dbg.trace.meta["batch_mixing"]["equivariant"] is True  # attention across the batch ignores its order
+
+
+@pytest.mark.parametrize("make, data", [(lambda: Recurrent(True), _sequences), (lambda: Attending(True), _tokens)])
+def test_the_same_modules_fed_their_layout_stay_quiet(make, data):
+    dbg = _run(make(), data)
+    assert dbg.trace.meta["batch_mixing"]["spread"] <= mixing.TINY
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+def test_a_batch_statistic_by_design_is_not_a_layout_fault():
+    """A hand-written batch normalisation mixes the batch's samples through its statistics, as BatchNorm does
+    in training: the replay sees it (the spread is not zero) but the model is a function of the batch as a
+    set, between two layers that mix nothing: no verdict."""
+    def data(step: int):
+        x = torch.randn(64, 8, generator=torch.Generator().manual_seed(step))
+        return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    dbg = _run(HandNormalised(), data, lr=1e-2)
+    mix = dbg.trace.meta["batch_mixing"]
+    assert mix["spread"] > mixing.TINY and mix["equivariant"] is True
+    assert not any(h.cause == "data" for h in dbg.explain())
+
+
+def test_the_replay_leaves_the_users_model_and_random_stream_as_they_were():
+    """BatchNorm statistics, dropout's training mode, gradients and the global random stream are what they
+    would be without the replay."""
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(2))
+
+    def steps(model, watch: bool):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with NeuralDbg(model, optimizer=opt, every=1) if watch else torch.autograd.set_grad_enabled(True):
+            for _ in range(4):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+        return model, torch.rand(1)
+
+    (bare, bare_draw), (watched, watched_draw) = steps(make(), False), steps(make(), True)
+    assert torch.equal(bare_draw, watched_draw) and watched.training and watched[3].training
+    assert torch.allclose(bare[1].running_mean, watched[1].running_mean)
+    for p, q in zip(bare.parameters(), watched.parameters()):
+        assert torch.allclose(p, q) and torch.allclose(p.grad, q.grad)
+
+
+def test_a_model_that_cannot_be_replayed_is_left_alone():
+    """A forward that fails in eval mode: nothing is recorded and training goes on."""
+    class TrainOnly(nn.Linear):
+        def forward(self, x):
+            if not self.training:
+                raise RuntimeError("this model only trains")
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    model = TrainOnly(8, 3)
+    dbg = _run(model, lambda step: (torch.randn(16, 8), torch.randint(0, 3, (16,))), steps=10)
+    assert "batch_mixing" not in dbg.trace.meta and dbg.step == 10
+
+
+def test_the_replay_runs_on_a_copy_that_neither_counts_nor_prints(capsys):
+    """What a forward does besides computing (a call counter, a print) happens on a copy, out of sight: the
+    model counts its own passes and the cell shows its own lines."""
+    class Counting(Recurrent):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            print("pass", self.calls)
+            return super().forward(x)
+
+    model = Counting(False)
+    dbg = _run(model, _sequences, steps=12)
+    assert "batch_mixing" in dbg.trace.meta and model.calls == 12
+    assert capsys.readouterr().out.split("\n")[:-1] == [f"pass {i}" for i in range(1, 13)]
