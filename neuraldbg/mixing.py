@@ -8,9 +8,10 @@ transpose was meant mixes samples too. No hook sees it (every layer's statistics
 of one sample's output does: it reaches the other samples' inputs.
 
 The replay runs a copy of the model, without its hooks, in eval mode (no dropout, BatchNorm on its running
-statistics), with the same input, and takes the gradient of the output row of the middle sample with respect to the input (or the
-first layer's output, for token inputs) and to every watched layer's output. Per place: how much of that
-gradient lands on the other samples' rows, against the sample's own (``spread``). A second pass on the
+statistics), with the same input, and takes the gradient of the output row of the middle sample with
+respect to the input (or the first layer's output, for token inputs) and to every watched layer's output.
+Per place: how much of that gradient lands on the other samples' rows, against the sample's own
+(``spread``). A second pass on the
 batch in reverse order says whether the model is equivariant to the batch's order (a function of each
 sample alone, or of the batch as a set, as a hand-written batch normalisation or attention across the
 batch is); a recurrence across the batch is not. The mixing module is the first layer, in the order the

@@ -493,10 +493,17 @@ def symptom_lines(events: list[SemanticEvent], limit: int = 4) -> list[str]:
     return lines
 
 
-def _summary(c: Candidate, ctx: Context) -> str:
+def _scales_gradients(root: Candidate) -> bool:
+    """A root whose effect is a gradient out of scale (an input, targets, weights or a module's gain)."""
+    return (root.cause in (Cause.BAD_INITIALIZATION, Cause.EXPLODING_GRADIENTS)
+            or root.cause == Cause.DATA and root.kind in ("unscaled", "targets_out_of_reach"))
+
+
+def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
     """The one line an explained candidate contributes to its root's chain."""
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH and c.facts.get("large"):
-        return _update_line(c.facts["large"][0], ctx, "the gradients, and so the updates, are as out of scale")
+        return _update_line(c.facts["large"][0], ctx, "the gradients, and so the updates, are as out of scale"
+                            if _scales_gradients(root) else "")
     if c.cause == Cause.NON_FINITE and c.kind not in ("fp16_overflow", "skipping", "near_limit"):
         origin = c.facts.get("origin")
         where = origin.where() if origin is not None and origin.op else (f"`{c.layer}`" if c.layer else "the model")
@@ -541,7 +548,7 @@ def chain(root: Candidate, ctx: Context) -> list[str]:
     for c in sorted(root.explained(), key=lambda c: (c.step, c.family)):
         if c.events and all(any(e is n for n in named) for e in c.events):
             continue  # the root's own lines already say it
-        line = _summary(c, ctx)
+        line = _summary(c, ctx, root)
         if line not in lines:
             lines.append(line)
     for e in sorted(root.loss, key=lambda e: e.step)[:2]:
