@@ -52,6 +52,28 @@ def _first_out(output, n: int) -> torch.Tensor | None:
     return next((t for t in nanhunt.float_tensors(output) if t.dim() >= 1 and t.shape[0] == n), None)
 
 
+def _equivariant(model: nn.Module, x: torch.Tensor, out: torch.Tensor, args: tuple, kwargs: dict,
+                 autocast: list | None) -> bool | None:
+    """Whether the outputs of the batch in reverse order are the outputs in reverse order; a difference
+    counts when the model gives the same outputs twice for the same batch (None when it does not: a model
+    that draws noise in eval mode)."""
+    def run(flip: bool):
+        with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
+            swap = (lambda v: v.flip(0) if v is x else v) if flip else (lambda v: v)
+            return _first_out(model(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()}), len(x))
+
+    def same(a, b) -> bool:
+        return float((a - b).abs().max()) <= EQUAL * (float(b.abs().max()) or 1.0)
+
+    flipped = run(True)
+    if flipped is None or flipped.shape != out.shape:
+        return None
+    if same(flipped.flip(0), out):
+        return True
+    again = run(False)
+    return False if again is not None and same(again, out) else None
+
+
 def _sharded(model: nn.Module) -> bool:
     """A module sharded across processes: its forward gathers from the others, which a replay on one
     process alone would wait for."""
@@ -87,8 +109,8 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
         return None
     x = tensors[0]
     n = int(x.shape[0])
-    if n < 4 or (x.dim() >= 2 and x.shape[1] == n):
-        return None  # too few samples, or no telling the batch's dimension from the next one
+    if n < 4 or (x.dim() >= 2 and x.shape[1] == n and (x.dim() >= 3 or not x.is_floating_point())):
+        return None  # too few samples, or no telling the batch's dimension from a sequence's
     leaf = x.detach().clone().requires_grad_(True) if x.is_floating_point() else None
     taken: list[tuple[int, torch.Tensor]] = []   # (watched layer, its output), in the order they finish
 
@@ -125,17 +147,10 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
         if at_input is None:
             return None
         layers = [(watched[i][0], _spread(g, n, j)) for (i, _), g in zip(taken, grads[1:])]
-        with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
-            again = _first_out(model(*args, **kwargs), n)
-            flipped = _first_out(model(*[a.flip(0) if a is x else a for a in args],
-                                       **{k: (v.flip(0) if v is x else v) for k, v in kwargs.items()}), n)
+        equivariant = _equivariant(model, x, out.detach(), args, kwargs, autocast)
     finally:
         for h in handles:
             h.remove()
-    equivariant = None
-    if again is not None and flipped is not None and torch.allclose(again, out.detach(), rtol=EQUAL, atol=EQUAL):
-        scale = float(again.abs().max()) or 1.0
-        equivariant = bool(float((flipped.flip(0) - again).abs().max()) <= EQUAL * scale)
     place = ""
     spread_before = at_input[0] > TINY
     for name, s in layers:   # the first layer whose output's gradient is the sample's own, after a spread one
