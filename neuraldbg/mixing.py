@@ -92,8 +92,8 @@ def probe(model: nn.Module, watched: list[str], args: tuple, kwargs: dict,
     no batch dimension shared by the input and a 2-D output (a sequence's positions flattened, a
     sequence-first layout whose first dimension is time), fewer than 4 samples, a model too large to copy or
     sharded across processes."""
-    if _sharded(model) or sum(t.numel() * t.element_size()
-                              for t in [*model.parameters(), *model.buffers()]) > MAX_COPY_BYTES:
+    if (_batch_input(args, kwargs) is None or _sharded(model)
+            or sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) > MAX_COPY_BYTES):
         return None
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         replica = nanhunt.copy_without_hooks(model)
@@ -102,15 +102,23 @@ def probe(model: nn.Module, watched: list[str], args: tuple, kwargs: dict,
         return _measure(replica, layers, args, kwargs, autocast)
 
 
+def _batch_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The pass's first tensor argument, when its first dimension can be told to be the batch's: at least 4
+    samples, and not as many as a sequence's positions beside them."""
+    x = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor) and v.dim() >= 1), None)
+    if x is None or x.shape[0] < 4:
+        return None
+    if x.dim() >= 2 and x.shape[1] == x.shape[0] and (x.dim() >= 3 or not x.is_floating_point()):
+        return None
+    return x
+
+
 def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple, kwargs: dict,
              autocast: list | None) -> dict | None:
-    tensors = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor) and v.dim() >= 1]
-    if not tensors:
+    x = _batch_input(args, kwargs)
+    if x is None:
         return None
-    x = tensors[0]
     n = int(x.shape[0])
-    if n < 4 or (x.dim() >= 2 and x.shape[1] == n and (x.dim() >= 3 or not x.is_floating_point())):
-        return None  # too few samples, or no telling the batch's dimension from a sequence's
     leaf = x.detach().clone().requires_grad_(True) if x.is_floating_point() else None
     taken: list[tuple[int, torch.Tensor]] = []   # (watched layer, its output), in the order they finish
 
