@@ -401,6 +401,23 @@ def _attention_not_batch_first(b: Build) -> None:
             m.batch_first = False
 
 
+class FoldedView(nn.Module):
+    """Features stored (features, batch) and read back with a view where a transpose was meant:
+    ``x.reshape(n, -1)`` laid out again as ``(features, n)`` and transposed, each row a mix of samples."""
+
+    def forward(self, x):
+        n = x.shape[0]
+        return x.reshape(n, -1).reshape(-1, n).t().reshape(x.shape)
+
+
+def _view_mixes_batch(b: Build) -> None:
+    b.wrap(M.front("view", FoldedView(), b.core), "net.")
+
+
+def _view_expect(b: Build) -> Expect:
+    return Expect((V("data", "view", b.sites().weights[0]),), (0, 10))
+
+
 # -- slowly failing: the fault grows at a constant rate from a healthy start ---------------------------
 
 RAMP_CROSS = 0.6   # share of the run by which a gradual fault has grown by its factor
@@ -668,6 +685,10 @@ def _mechanism_list() -> list[Mechanism]:
                   "across the samples of the batch",
                   lambda f: f.has("attention") and not f.has("custom_attention"), _attention_not_batch_first,
                   lambda b: Expect((V("data", *attention_places(b)),), (0, 10)), worse_than_twin),
+        Mechanism("view_mixes_batch", "data",
+                  "the input read with a view where a transpose was meant (stored features x batch): every row a mix "
+                  "of samples",
+                  lambda f: f.has("float_input"), _view_mixes_batch, _view_expect, worse_than_twin),
         # -- loss plateau ----------------------------------------------------------------------------
         Mechanism("unrepresentable_task", "loss_plateau",
                   "labels the model cannot express: XOR for a linear model, token order for a bag of tokens",

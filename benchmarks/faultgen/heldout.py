@@ -207,21 +207,15 @@ def class_groups_sorted(b: Build) -> None:
     b.task = b.task.with_data(data)
 
 
-class FoldedView(nn.Module):
-    """Features stored (features, batch) and read back with a view where a transpose was meant:
-    ``x.reshape(n, -1)`` laid out again as ``(features, n)`` and transposed, each row a mix of samples."""
+class RunningSum(nn.Module):
+    """A running sum meant along the sequence (dim=1) taken along dim=0, the batch."""
 
     def forward(self, x):
-        n = x.shape[0]
-        return x.reshape(n, -1).reshape(-1, n).t().reshape(x.shape)
+        return x.cumsum(dim=0) / torch.arange(1, len(x) + 1, dtype=x.dtype).view(-1, *[1] * (x.dim() - 1)).sqrt()
 
 
-def view_mixes_batch(b: Build) -> None:
-    b.wrap(M.front("view", FoldedView(), b.core), "net.")
-
-
-def view_expect(b: Build) -> Expect:
-    return Expect((V("data", "view", b.sites().weights[0]),), (0, 10))
+def running_sum_over_batch(b: Build) -> None:
+    b.wrap(M.front("cumsum", RunningSum(), b.core), "net.")
 
 
 # -- mechanisms --------------------------------------------------------------------------------------
@@ -274,10 +268,12 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
               K.only("mlp_relu", "mlp_tanh", "mlp_gelu", "cnn_bn", "cnn_bn_functional", "residual_cnn"),
               class_groups_sorted,
               lambda b: Expect((V("data", "input"),), (0, 20)), K.worse_on_fresh_batches),
-    Mechanism("view_mixes_batch", "data",
-              "the input read with a view where a transpose was meant (stored features x batch): every row a mix "
-              "of samples",
-              lambda f: f.has("float_input"), view_mixes_batch, view_expect, K.worse_than_twin),
+    Mechanism("running_sum_over_batch", "data",
+              "a running sum of the input meant along the sequence (dim=1) taken along dim=0, the batch (scaled "
+              "by the square root of the count)",
+              lambda f: f.has("float_input") and f.has("recurrent"), running_sum_over_batch,
+              lambda b: Expect((V("data", "cumsum", b.sites().weights[0], b.prefix + "rnn"),), (0, 10)),
+              K.worse_than_twin),
     Mechanism("one_layer_scaled", "bad_initialization",
               "the middle weight layer x1000 at initialisation",
               K.only("mlp_relu", "mlp_gelu", "autoencoder"), scale_middle(1000.0), one_layer_expect, K.worse_than_twin),
