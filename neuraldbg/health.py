@@ -602,9 +602,34 @@ class LossCurve:
     best: np.ndarray
     scale: np.ndarray
     progress: np.ndarray
+    chance: float = math.nan   # the loss of predicting the classes' frequencies, when known (see chance_level)
 
 
-def loss_curve(values: np.ndarray, th: Thresholds) -> LossCurve:
+def chance_level(trace: Trace) -> float:
+    """The loss of a model that predicts the classes' frequencies and nothing of the input: their entropy
+    (nats), from the classes of the sampled batches (meta ``batch_classes``), for a recorded loss that is a
+    cross-entropy averaged over the batch and nothing else (a binary one with logits included; summed, with
+    terms added or label smoothing, it is not known). NaN when not known."""
+    paths = trace.meta.get("loss_paths") or []
+    rows = trace.meta.get("batch_classes") or []
+    if not paths or len(rows) < ORDER_WINDOW or any(not p or p[0] not in _MEAN_CLASS_LOSSES for p in paths):
+        return math.nan
+    counts: dict = {}
+    for _, found, n in rows:
+        for c, k in zip(found, n):
+            counts[c] = counts.get(c, 0) + k
+    p = np.array(list(counts.values()), dtype=np.float64)
+    p = p / p.sum()
+    return float(-(p * np.log(p)).sum()) if len(p) >= 2 else math.nan
+
+
+_MEAN_CLASS_LOSSES = frozenset({"NllLoss", "BinaryCrossEntropyWithLogits"})
+
+
+def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan) -> LossCurve:
+    """``chance``: the loss of predicting the classes' frequencies. A loss that starts ``above_chance`` times
+    above it or more (outputs of a large initial scale) counts its progress from chance, not from its start:
+    coming down to chance is learning the classes' frequencies, nothing of the input."""
     v = values.astype(np.float64)
     n = len(v)
     ok = np.isfinite(v)
@@ -625,8 +650,12 @@ def loss_curve(values: np.ndarray, th: Thresholds) -> LossCurve:
     # batch noise does not pass for progress (a running minimum would take the deepest noisy dip of a
     # flat curve as an improvement)
     wp = max(w, min(th.plateau_steps // 2, n // 4))
-    progress = (start - _rolling_median(filled, wp)) / scale
-    return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress)
+    recent = _rolling_median(filled, wp)
+    progress = (start - recent) / scale
+    if chance > 0 and start > th.above_chance * chance:
+        progress = (chance - recent) / chance
+    return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress,
+                     chance=chance)
 
 
 # the trend test reads at most this many losses, evenly spaced (its cost is quadratic)
@@ -679,8 +708,11 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state[rise > th.loss_rise] = LossState.DIVERGING.code
     state[~c.ok] = LossState.NONFINITE.code
     start = c.start
+    chance = c.chance
+    from_chance = float(chance > 0 and c.start > th.above_chance * chance)
     values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress),
-               "oscillation": _at(osc)}
+               "oscillation": _at(osc), "chance": lambda r: chance, "latest": lambda r: float(smooth[-1]),
+               "from_chance": lambda r: from_chance}
     stalled = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best),
                "progress": lambda r: float(c.progress[-1]), "trend_z": lambda r: z}
     # spikes: a loss far above its recent level (its rolling median), by spike_factor times its typical

@@ -85,6 +85,10 @@ class Thresholds:
     attention_logit_growth: float = _f(10.0, "attention logit growth", "log", 2.0, 1e4,
                                        "growth of the largest attention logit since the first sample that is "
                                        "growth without bound")
+    above_chance: float = _f(1.5, "start above chance", "log", 1.05, 100.0,
+                             "a classification loss that starts this many times the loss of predicting the classes' "
+                             "frequencies (chance) or more counts its progress from chance, not from its start "
+                             "(coming down to chance learns nothing of the input)", slider=False)
     slow_progress: float = _f(0.25, "slow progress", "log", 0.01, 0.9,
                               "improvement of the loss over a run long enough for a plateau, as a fraction of its "
                               "start, below which it hardly comes down (a failure when a cause explains it, such as "

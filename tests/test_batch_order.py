@@ -142,3 +142,46 @@ def test_a_saved_run_keeps_its_batches_classes(tmp_path):
     loaded = NeuralDbg.load(tmp_path / "sorted.ndbg")
     assert loaded.trace.meta["batch_classes"] == dbg.trace.meta["batch_classes"]
     assert (loaded.explain()[0].cause, loaded.explain()[0].step) == (dbg.explain()[0].cause, dbg.explain()[0].step)
+
+
+def _chance_run(dropout: float, steps: int = 300) -> NeuralDbg:
+    """Ten classes; the last layer's weights x8 (a loss that starts far above chance), dropout on both hidden
+    layers."""
+    x, y = _pool(16, 10, 4096)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Dropout(dropout), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Dropout(dropout), nn.Linear(128, 10))
+    with torch.no_grad():
+        model[-1].weight.mul_(8.0)
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _epochs(x, y, 64, "shuffled"),
+                     steps=steps))
+
+
+def test_a_loss_that_comes_down_from_far_above_chance_to_it_is_no_progress():
+    """Dropout at 0.95 after outputs of a large initial scale: the loss falls from ~18 for the whole run but
+    never below what predicting the classes' frequencies gives (their entropy, read from the batches'
+    classes). It read as progress; the same model without the dropout learns and stays quiet."""
+    from neuraldbg.health import chance_level
+
+    failing = _chance_run(0.95)
+    x, y = _pool(16, 10, 4096)
+    p = torch.bincount(y).float() / len(y)
+    assert chance_level(failing.trace) == pytest.approx(float(-(p[p > 0] * p[p > 0].log()).sum()), rel=0.05)
+    top = failing.explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT, failing.report()
+    assert "chance" in top.chain[0]
+    learns = _chance_run(0.0)
+    assert not [h for h in learns.explain() if h.confidence >= CONFIDENT], learns.report()
+
+
+@pytest.mark.parametrize("loss", [lambda o, t: F.cross_entropy(o, t, reduction="sum"),
+                                  lambda o, t: F.cross_entropy(o, t, label_smoothing=0.1),
+                                  lambda o, t: F.cross_entropy(o, t) + 0.1 * o.pow(2).mean()])
+def test_chance_is_not_taken_for_a_loss_that_is_not_a_plain_mean_cross_entropy(loss):
+    from neuraldbg.health import chance_level
+
+    x, y = _pool(16, 5, 640)
+    model = _mlp(16, 5, 0)
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.01), _epochs(x, y, 32, "shuffled"), loss=loss,
+                    steps=20, options={"every": 2}))
+    assert dbg.trace.meta.get("batch_classes") and chance_level(dbg.trace) != chance_level(dbg.trace)  # NaN

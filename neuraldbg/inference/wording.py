@@ -61,6 +61,11 @@ def loss_text(ev: SemanticEvent) -> str:
     if ev.signal == Signal.TARGET:
         return (f"the loss falls below zero and on, down to {fmt(v.get('lowest', math.nan))}"
                 if ev.after == TargetState.UNBOUNDED else "the loss starts far above what the outputs can reach")
+    chance = v.get("chance", math.nan)
+    if ev.after in (LossState.PLATEAU, LossState.SLOW) and v.get("from_chance"):  # progress counted from chance
+        how = "does not come clearly" if ev.after == LossState.PLATEAU else "hardly comes"
+        return (f"the loss {how} below chance, {fmt(chance)} (what predicting the classes' frequencies gives): "
+                f"{fmt(v.get('start', math.nan))} at the start, {fmt(v.get('latest', math.nan))} at the end")
     if ev.after == LossState.PLATEAU:
         return (f"the loss stays flat ({fmt(v.get('start', math.nan))} at the start, "
                 f"best {fmt(v.get('best', math.nan))})")
