@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 
 import torch
 from torch import nn
@@ -37,15 +38,17 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _spread(g: torch.Tensor | None, n: int, j: int) -> tuple[float, float] | None:
-    """(sum, largest) of the other rows' gradient norms, over the sample's own; None without one."""
+    """(sum, largest) of the other rows' gradient norms, over the sample's own (infinite when the sample's
+    output gets nothing of its own row and something of others'); None without a gradient."""
     if g is None:
         return None
     r = _rows(g, n)
     own = float(r[j])
-    if not own > 0:
-        return None
     others = torch.cat([r[:j], r[j + 1:]])
-    return float(others.sum()) / own, float(others.max()) / own
+    total, largest = float(others.sum()), float(others.max())
+    if not own > 0:
+        return (math.inf, math.inf) if total > 0 else None
+    return total / own, largest / own
 
 
 def _first_out(output, n: int) -> torch.Tensor | None:

@@ -159,3 +159,29 @@ def test_the_replay_runs_on_a_copy_that_neither_counts_nor_prints(capsys):
     dbg = _run(model, _sequences, steps=12)
     assert "batch_mixing" in dbg.trace.meta and model.calls == 12
     assert capsys.readouterr().out.split("\n")[:-1] == [f"pass {i}" for i in range(1, 13)]
+
+
+def test_a_sample_whose_output_gets_nothing_of_its_own_input_is_mixed(tmp_path):
+    """Features stored (features, batch) read back with a view: the middle sample's output can depend on
+    other samples only; the most mixed a batch gets, named at the view, and kept through a saved run."""
+    class Folded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.l1, self.l2 = nn.Linear(16, 32), nn.Linear(32, 3)
+
+        def forward(self, x):
+            n = x.shape[0]
+            x = x.reshape(n, -1).reshape(-1, n).t().reshape(x.shape)  # a view where a transpose was meant
+            return self.l2(torch.relu(self.l1(x)))
+
+    def data(step: int):
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
+        return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    dbg = _run(Folded(), data, steps=40)
+    mix = dbg.trace.meta["batch_mixing"]
+    assert mix["spread"] == float("inf") and mix["layer"] == "l1"
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("data", "l1") and "does not reach it at all" in top.chain[0]
+    dbg.save(tmp_path / "folded.ndbg")
+    assert NeuralDbg.load(tmp_path / "folded.ndbg").explain()[0].cause == "data"

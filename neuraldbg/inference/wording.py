@@ -117,9 +117,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "mixed":
             where = f"`{c.layer}`" if c.layer else "the model"
             order = "; the outputs also change with the batch's order" if f.get("equivariant") is False else ""
+            spread = f.get("spread", math.nan)
+            much = ("while its own input does not reach it at all" if math.isinf(spread) else
+                    f"{fmt(spread)}x as much as its own in all")
             return [f"one sample's output depends on the other samples of the batch: its gradient reaches their "
-                    f"inputs, {fmt(f.get('spread', math.nan))}x as much as its own in all (a replay of the pass at "
-                    f"step {f.get('step', c.step)}, in eval mode){order}",
+                    f"inputs, {much} (a replay of the pass at step {f.get('step', c.step)}, in eval mode){order}",
                     f"{where} mixes them: it reads the batch in another layout than it is fed (a recurrence or "
                     "attention run across the batch's samples, not along each sample's sequence)"]
         if k == "ordered":
