@@ -688,7 +688,8 @@ def _mechanism_list() -> list[Mechanism]:
         Mechanism("view_mixes_batch", "data",
                   "the input read with a view where a transpose was meant (stored features x batch): every row a mix "
                   "of samples",
-                  lambda f: f.has("float_input"), _view_mixes_batch, _view_expect, worse_than_twin),
+                  only("logistic_regression", "mlp_relu", "cnn_bn", "lstm", "autoencoder"), _view_mixes_batch,
+                  _view_expect, worse_than_twin),
         # -- loss plateau ----------------------------------------------------------------------------
         Mechanism("unrepresentable_task", "loss_plateau",
                   "labels the model cannot express: XOR for a linear model, token order for a bag of tokens",
