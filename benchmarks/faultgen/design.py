@@ -26,15 +26,18 @@ HEALTHY_ROWS = 6
 def rows(key: str, n: int) -> list[Variation]:
     """``n`` variations for the pair named ``key``: seeds cycle; each two-level factor takes both levels."""
     rng = random.Random(zlib.crc32(key.encode()))
-    columns = {}
-    for factor, levels in LEVELS.items():
-        while True:
-            pattern = [levels[i % 2] for i in range(n)]
-            rng.shuffle(pattern)
-            if len(set(pattern)) == 2:
-                break
-        columns[factor] = pattern
-    return [Variation(seed=SEEDS[i % len(SEEDS)], **{f: columns[f][i] for f in LEVELS}) for i in range(n)]
+    while True:  # drawn again, from where the draws are, in the rare case two rows come out the same
+        columns = {}
+        for factor, levels in LEVELS.items():
+            while True:
+                pattern = [levels[i % 2] for i in range(n)]
+                rng.shuffle(pattern)
+                if len(set(pattern)) == 2:
+                    break
+            columns[factor] = pattern
+        out = [Variation(seed=SEEDS[i % len(SEEDS)], **{f: columns[f][i] for f in LEVELS}) for i in range(n)]
+        if len(set(out)) == n:
+            return out
 
 
 @dataclass(frozen=True)
