@@ -62,7 +62,9 @@ def _equivariant(model: nn.Module, x: torch.Tensor, out: torch.Tensor, args: tup
     that draws noise in eval mode)."""
     def run(flip: bool):
         with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
-            swap = (lambda v: v.flip(0) if v is x else v) if flip else (lambda v: v)
+            # every argument with a row per sample goes in the same order (a padding mask, lengths)
+            swap = ((lambda v: v.flip(0) if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == len(x)
+                     else v) if flip else (lambda v: v))
             return _first_out(model(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()}), len(x))
 
     def same(a, b) -> bool:
@@ -107,11 +109,16 @@ def probe(model: nn.Module, watched: list[str], args: tuple, kwargs: dict,
 
 def _batch_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The pass's first tensor argument, when its first dimension can be told to be the batch's: at least 4
-    samples, and not as many as a sequence's positions beside them."""
-    x = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor) and v.dim() >= 1), None)
+    samples, and not as many as a sequence's positions beside them. None, too, when another argument holds
+    indices that are not one row per sample (a graph's edges, ``edge_index`` of shape (2, E)): the rows are
+    then nodes that the model connects by design."""
+    tensors = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor) and v.dim() >= 1]
+    x = tensors[0] if tensors else None
     if x is None or x.shape[0] < 4:
         return None
     if x.dim() >= 2 and x.shape[1] == x.shape[0] and (x.dim() >= 3 or not x.is_floating_point()):
+        return None
+    if any(not (t.is_floating_point() or t.dtype == torch.bool) and t.shape[0] != x.shape[0] for t in tensors[1:]):
         return None
     return x
 

@@ -185,3 +185,55 @@ def test_a_sample_whose_output_gets_nothing_of_its_own_input_is_mixed(tmp_path):
     assert (top.cause, top.layer) == ("data", "l1") and "does not reach it at all" in top.chain[0]
     dbg.save(tmp_path / "folded.ndbg")
     assert NeuralDbg.load(tmp_path / "folded.ndbg").explain()[0].cause == "data"
+
+
+def test_a_graph_whose_nodes_are_connected_by_design_is_not_replayed():
+    """Message passing over ``edge_index`` mixes the rows (nodes) on purpose: no verdict."""
+    class Graph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 3)
+
+        def forward(self, x, edge_index):
+            h = torch.relu(self.l1(x))
+            h = h + torch.zeros_like(h).index_add(0, edge_index[1], h[edge_index[0]])  # neighbours' messages
+            return self.l2(h)
+
+    g = torch.Generator().manual_seed(0)
+    x, edges = torch.randn(40, 8, generator=g), torch.randint(0, 40, (2, 120), generator=g)
+    y = (x[:, 0] > 0).long()
+    model = Graph()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
+        for _ in range(30):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x, edges), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert "batch_mixing" not in dbg.trace.meta and not any(h.cause == "data" for h in dbg.explain())
+
+
+def test_a_padding_mask_goes_in_the_batchs_order_when_it_is_reversed():
+    """Attention fed its layout, with a key padding mask per sample: reversing the batch reverses the mask
+    too, so the model is equivariant and nothing is said."""
+    class Masked(Attending):
+        def forward(self, tok, mask):
+            h = self.emb(tok)
+            return self.head((h + self.attn(h, h, h, key_padding_mask=mask, need_weights=False)[0])[:, 0])
+
+    torch.manual_seed(0)
+    model = Masked(True)
+    mask = torch.zeros(32, 9, dtype=torch.bool)
+    mask[::3, -3:] = True
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
+        for step in range(20):
+            x, y = _tokens(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x, mask), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert dbg.trace.meta["batch_mixing"]["equivariant"] is True
