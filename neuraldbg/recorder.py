@@ -930,7 +930,7 @@ class Recorder:
             return
         g = self._out_grads[0]
         rows = _batch_rows(self._last_inputs)
-        if g is None or rows is None or g.shape[0] != rows or rows < 2:
+        if g is None or rows is None or g.dim() == 0 or g.shape[0] != rows or rows < 2:
             return
         out = self._out_leaves[0] if len(self._out_leaves) == 1 else None
         if out is None or out.shape != g.shape:
