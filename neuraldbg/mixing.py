@@ -23,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import random
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -79,6 +81,10 @@ def _equivariant(model: nn.Module, x: torch.Tensor, out: torch.Tensor, args: tup
     return False if again is not None and same(again, out) else None
 
 
+_SEQUENCE_MODULES = (nn.RNNBase, nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoderLayer,
+                     nn.TransformerDecoderLayer, nn.TransformerEncoder, nn.TransformerDecoder)
+
+
 def _sharded(model: nn.Module) -> bool:
     """A module sharded across processes: its forward gathers from the others, which a replay on one
     process alone would wait for."""
@@ -100,11 +106,16 @@ def probe(model: nn.Module, watched: list[str], args: tuple, kwargs: dict,
     if (_batch_input(args, kwargs) is None or _sharded(model)
             or sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) > MAX_COPY_BYTES):
         return None
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        replica = nanhunt.copy_without_hooks(model)
-        named = dict(replica.named_modules())
-        layers = [(name, named[name]) for name in watched if name in named]
-        return _measure(replica, layers, args, kwargs, autocast)
+    py_state, np_state = random.getstate(), np.random.get_state()  # a forward may draw from them too
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            replica = nanhunt.copy_without_hooks(model)
+            named = dict(replica.named_modules())
+            layers = [(name, named[name]) for name in watched if name in named]
+            return _measure(replica, layers, args, kwargs, autocast)
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
 
 
 def _batch_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -118,8 +129,11 @@ def _batch_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
         return None
     if x.dim() >= 2 and x.shape[1] == x.shape[0] and (x.dim() >= 3 or not x.is_floating_point()):
         return None
-    if any(not (t.is_floating_point() or t.dtype == torch.bool) and t.shape[0] != x.shape[0] for t in tensors[1:]):
+    n = x.shape[0]
+    if any(not (t.is_floating_point() or t.dtype == torch.bool) and t.shape[0] != n for t in tensors[1:]):
         return None
+    if any(t.dim() >= 2 and t.shape[0] == n and t.shape[1] == n for t in tensors[1:]):
+        return None  # a relation between the rows (a graph's adjacency): connected by design
     return x
 
 
@@ -131,10 +145,14 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
     n = int(x.shape[0])
     leaf = x.detach().clone().requires_grad_(True) if x.is_floating_point() else None
     taken: list[tuple[int, torch.Tensor]] = []   # (watched layer, its output), in the order they finish
+    unbatched: set[int] = set()                  # sequence modules given one unbatched sequence (2-D)
 
     def keep(i):
-        def hook(_m, _inputs, output):
+        def hook(m, inputs, output):
             nonlocal leaf
+            if (isinstance(m, _SEQUENCE_MODULES) and inputs and isinstance(inputs[0], torch.Tensor)
+                    and inputs[0].dim() == 2):
+                unbatched.add(i)
             t = _first_out(output, n)
             if t is None:
                 return None
@@ -159,6 +177,10 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
             h.remove()
         if out is None or out.dim() != 2 or leaf is None or not out.requires_grad:
             return None
+        if out.shape[1] == n or (x.dim() >= 2 and out.shape[1] == x.shape[1]):
+            # a square output over the batch (a similarity of every row to every other, as contrastive models
+            # compute), or one that keeps the input's second dimension: that may be the batch, with time first
+            return None
         j = n // 2
         grads = torch.autograd.grad(out[j].float().sum(), [leaf] + [t for _, t in taken], allow_unused=True)
         at_input = _spread(grads[0], n, j)
@@ -169,13 +191,15 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
     finally:
         for h in handles:
             h.remove()
-    place = ""
+    place, at = "", -1
     spread_before = at_input[0] > TINY
-    for name, s in layers:   # the first layer whose output's gradient is the sample's own, after a spread one
-        if s is None:
+    for (i, _), (name, s) in zip(taken, layers):  # the first layer whose output's gradient is the sample's own,
+        if s is None:                              # after a spread one
             continue
         if s[0] > TINY:
             spread_before, place = True, ""
         elif spread_before and not place:
-            place = name
+            place, at = name, i
+    if at in unbatched:
+        return None  # a recurrence or attention over one unbatched sequence: its rows are time steps, by design
     return {"rows": n, "spread": at_input[0], "largest": at_input[1], "equivariant": equivariant, "layer": place}

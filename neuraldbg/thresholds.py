@@ -116,12 +116,6 @@ class Thresholds:
                             "a batch's classes this many times further from the run's mix than random batches "
                             "of its size would be (chi-square per degree of freedom, the median of five sampled "
                             "batches): the data is read in an order that groups classes (not shuffled)")
-    batch_mixing: float = _f(3.0, "batch mixing", "log", 0.3, 100.0,
-                             "one sample's output gradient reaching the other samples' inputs, summed, this many "
-                             "times its own: the model mixes the batch's samples. Below it, mixing counts where an "
-                             "attention or recurrent module does it, or where the outputs also change with the "
-                             "batch's order; a batch statistic computed between two layers (a hand-written batch "
-                             "normalisation) does not", slider=False)
     # -- ranks (multi-process runs) ----------------------------------------------------------------
     replica_divergence: float = _f(1e-5, "replica divergence", "log", 1e-9, 1e-1,
                                    "relative difference of a layer's weight checksum from the other ranks' above "

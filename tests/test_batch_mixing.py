@@ -237,3 +237,65 @@ def test_a_padding_mask_goes_in_the_batchs_order_when_it_is_reversed():
             opt.step()
             dbg.record_loss(loss)
     assert dbg.trace.meta["batch_mixing"]["equivariant"] is True
+
+
+def test_a_sequence_first_recurrence_fed_its_layout_stays_quiet():
+    """nn.LSTM at its default layout fed (time, batch, features), one prediction per step: its rows are time
+    steps, and the recurrence runs along them by design."""
+    class PerStep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.rnn, self.fc = nn.LSTM(3, 16), nn.Linear(16, 1)
+
+        def forward(self, x):
+            return self.fc(self.rnn(x)[0]).squeeze(-1)
+
+    def data(step: int):
+        x = torch.randn(20, 8, 3, generator=torch.Generator().manual_seed(step))
+        return x, x[..., 0].cumsum(0) / 5
+    dbg = _run(PerStep(), data, steps=40)
+    assert "batch_mixing" not in dbg.trace.meta and not any(h.cause == "data" for h in dbg.explain())
+
+
+def test_batch_statistics_stacked_by_design_are_not_a_layout_fault():
+    """Four BatchNorm layers without running statistics (they normalise over the batch in eval mode too, as
+    meta-learning code keeps them): the samples mix through the statistics, the model is a function of the
+    batch as a set, and nothing is said."""
+    torch.manual_seed(0)
+    blocks = [m for _ in range(4) for m in (nn.Linear(16, 16), nn.BatchNorm1d(16, track_running_stats=False),
+                                            nn.ReLU())]
+    model = nn.Sequential(nn.Linear(8, 16), *blocks, nn.Linear(16, 3))
+
+    def data(step: int):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
+        return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    dbg = _run(model, data, steps=40)
+    mix = dbg.trace.meta["batch_mixing"]
+    assert mix["spread"] > 1.0 and mix["equivariant"] is True
+    assert not any(h.cause == "data" for h in dbg.explain())
+
+
+def test_the_replay_restores_pythons_and_numpys_random_streams():
+    import random
+
+    import numpy as np
+
+    class Noisy(Recurrent):
+        def forward(self, x):
+            return super().forward(x) + 0.0 * random.random() + 0.0 * float(np.random.rand())
+
+    def draws(watch: bool):
+        random.seed(0)
+        np.random.seed(0)
+        model = Noisy(False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with NeuralDbg(model, optimizer=opt, every=1) if watch else torch.autograd.set_grad_enabled(True):
+            for step in range(4):
+                x, y = _sequences(step)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+        return random.random(), float(np.random.rand())
+
+    assert draws(True) == draws(False)

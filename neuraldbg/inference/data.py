@@ -60,11 +60,11 @@ def candidates(ctx: Context) -> list[Candidate]:
     mix = ctx.batch_mixing
     spread = float(mix.get("spread", 0.0))
     at = ctx.layers.get(str(mix.get("layer") or ""))
-    # a module made to mix along a sequence (attention, a recurrence) found mixing the batch's samples, an output
-    # that changes with the batch's order, or mixing past the threshold; a batch statistic computed by hand (a
-    # batch normalisation in functions, between two layers that mix nothing) is none of these
+    # a module made to mix along a sequence (attention, a recurrence) found mixing the batch's samples, or an
+    # output that changes with the batch's order; a batch statistic (a batch normalisation without running
+    # statistics, or one written in functions, however many) is neither
     sequence_module = at is not None and at.kind in (Kind.ATTENTION, Kind.RECURRENT)
-    if spread > mixing.TINY and (sequence_module or mix.get("equivariant") is False or spread >= ctx.th.batch_mixing):
+    if spread > mixing.TINY and (sequence_module or mix.get("equivariant") is False):
         # the layout a module reads the batch in is a fact of the code, from the first step: no loss says more
         out.append(Candidate(Cause.DATA, str(mix.get("layer") or ""), ctx.first_step, "mixed", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
