@@ -86,6 +86,7 @@ _NORMALISING = frozenset({"Softmax", "LogSoftmax"})
 _OFF_CLASSES = "@off_classes"   # marks a (log-)softmax over another dimension than a batch's classes (dim 1)
 _SUM = "@sum"                   # marks a loss function that sums over its elements (reduction="sum")
 _SUM_REDUCTION = 2              # the value of an autograd node's ``_saved_reduction`` for reduction="sum"
+_WEIGHTED = "@weighted"         # marks a loss function given weights per class or sample
 
 
 def _name(fn) -> str:
@@ -103,7 +104,21 @@ def _name(fn) -> str:
             return name + _OFF_CLASSES
     if getattr(fn, "_saved_reduction", None) == _SUM_REDUCTION:
         return name + _SUM
+    if _weighted(fn):
+        return name + _WEIGHTED
     return name
+
+
+def _weighted(fn) -> bool:
+    """A loss node given weights per class or sample (``weight``, ``pos_weight``): a saved tensor there (read
+    after the backward pass freed it, asking for it raises; never given, it reads None)."""
+    for attr in ("_saved_weight", "_saved_pos_weight"):
+        try:
+            if getattr(fn, attr, None) is not None:
+                return True
+        except RuntimeError:
+            return True
+    return False
 
 
 def paths(loss_fn, outputs: list) -> list[list[str]]:
@@ -192,3 +207,51 @@ def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
             if found is not None:
                 return found
     return None
+
+
+# a hard target's gradient is the loss's scale times (prediction - target): over the entries the target leaves
+# at zero, gradient / prediction is that scale; a row whose ratios differ by more than this share has another
+# target (soft labels, label smoothing) and is not read
+HARD_TARGET_TOL = 1e-3
+_READABLE = 1e-6  # predictions below this are too small for their ratio to be read
+
+
+def classes_from_gradient(kind: str, g, out):
+    """The class of each row of a batch, read off the gradient ``g`` a classification loss left at the model's
+    output ``out`` (logits): ``kind`` "classes" (a cross-entropy over dimension 1) or "binary" (a binary
+    cross-entropy with logits). A row whose gradient is not that of a hard target (soft labels, label
+    smoothing), or is zero while the model's prediction is not saturated (an ignored index, a masked
+    sample), is left out; a zero row whose prediction is saturated is a sample the model fits exactly, its
+    class the one predicted. Returns a 1-D tensor of class ids, or None when the shapes do not fit."""
+    import torch
+
+    with torch.no_grad():
+        g, z = g.detach().float(), out.detach().float()
+        if kind == "classes" and g.dim() == 2 and g.shape[1] >= 2 and z.shape == g.shape:
+            p = z.softmax(dim=1)
+            low, cls = g.min(dim=1)
+            others = torch.ones_like(g, dtype=torch.bool).scatter_(1, cls[:, None], False) & (p > _READABLE)
+            ratio = torch.where(others, g / p.clamp_min(_READABLE), torch.nan)
+            mid = ratio.nanmedian(dim=1).values
+            consistent = (((ratio - mid[:, None]).abs() <= HARD_TARGET_TOL * mid.abs()[:, None]) | ~others).all(dim=1)
+            # one entry pushed up and no other; the others' ratios agree (or are all too small to read: a
+            # sample fitted all but exactly)
+            hard = ((g < 0).sum(dim=1) == 1) & (consistent & (mid > 0) | ~others.any(dim=1))
+            fitted = (g == 0).all(dim=1) & (p.amax(dim=1) == 1.0)
+            keep = (hard | fitted) & torch.isfinite(g).all(dim=1)
+            return torch.where(hard, cls, z.argmax(dim=1))[keep]
+        if kind == "binary" and (g.dim() == 1 or g.dim() == 2 and g.shape[1] == 1) and z.numel() == g.numel():
+            g, z = g.reshape(-1), z.reshape(-1)
+            s = z.sigmoid()
+            pos = g < 0
+            scale = torch.where(pos, g / (s - 1).clamp_max(-_READABLE), g / s.clamp_min(_READABLE))
+            hard = torch.zeros_like(pos)
+            for side in (pos, (g > 0)):  # the scale is one per class (a pos_weight scales the positives)
+                if side.any():
+                    mid = scale[side].median()
+                    hard |= side & ((scale - mid).abs() <= HARD_TARGET_TOL * mid.abs())
+            fitted = (g == 0) & ((s == 0) | (s == 1))
+            keep = (hard | fitted) & torch.isfinite(g)
+            return torch.where(hard, pos, z > 0).long()[keep]
+        return None
+

@@ -49,16 +49,20 @@ _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
 def _class_loss(paths: list | None) -> str | None:
     """What the recorded loss's operations say of its targets: classes, a binary label, or neither."""
+    kinds = set()
     for path in paths or []:
         ops = [op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS]
         names = [op.split("@")[0] for op in ops]
-        # an NLL of a log-softmax over the classes' dimension (a cross-entropy, with label smoothing or a
-        # penalty added), or a binary cross-entropy with logits, on the way to the output
-        if any(a == "NllLoss" and b == "LogSoftmax" for a, b in zip(names, ops[1:])):
-            return "classes"
-        if "BinaryCrossEntropyWithLogits" in names:
-            return "binary"
-    return None
+        # an NLL of a log-softmax over the classes' dimension (a cross-entropy), or a binary cross-entropy with
+        # logits, taken of the model's output itself (the path's last node); every path to the output so
+        # (another term on the output, as label smoothing adds, changes its gradient)
+        if len(ops) >= 3 and names[-3:-1] == ["NllLoss", "LogSoftmax"] and ops[-2] == "LogSoftmax":
+            kinds.add("classes")
+        elif len(names) >= 2 and names[-2] == "BinaryCrossEntropyWithLogits":
+            kinds.add("binary")
+        else:
+            return None
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _batch_rows(inputs) -> int | None:
@@ -935,18 +939,10 @@ class Recorder:
         out = self._out_leaves[0] if len(self._out_leaves) == 1 else None
         if out is None or out.shape != g.shape:
             return
+        cls = losspath.classes_from_gradient(kind, g, out)
+        if cls is None:
+            return
         with torch.no_grad():
-            if kind == "classes" and g.dim() == 2 and g.shape[1] >= 2:
-                low, cls = g.min(dim=1)
-                # a sample the model fits exactly (its class at probability 1) has no gradient: its class is the
-                # one the model outputs (leaving it out would leave out what the model has learnt best)
-                cls = torch.where(low < 0, cls, out.detach().argmax(dim=1))
-            elif kind == "binary" and (g.dim() == 1 or g.dim() == 2 and g.shape[1] == 1):
-                g = g.reshape(-1)
-                cls = torch.where(g != 0, g < 0, out.detach().reshape(-1) > 0).long()
-            else:
-                return
-            cls = cls[torch.isfinite(g.reshape(len(g), -1)).all(dim=1)]
             counts = torch.bincount(cls) if cls.numel() else cls
             present = torch.nonzero(counts).flatten()
             found, n = present.tolist(), counts[present].tolist()

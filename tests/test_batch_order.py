@@ -55,11 +55,12 @@ def _ordered(dbg) -> list:
 
 
 def test_the_classes_read_off_the_output_gradient_are_the_batches_classes():
-    """Every sampled batch's recorded classes are its labels' counts: the entry of the gradient a
-    cross-entropy pushes down is the sample's class, label smoothing or not."""
+    """Every sampled batch's recorded classes are its labels' counts: a cross-entropy's gradient at the
+    logits pushes up the sample's class and no other (weighted by class, too)."""
     x, y = _pool(16, 5, 640)
     data = _epochs(x, y, 32, "shuffled")
-    for loss in (F.cross_entropy, lambda out, t: F.cross_entropy(out, t, label_smoothing=0.1)):
+    weights = torch.tensor([1.0, 3.0, 1.0, 0.5, 2.0])
+    for loss in (F.cross_entropy, lambda out, t: F.cross_entropy(out, t, weight=weights)):
         model = _mlp(16, 5, 0)
         dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.05), data, loss=loss, steps=40,
                         options={"every": 3}))
@@ -68,6 +69,28 @@ def test_the_classes_read_off_the_output_gradient_are_the_batches_classes():
         for step, found, counts in rows:
             truth = torch.bincount(data(step)[1])
             assert found == torch.nonzero(truth).flatten().tolist() and counts == truth[truth > 0].tolist()
+
+
+@pytest.mark.parametrize("case", ["smoothed", "soft", "ignored", "head_outside"])
+def test_targets_that_are_not_one_class_per_read_row_are_left_out(case):
+    """Label smoothing, probability targets, an ignored index and a head outside the watched model give the
+    output a gradient that is not a hard target's: those rows (or the whole loss) are not read, so no batch
+    looks ordered."""
+    x, y = _pool(16, 5, 640)
+    data = _epochs(x, y, 32, "shuffled")
+    model, head = _mlp(16, 5, 0), nn.Linear(5, 5)
+    loss = {"smoothed": lambda o, t: F.cross_entropy(o, t, label_smoothing=0.1),
+            "soft": lambda o, t: F.cross_entropy(o, F.one_hot(t, 5).float() * 0.6 + 0.08),
+            "ignored": lambda o, t: F.cross_entropy(o, torch.where(torch.arange(len(t)) % 2 == 0, t, -100)),
+            "head_outside": lambda o, t: F.cross_entropy(head(o), t)}[case]
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.05), data, loss=loss, steps=40,
+                    options={"every": 2}))
+    rows = dbg.trace.meta.get("batch_classes") or []
+    if case == "ignored":  # the rows kept are the samples not ignored, and only they
+        assert rows and all(sum(n) == 16 for _, _, n in rows)
+    else:
+        assert rows == []
+    assert not _ordered(dbg)
 
 
 def test_a_binary_label_is_read_off_the_sign_of_the_output_gradient():
@@ -184,4 +207,21 @@ def test_chance_is_not_taken_for_a_loss_that_is_not_a_plain_mean_cross_entropy(l
     model = _mlp(16, 5, 0)
     dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.01), _epochs(x, y, 32, "shuffled"), loss=loss,
                     steps=20, options={"every": 2}))
-    assert dbg.trace.meta.get("batch_classes") and chance_level(dbg.trace) != chance_level(dbg.trace)  # NaN
+    assert chance_level(dbg.trace) != chance_level(dbg.trace)  # NaN
+
+
+@pytest.mark.parametrize("weighted", [lambda o, t: F.cross_entropy(o, t, weight=torch.tensor([1.0, 9.0])),
+                                      lambda o, t: F.binary_cross_entropy_with_logits(
+                                          o[:, 1] - o[:, 0], t.float(), pos_weight=torch.tensor(9.0))])
+def test_a_weighted_loss_has_no_chance_level(weighted):
+    """Weights per class move the loss of predicting the classes' frequencies away from their entropy: an
+    imbalanced task learnt under class weights is not held against it."""
+    from neuraldbg.health import chance_level
+
+    x = torch.randn(2048, 16, generator=torch.Generator().manual_seed(3))
+    y = ((x[:, 0] > 1.3) | (x[:, 1] > 2.5)).long()  # ~10% positives
+    model = _mlp(16, 2, 0)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _epochs(x, y, 64, "shuffled"),
+                    loss=weighted, steps=150))
+    assert chance_level(dbg.trace) != chance_level(dbg.trace)  # NaN
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
