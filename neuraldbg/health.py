@@ -652,10 +652,12 @@ def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan) -> 
     wp = max(w, min(th.plateau_steps // 2, n // 4))
     recent = _rolling_median(filled, wp)
     progress = (start - recent) / scale
-    if chance > 0 and start > th.above_chance * chance:
+    # from its very first value (a loss that climbs above chance at its second step diverged; it did not start there)
+    from_chance = chance > 0 and min(start, float(filled[0])) > th.above_chance * chance
+    if from_chance:
         progress = (chance - recent) / chance
     return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress,
-                     chance=chance)
+                     chance=chance if from_chance else math.nan)
 
 
 # the trend test reads at most this many losses, evenly spaced (its cost is quadratic)
@@ -708,8 +710,8 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state[rise > th.loss_rise] = LossState.DIVERGING.code
     state[~c.ok] = LossState.NONFINITE.code
     start = c.start
-    chance = c.chance
-    from_chance = float(chance > 0 and c.start > th.above_chance * chance)
+    chance = c.chance  # known here only when the progress is counted from it
+    from_chance = float(chance > 0)
     values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress),
                "oscillation": _at(osc), "chance": lambda r: chance, "latest": lambda r: float(smooth[-1]),
                "from_chance": lambda r: from_chance}

@@ -221,8 +221,9 @@ def classes_from_gradient(kind: str, g, out):
     output ``out`` (logits): ``kind`` "classes" (a cross-entropy over dimension 1) or "binary" (a binary
     cross-entropy with logits). A row whose gradient is not that of a hard target (soft labels, label
     smoothing), or is zero while the model's prediction is not saturated (an ignored index, a masked
-    sample), is left out; a zero row whose prediction is saturated is a sample the model fits exactly, its
-    class the one predicted. Returns a 1-D tensor of class ids, or None when the shapes do not fit."""
+    sample), is left out; a row with no entry pushed up whose prediction is saturated is a sample the model
+    fits all but exactly (its class's gradient rounds to zero), its class the one predicted. Returns a 1-D
+    tensor of class ids, or None when the shapes do not fit."""
     import torch
 
     with torch.no_grad():
@@ -237,7 +238,8 @@ def classes_from_gradient(kind: str, g, out):
             # one entry pushed up and no other; the others' ratios agree (or are all too small to read: a
             # sample fitted all but exactly)
             hard = ((g < 0).sum(dim=1) == 1) & (consistent & (mid > 0) | ~others.any(dim=1))
-            fitted = (g == 0).all(dim=1) & (p.amax(dim=1) == 1.0)
+            # fitted all but exactly: the class's own entry rounds to no gradient (its probability to 1)
+            fitted = (g >= 0).all(dim=1) & (p.amax(dim=1) >= 1.0 - _READABLE)
             keep = (hard | fitted) & torch.isfinite(g).all(dim=1)
             return torch.where(hard, cls, z.argmax(dim=1))[keep]
         if kind == "binary" and (g.dim() == 1 or g.dim() == 2 and g.shape[1] == 1) and z.numel() == g.numel():

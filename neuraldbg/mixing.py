@@ -58,10 +58,11 @@ def _first_out(output, n: int) -> torch.Tensor | None:
 
 
 def _equivariant(model: nn.Module, x: torch.Tensor, out: torch.Tensor, args: tuple, kwargs: dict,
-                 autocast: list | None) -> bool | None:
+                 autocast: list | None) -> bool | str | None:
     """Whether the outputs of the batch in reverse order are the outputs in reverse order; a difference
     counts when the model gives the same outputs twice for the same batch (None when it does not: a model
-    that draws noise in eval mode)."""
+    that draws noise in eval mode). "relation": a square output whose rows and columns both follow the
+    batch's order (every sample against every other)."""
     def run(flip: bool):
         with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
             # every argument with a row per sample goes in the same order (a padding mask, lengths)
@@ -77,6 +78,8 @@ def _equivariant(model: nn.Module, x: torch.Tensor, out: torch.Tensor, args: tup
         return None
     if same(flipped.flip(0), out):
         return True
+    if out.shape[1] == len(x) and same(flipped.flip(0).flip(1), out):
+        return "relation"
     again = run(False)
     return False if again is not None and same(again, out) else None
 
@@ -177,10 +180,8 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
             h.remove()
         if out is None or out.dim() != 2 or leaf is None or not out.requires_grad:
             return None
-        if out.shape[1] == n or (x.dim() >= 2 and out.shape[1] == x.shape[1]):
-            # a square output over the batch (a similarity of every row to every other, as contrastive models
-            # compute), or one that keeps the input's second dimension: that may be the batch, with time first
-            return None
+        if x.dim() >= 3 and out.shape[1] == x.shape[1]:
+            return None  # an output that keeps a sequence input's second dimension: that may be the batch, time first
         j = n // 2
         grads = torch.autograd.grad(out[j].float().sum(), [leaf] + [t for _, t in taken], allow_unused=True)
         at_input = _spread(grads[0], n, j)
@@ -188,6 +189,8 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
             return None
         layers = [(watched[i][0], _spread(g, n, j)) for (i, _), g in zip(taken, grads[1:])]
         equivariant = _equivariant(model, x, out.detach(), args, kwargs, autocast)
+        if equivariant == "relation":
+            return None  # a relation of every sample to every other (a contrastive model's similarities)
     finally:
         for h in handles:
             h.remove()

@@ -299,3 +299,30 @@ def test_the_replay_restores_pythons_and_numpys_random_streams():
         return random.random(), float(np.random.rand())
 
     assert draws(True) == draws(False)
+
+
+def test_a_contrastive_models_similarities_are_not_a_layout_fault():
+    """Two towers and a (batch, batch) matrix of similarities, each row's target its own column: every row
+    depends on every sample by design (the matrix follows the batch's order in both dimensions)."""
+    class TwoTowers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.text, self.image = nn.Embedding(12, 16), nn.Linear(8, 16)
+
+        def forward(self, tok, img):
+            t = F.normalize(self.text(tok).mean(1), dim=1)
+            return 10.0 * t @ F.normalize(self.image(img), dim=1).t()
+
+    model = TwoTowers()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
+        for step in range(30):
+            tok, _ = _tokens(step, n=16)
+            img = F.one_hot(tok[:, 1] % 8, 8).float()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(tok, img), torch.arange(16))
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert "batch_mixing" not in dbg.trace.meta and not any(h.cause == "data" for h in dbg.explain())
