@@ -711,10 +711,11 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state[~c.ok] = LossState.NONFINITE.code
     start = c.start
     chance = c.chance  # known here only when the progress is counted from it
-    from_chance = float(chance > 0)
     values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress),
-               "oscillation": _at(osc), "chance": lambda r: chance, "latest": lambda r: float(smooth[-1]),
-               "from_chance": lambda r: from_chance}
+               "oscillation": _at(osc)}
+    if chance > 0:
+        values_.update({"chance": lambda r: chance, "latest": lambda r: float(smooth[-1]),
+                        "from_chance": lambda r: 1.0})
     stalled = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best),
                "progress": lambda r: float(c.progress[-1]), "trend_z": lambda r: z}
     # spikes: a loss far above its recent level (its rolling median), by spike_factor times its typical
