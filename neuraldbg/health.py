@@ -606,30 +606,38 @@ class LossCurve:
 
 
 def chance_level(trace: Trace) -> float:
+    """See ``chance_levels``: the first of the two."""
+    return chance_levels(trace)[0]
+
+
+def chance_levels(trace: Trace) -> tuple[float, float]:
     """The loss of a model that predicts the classes' frequencies and nothing of the input: their entropy
     (nats), from the classes of the sampled batches (meta ``batch_classes``), for a recorded loss that is a
     cross-entropy averaged over the batch and nothing else (a binary one with logits included; summed, with
-    terms added or label smoothing, it is not known). NaN when not known."""
+    terms added or label smoothing, it is not known), and the loss of a uniform prediction over the classes
+    seen (log of their number: where a model initialised as usual starts). NaNs when not known."""
     paths = trace.meta.get("loss_paths") or []
     rows = trace.meta.get("batch_classes") or []
     if not paths or len(rows) < ORDER_WINDOW or any(not p or p[0] not in _MEAN_CLASS_LOSSES for p in paths):
-        return math.nan
+        return math.nan, math.nan
     counts: dict = {}
     for _, found, n in rows:
         for c, k in zip(found, n):
             counts[c] = counts.get(c, 0) + k
     p = np.array(list(counts.values()), dtype=np.float64)
     p = p / p.sum()
-    return float(-(p * np.log(p)).sum()) if len(p) >= 2 else math.nan
+    return (float(-(p * np.log(p)).sum()), math.log(len(p))) if len(p) >= 2 else (math.nan, math.nan)
 
 
 _MEAN_CLASS_LOSSES = frozenset({"NllLoss", "BinaryCrossEntropyWithLogits"})
 
 
-def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan) -> LossCurve:
-    """``chance``: the loss of predicting the classes' frequencies. A loss that starts ``above_chance`` times
-    above it or more (outputs of a large initial scale) counts its progress from chance, not from its start:
-    coming down to chance is learning the classes' frequencies, nothing of the input."""
+def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uniform: float = math.nan) -> LossCurve:
+    """``chance``: the loss of predicting the classes' frequencies; ``uniform``: of predicting every class
+    alike (where a usual initialisation starts; above chance when the classes are imbalanced). A loss that
+    starts ``above_chance`` times above both or more (outputs of a large initial scale) counts its progress
+    from chance, not from its start: coming down to chance is learning the classes' frequencies, nothing
+    of the input."""
     v = values.astype(np.float64)
     n = len(v)
     ok = np.isfinite(v)
@@ -653,7 +661,8 @@ def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan) -> 
     recent = _rolling_median(filled, wp)
     progress = (start - recent) / scale
     # from its very first value (a loss that climbs above chance at its second step diverged; it did not start there)
-    from_chance = chance > 0 and min(start, float(filled[0])) > th.above_chance * chance
+    floor = max(chance, uniform) if uniform == uniform else chance
+    from_chance = chance > 0 and min(start, float(filled[0])) > th.above_chance * floor
     if from_chance:
         progress = (chance - recent) / chance
     return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress,

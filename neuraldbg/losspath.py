@@ -226,15 +226,22 @@ def classes_from_gradient(kind: str, g, out):
     tensor of class ids, or None when the shapes do not fit."""
     import torch
 
+    # the ratios are read as precisely as the gradient was computed (bfloat16 keeps 8 bits)
+    tol = max(HARD_TARGET_TOL, 4 * torch.finfo(g.dtype).eps) if g.is_floating_point() else HARD_TARGET_TOL
     with torch.no_grad():
         g, z = g.detach().float(), out.detach().float()
+        if kind == "log_probs" and g.dim() == 2 and g.shape[1] >= 2 and z.shape == g.shape:
+            # an NLL of the model's own log-probabilities: the class's entry alone has a gradient
+            low, cls = g.min(dim=1)
+            hard = (low < 0) & ((g != 0).sum(dim=1) == 1)
+            return cls[hard & torch.isfinite(g).all(dim=1)]
         if kind == "classes" and g.dim() == 2 and g.shape[1] >= 2 and z.shape == g.shape:
             p = z.softmax(dim=1)
             low, cls = g.min(dim=1)
             others = torch.ones_like(g, dtype=torch.bool).scatter_(1, cls[:, None], False) & (p > _READABLE)
             ratio = torch.where(others, g / p.clamp_min(_READABLE), torch.nan)
             mid = ratio.nanmedian(dim=1).values
-            consistent = (((ratio - mid[:, None]).abs() <= HARD_TARGET_TOL * mid.abs()[:, None]) | ~others).all(dim=1)
+            consistent = (((ratio - mid[:, None]).abs() <= tol * mid.abs()[:, None]) | ~others).all(dim=1)
             # one entry pushed up and no other; the others' ratios agree (or are all too small to read: a
             # sample fitted all but exactly)
             hard = ((g < 0).sum(dim=1) == 1) & (consistent & (mid > 0) | ~others.any(dim=1))
@@ -251,7 +258,7 @@ def classes_from_gradient(kind: str, g, out):
             for side in (pos, (g > 0)):  # the scale is one per class (a pos_weight scales the positives)
                 if side.any():
                     mid = scale[side].median()
-                    hard |= side & ((scale - mid).abs() <= HARD_TARGET_TOL * mid.abs())
+                    hard |= side & ((scale - mid).abs() <= tol * mid.abs())
             fitted = (g == 0) & ((s == 0) | (s == 1))
             keep = (hard | fitted) & torch.isfinite(g)
             return torch.where(hard, pos, z > 0).long()[keep]

@@ -180,7 +180,7 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
             h.remove()
         if out is None or out.dim() != 2 or leaf is None or not out.requires_grad:
             return None
-        if x.dim() >= 3 and out.shape[1] == x.shape[1]:
+        if x.dim() == 3 and out.shape[1] == x.shape[1]:
             return None  # an output that keeps a sequence input's second dimension: that may be the batch, time first
         j = n // 2
         grads = torch.autograd.grad(out[j].float().sum(), [leaf] + [t for _, t in taken], allow_unused=True)

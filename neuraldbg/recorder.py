@@ -58,6 +58,8 @@ def _class_loss(paths: list | None) -> str | None:
         # (another term on the output, as label smoothing adds, changes its gradient)
         if len(ops) >= 3 and names[-3:-1] == ["NllLoss", "LogSoftmax"] and ops[-2] == "LogSoftmax":
             kinds.add("classes")
+        elif len(ops) >= 2 and names[-2] == "NllLoss" and ops[-1] == "LogSoftmax":
+            kinds.add("log_probs")  # the model returns log-probabilities (a LogSoftmax as its last layer)
         elif len(names) >= 2 and names[-2] == "BinaryCrossEntropyWithLogits":
             kinds.add("binary")
         else:

@@ -225,3 +225,51 @@ def test_a_weighted_loss_has_no_chance_level(weighted):
                     loss=weighted, steps=150))
     assert chance_level(dbg.trace) != chance_level(dbg.trace)  # NaN
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+@pytest.mark.parametrize("case", ["bf16_autocast", "log_softmax_last"])
+def test_classes_are_read_under_bfloat16_and_from_a_models_log_probabilities(case):
+    """bfloat16 keeps 8 bits: the hard-target check reads as precisely as the gradient was computed. A model
+    that ends in nn.LogSoftmax, trained with F.nll_loss (the MNIST example's style), has its classes read
+    too."""
+    x, y = _pool(16, 5, 640)
+    data = _epochs(x, y, 32, "shuffled")
+    model = _mlp(16, 5, 0)
+    if case == "log_softmax_last":
+        model = nn.Sequential(model, nn.LogSoftmax(dim=1))
+
+    def loss(out, t):
+        return F.nll_loss(out, t) if case == "log_softmax_last" else F.cross_entropy(out, t)
+
+    class Autocast(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.inner(x)
+
+    run_model = Autocast(model) if case == "bf16_autocast" else model
+    dbg = train(Run(run_model, torch.optim.SGD(run_model.parameters(), lr=0.05), data, loss=loss, steps=40,
+                    options={"every": 3}))
+    rows = dbg.trace.meta["batch_classes"]
+    assert len(rows) >= 10
+    read = sum(sum(n) for _, _, n in rows)
+    assert read >= 0.8 * 32 * len(rows)  # most rows read
+    for step, found, counts in rows:  # and every row read right
+        truth = torch.bincount(data(step)[1], minlength=5).tolist()
+        assert all(truth[c] >= k for c, k in zip(found, counts))
+
+
+def test_an_imbalanced_task_that_starts_at_a_uniform_guess_is_not_held_to_chance():
+    """5% positives: a model initialised as usual starts at ln 2, far above the classes' entropy (0.2), and
+    learns a weak signal a little below it. That start is where a uniform guess is, not a large scale:
+    progress counts from the start, and the run stays quiet."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(8192, 16, generator=g)
+    y = ((0.4 * x[:, 0] + torch.randn(8192, generator=g)) > 1.9).long()
+    model = _mlp(16, 2, 0)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _epochs(x, y, 128, "shuffled"),
+                    steps=400))
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
