@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from . import distributed, losspath, mixing, nanhunt
 from .attention import attention_stats, mha_logits, sdpa_logits
@@ -68,12 +69,14 @@ def _class_loss(paths: list | None) -> str | None:
 
 
 def _batch_rows(inputs) -> int | None:
-    """The number of samples in a pass's input: the first dimension of its first tensor."""
+    """The number of samples in a pass's input: the first dimension of its first tensor (inside a dict or a
+    list of the arguments, too: a batch handed over as ``model(batch)``)."""
     args, kwargs = inputs
     for v in list(args) + list(kwargs.values()):
         if isinstance(v, torch.Tensor) and v.dim() >= 1:
             return int(v.shape[0])
-    return None
+    leaves, _ = tree_flatten((args, kwargs))
+    return next((int(v.shape[0]) for v in leaves if isinstance(v, torch.Tensor) and v.dim() >= 1), None)
 
 
 def _queue_backward_callback(fn: Callable[[], None]) -> None:

@@ -273,3 +273,21 @@ def test_an_imbalanced_task_that_starts_at_a_uniform_guess_is_not_held_to_chance
     dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _epochs(x, y, 128, "shuffled"),
                     steps=400))
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+def test_a_batch_handed_over_as_a_dict_has_its_classes_read():
+    """``model(batch)`` with the batch a dict of tensors: its rows are the first tensor's."""
+    class FromDict(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = _mlp(16, 5, 0)
+
+        def forward(self, batch):
+            return self.net(batch["x"])
+
+    x, y = _pool(16, 5, 640)
+    data = _epochs(x, y, 32, "sorted")
+    model = FromDict()
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda s: ({"x": data(s)[0]}, data(s)[1]),
+                    steps=200))
+    assert dbg.trace.meta["batch_classes"] and dbg.explain()[0].cause == "data"
