@@ -60,7 +60,7 @@ def _carried(counts) -> float:
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) -> Analysis:
     """``ranks``: a ``rankevents.RankEvidence`` when ``trace`` is one rank of a multi-process run (its NaN/Inf
     origin is then the run's first, wherever it came from)."""
-    curve = (health_mod.loss_curve(trace.loss.data, thresholds, *health_mod.chance_levels(trace))
+    curve = (health_mod.loss_curve(trace.loss.data, thresholds, *health_mod.chance_levels(trace, thresholds))
              if trace.loss.n else None)
     table = health_mod.compute(trace, thresholds, curve)
     events = events_mod.detect(table, thresholds)

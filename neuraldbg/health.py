@@ -605,12 +605,15 @@ class LossCurve:
     chance: float = math.nan   # the loss of predicting the classes' frequencies, when known (see chance_level)
 
 
-def chance_level(trace: Trace) -> float:
+_MEAN_CLASS_LOSSES = frozenset({"NllLoss", "BinaryCrossEntropyWithLogits"})  # losses whose chance is known
+
+
+def chance_level(trace: Trace, th: Thresholds | None = None) -> float:
     """See ``chance_levels``: the first of the two."""
-    return chance_levels(trace)[0]
+    return chance_levels(trace, th or Thresholds())[0]
 
 
-def chance_levels(trace: Trace) -> tuple[float, float]:
+def chance_levels(trace: Trace, th: Thresholds) -> tuple[float, float]:
     """The loss of a model that predicts the classes' frequencies and nothing of the input: their entropy
     (nats), from the classes of the sampled batches (meta ``batch_classes``), for a recorded loss that is a
     cross-entropy averaged over the batch and nothing else (a binary one with logits included; summed, with
@@ -618,7 +621,7 @@ def chance_levels(trace: Trace) -> tuple[float, float]:
     seen (log of their number: where a model initialised as usual starts). NaNs when not known."""
     paths = trace.meta.get("loss_paths") or []
     rows = trace.meta.get("batch_classes") or []
-    if not paths or len(rows) < ORDER_WINDOW or any(not p or p[0] not in _MEAN_CLASS_LOSSES for p in paths):
+    if not paths or len(rows) < th.batch_order_window or any(not p or p[0] not in _MEAN_CLASS_LOSSES for p in paths):
         return math.nan, math.nan
     counts: dict = {}
     for _, found, n in rows:
@@ -627,9 +630,6 @@ def chance_levels(trace: Trace) -> tuple[float, float]:
     p = np.array(list(counts.values()), dtype=np.float64)
     p = p / p.sum()
     return (float(-(p * np.log(p)).sum()), math.log(len(p))) if len(p) >= 2 else (math.nan, math.nan)
-
-
-_MEAN_CLASS_LOSSES = frozenset({"NllLoss", "BinaryCrossEntropyWithLogits"})
 
 
 def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uniform: float = math.nan) -> LossCurve:
@@ -800,17 +800,15 @@ def target_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
                         {TargetState.OUT_OF_REACH: reach_values, TargetState.UNBOUNDED: fall_values}, persist=1)]
 
 
-ORDER_WINDOW = 5  # sampled batches whose median says how far batches are from the run's mix of classes
-
-
 def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     """How far each sampled batch's classes are from the mix of the whole run (read off the output's
     gradient, meta ``batch_classes``): Pearson's chi-square of its class counts against the run's
     shares, per degree of freedom. Batches drawn at random from the data hold ~1 whatever their size and
     the classes' balance; batches that hold one class each (data sorted by label, read without shuffling)
-    hold about their size. The median of ``ORDER_WINDOW`` batches past ``batch_order`` is the state."""
+    hold about their size. The median of ``batch_order_window`` batches past ``batch_order`` is the state."""
     rows = [r for r in trace.meta.get("batch_classes", ()) if sum(r[2]) >= 2]
-    if len(rows) < ORDER_WINDOW:
+    window = th.batch_order_window
+    if len(rows) < window:
         return []
     classes = sorted({c for r in rows for c in r[1]})
     if len(classes) < 2:
@@ -823,8 +821,8 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     share = counts.sum(0) / counts.sum()
     expected = size[:, None] * share[None, :]
     ratio = ((counts - expected) ** 2 / expected).sum(1) / (len(classes) - 1)
-    level = _rolling_median(ratio, ORDER_WINDOW)
-    level[:ORDER_WINDOW - 1] = np.nan  # too few batches yet
+    level = _rolling_median(ratio, window)
+    level[:window - 1] = np.nan  # too few batches yet
     with np.errstate(invalid="ignore"):
         state = np.where(level >= th.batch_order, TargetState.ORDERED.code, 0).astype(np.int8)
     held = (counts > 0).sum(1)

@@ -926,10 +926,9 @@ class Recorder:
 
     def _read_classes(self) -> None:
         """The classes of a sampled batch, read off the gradient at the model's output (targets are not the
-        model's input, and the loss's saved targets are freed by the backward pass): a classification loss
-        pushes up each sample's own class and no other, so its class is the one output entry with the most
-        negative gradient (a binary one's sign). Kept in the trace's meta as [step, classes, counts].
-        Only for a loss read as a classification (NLL of a log-softmax, a binary cross-entropy with logits)
+        model's input, and the loss's saved targets are freed by the backward pass; see
+        ``losspath.classes_from_gradient``: a hard target's row only). Kept in the trace's meta as [step,
+        classes, counts]. Only for a loss taken of the model's output as a classification (``_class_loss``)
         of one output whose rows are the input's samples (not a sequence's positions)."""
         paths = self.trace.meta.get("loss_paths")
         if self._class_kind[0] is not paths:

@@ -114,8 +114,11 @@ class Thresholds:
                            "(pixels divided by 255 twice, a unit slip)", slider=False)
     batch_order: float = _f(4.0, "batch class order", "log", 1.5, 100.0,
                             "a batch's classes this many times further from the run's mix than random batches "
-                            "of its size would be (chi-square per degree of freedom, the median of five sampled "
-                            "batches): the data is read in an order that groups classes (not shuffled)")
+                            "of its size would be (chi-square per degree of freedom, the median of "
+                            "batch_order_window sampled batches): the data is read in an order that groups classes "
+                            "(not shuffled)")
+    batch_order_window: int = _f(5, "batch order window", "linear", 1, 50,
+                                 "sampled batches whose median class order is read (fewer read, none)", slider=False)
     # -- ranks (multi-process runs) ----------------------------------------------------------------
     replica_divergence: float = _f(1e-5, "replica divergence", "log", 1e-9, 1e-1,
                                    "relative difference of a layer's weight checksum from the other ranks' above "

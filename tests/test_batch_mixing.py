@@ -39,17 +39,23 @@ class Attending(nn.Module):
         return self.head((h + self.attn(h, h, h, need_weights=False)[0])[:, 0])
 
 
-class HandNormalised(nn.Module):
-    """A batch normalisation written in functions between two linear layers: a batch statistic, by design."""
+class TwoLayers(nn.Module):
+    """Two linear layers; ``before`` applied to the input, ``between`` to the hidden layer (functions, which
+    no hook sees)."""
 
-    def __init__(self):
+    def __init__(self, n_in: int, before=lambda x: x, between=F.relu):
         super().__init__()
         torch.manual_seed(0)
-        self.l1, self.l2 = nn.Linear(8, 32), nn.Linear(32, 3)
+        self.l1, self.l2 = nn.Linear(n_in, 32), nn.Linear(32, 3)
+        self.before, self.between = before, between
 
     def forward(self, x):
-        h = self.l1(x)
-        return self.l2(F.relu((h - h.mean(0)) / (h.std(0) + 1e-5)))
+        return self.l2(self.between(self.l1(self.before(x))))
+
+
+def hand_normalised() -> nn.Module:
+    """A batch normalisation written in functions between two linear layers: a batch statistic, by design."""
+    return TwoLayers(8, between=lambda h: F.relu((h - h.mean(0)) / (h.std(0) + 1e-5)))
 
 
 def _sequences(step: int, n: int = 32):
@@ -65,6 +71,20 @@ def _tokens(step: int, n: int = 32):
 
 def _run(model, data, steps: int = 80, lr: float = 3e-3):
     return train(Run(model, torch.optim.Adam(model.parameters(), lr=lr), data, steps=steps))
+
+
+def _run_args(model, batch, steps: int, lr: float = 1e-2) -> NeuralDbg:
+    """Training on passes of several arguments: ``batch(step)`` gives (the model's arguments, targets)."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
+        for step in range(steps):
+            args, y = batch(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(*args), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
 
 
 @pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU])
@@ -98,7 +118,7 @@ def test_a_batch_statistic_by_design_is_not_a_layout_fault():
     def data(step: int):
         x = torch.randn(64, 8, generator=torch.Generator().manual_seed(step))
         return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    dbg = _run(HandNormalised(), data, lr=1e-2)
+    dbg = _run(hand_normalised(), data, lr=1e-2)
     mix = dbg.trace.meta["batch_mixing"]
     assert mix["spread"] > mixing.TINY and mix["equivariant"] is True
     assert not any(h.cause == "data" for h in dbg.explain())
@@ -164,21 +184,13 @@ def test_the_replay_runs_on_a_copy_that_neither_counts_nor_prints(capsys):
 def test_a_sample_whose_output_gets_nothing_of_its_own_input_is_mixed(tmp_path):
     """Features stored (features, batch) read back with a view: the middle sample's output can depend on
     other samples only; the most mixed a batch gets, named at the view, and kept through a saved run."""
-    class Folded(nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.l1, self.l2 = nn.Linear(16, 32), nn.Linear(32, 3)
-
-        def forward(self, x):
-            n = x.shape[0]
-            x = x.reshape(n, -1).reshape(-1, n).t().reshape(x.shape)  # a view where a transpose was meant
-            return self.l2(torch.relu(self.l1(x)))
+    def folded(x):  # a view where a transpose was meant
+        return x.reshape(len(x), -1).reshape(-1, len(x)).t().reshape(x.shape)
 
     def data(step: int):
         x = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
         return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    dbg = _run(Folded(), data, steps=40)
+    dbg = _run(TwoLayers(16, before=folded), data, steps=40)
     mix = dbg.trace.meta["batch_mixing"]
     assert mix["spread"] == float("inf") and mix["layer"] == "l1"
     top = dbg.explain()[0]
@@ -202,16 +214,7 @@ def test_a_graph_whose_nodes_are_connected_by_design_is_not_replayed():
 
     g = torch.Generator().manual_seed(0)
     x, edges = torch.randn(40, 8, generator=g), torch.randint(0, 40, (2, 120), generator=g)
-    y = (x[:, 0] > 0).long()
-    model = Graph()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
-        for _ in range(30):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x, edges), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = _run_args(Graph(), lambda step: ((x, edges), (x[:, 0] > 0).long()), steps=30)
     assert "batch_mixing" not in dbg.trace.meta and not any(h.cause == "data" for h in dbg.explain())
 
 
@@ -223,19 +226,9 @@ def test_a_padding_mask_goes_in_the_batchs_order_when_it_is_reversed():
             h = self.emb(tok)
             return self.head((h + self.attn(h, h, h, key_padding_mask=mask, need_weights=False)[0])[:, 0])
 
-    torch.manual_seed(0)
-    model = Masked(True)
     mask = torch.zeros(32, 9, dtype=torch.bool)
     mask[::3, -3:] = True
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
-        for step in range(20):
-            x, y = _tokens(step)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x, mask), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = _run_args(Masked(True), lambda step: ((_tokens(step)[0], mask), _tokens(step)[1]), steps=20, lr=3e-3)
     assert dbg.trace.meta["batch_mixing"]["equivariant"] is True
 
 
@@ -314,15 +307,8 @@ def test_a_contrastive_models_similarities_are_not_a_layout_fault():
             t = F.normalize(self.text(tok).mean(1), dim=1)
             return 10.0 * t @ F.normalize(self.image(img), dim=1).t()
 
-    model = TwoTowers()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
-        for step in range(30):
-            tok, _ = _tokens(step, n=16)
-            img = F.one_hot(tok[:, 1] % 8, 8).float()
-            opt.zero_grad()
-            loss = F.cross_entropy(model(tok, img), torch.arange(16))
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    def pairs(step: int):
+        tok = _tokens(step, n=16)[0]
+        return (tok, F.one_hot(tok[:, 1] % 8, 8).float()), torch.arange(16)
+    dbg = _run_args(TwoTowers(), pairs, steps=30)
     assert "batch_mixing" not in dbg.trace.meta and not any(h.cause == "data" for h in dbg.explain())
