@@ -17,6 +17,7 @@ Shape-only operations (views, squeezes, transposes, selections, copies) between 
 """
 from __future__ import annotations
 
+import math
 import re
 from enum import Enum
 
@@ -207,6 +208,70 @@ def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
             if found is not None:
                 return found
     return None
+
+
+# operations that can turn finite values into NaN/Inf: out of their domain (log, sqrt, a division by 0) or
+# overflowing (exp, pow); a library loss (cross_entropy, mse_loss ...) of finite inputs and targets cannot
+DOMAIN_OPS = frozenset({"Log", "Log2", "Log10", "Log1p", "Div", "Reciprocal", "Sqrt", "Rsqrt", "Pow", "Exp", "Exp2",
+                        "Acos", "Asin", "Atanh", "Logit", "Xlogy", "Erfinv", "Digamma", "Lgamma", "Tan"})
+# between a probability and such an operation, an eps added or a clamp keeps it in its domain
+_GUARDS = frozenset({"Add", "Clamp", "ClampMin", "ClampMax", "Maximum", "Minimum", "Where", "NanToNum"})
+
+
+def domain_op(recorded: list[list[str]] | None) -> tuple[str, str] | None:
+    """The operation of the loss, nearest the model's output, that can turn finite values into NaN/Inf, with
+    the probability (``Softmax``, ``Sigmoid``) it is taken of, if it is taken of one unguarded (``""`` else):
+    ``torch.log(torch.sigmoid(out))`` -> ("Log", "Sigmoid"); ``torch.log(p + 1e-8)`` is no such operation.
+    None when no path from the loss to the output has one (a library loss of the outputs)."""
+    for path in recorded or []:
+        ops = [op.split("@")[0] for op in path]
+        ops = [op for op in ops if op not in SHAPE_OPS]
+        for i in range(len(ops) - 1, -1, -1):  # from the model's side
+            if ops[i] not in DOMAIN_OPS:
+                continue
+            between = ops[i + 1:]
+            prob = next((j for j, op in enumerate(between) if op in _PROBABILITIES), None)
+            if prob is not None and any(op in _GUARDS for op in between[:prob]):
+                break  # guarded: this path's log cannot see a 0
+            return ops[i], between[prob] if prob is not None else ""
+    return None
+
+
+def saturates(probability: str, absmax: float, spread: float, dtype: str) -> bool:
+    """Whether outputs of this largest magnitude (``absmax``), and largest spread within a row (``spread``),
+    round a ``probability`` of them to exactly 0 or 1 in ``dtype``: a sigmoid past log(2 / eps) is 1 (and
+    1 - p is 0), a softmax row whose entries lie further apart than -log(smallest subnormal) has an entry
+    that underflows to 0."""
+    import torch
+    try:
+        info = torch.finfo(getattr(torch, dtype or "float32"))
+    except (AttributeError, TypeError):
+        info = torch.finfo(torch.float32)
+    if probability == "Sigmoid":
+        return absmax >= math.log(2.0 / info.eps)
+    if probability == "Softmax":
+        return spread >= -math.log(info.smallest_normal * info.eps)
+    return False
+
+
+def nonfinite_op(origin, recorded: list[list[str]] | None) -> str:
+    """The loss's own operation that turned the model's finite output into NaN/Inf (``origin``: where the
+    replay found NaN/Inf first, phase "loss"): the operation seen doing it in a replayed step, or the loss's
+    operation that leaves its domain (``domain_op``) when what it is taken of can reach its edge (a sigmoid or
+    softmax of outputs large enough to round to exactly 0 or 1). "": NaN/Inf in the loss from something
+    else (its targets), or not in the loss."""
+    if origin is None or origin.phase != "loss":
+        return ""
+    if origin.op:
+        return origin.op
+    found = domain_op(recorded)
+    if found is None:
+        return ""
+    op, probability = found
+    if probability and not (len(origin.reach) == 2
+                            and saturates(probability, origin.reach[0], origin.reach[1], origin.dtype)):
+        return ""
+    return f"{op} of {probability}" if probability else op
 
 
 # a hard target's gradient is the loss's scale times (prediction - target): over the entries the target leaves

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from typing import Callable
 
 import torch
@@ -107,6 +108,22 @@ def _standard_leaves(replica: nn.Module) -> dict[str, Kind]:
         if not any(True for _ in m.children()) and kind not in (Kind.OTHER, Kind.ATTENTION):
             out[name] = kind
     return out
+
+
+def reach(outputs: list[torch.Tensor]) -> tuple[float, ...]:
+    """The largest magnitude of the first output, and its largest spread within a row (over dimension 1, a
+    batch's classes; over its one dimension for a vector): what a sigmoid or a softmax of it rounds."""
+    t = next((o.detach() for o in outputs if o.numel() and o.is_floating_point()), None)
+    if t is None or not bool(torch.isfinite(t).all()):
+        return ()
+    t = t.float()
+    dim = 1 if t.dim() >= 2 else 0
+    spread = (t.amax(dim) - t.amin(dim)).max() if t.dim() else torch.zeros(())
+    return float(t.abs().max()), float(spread)
+
+
+def _dtype(outputs: list[torch.Tensor]) -> str:
+    return str(outputs[0].dtype).replace("torch.", "") if outputs else ""
 
 
 def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_grads: list | None,
@@ -212,9 +229,12 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
             pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
             if pairs and any(_nonfinite(g) for _, g in pairs):
                 return NonFiniteOrigin(step, "", "loss", "the model output is finite; the loss or its gradient is not"
-                                       " (look at the targets and the loss function)")
+                                       " (look at the targets and the loss function)", dtype=_dtype(outs),
+                                       reach=reach(outs))
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                if found and found[0].phase == "loss":
+                    return dataclasses.replace(found[0], dtype=_dtype(outs), reach=reach(outs))
     if found:
         return found[0]
     for name, mod in reversed(ran):  # backward order: a parameter gradient that overflowed

@@ -128,7 +128,9 @@ class NonFiniteOrigin:
 
     ``op``: the operation that made it, when it is not the module's whole computation ("torch.log"),
     with its ``relation`` to ``layer`` ("in" its forward, or "after" it, on its output); ``dtype``:
-    the dtype it was computed in ("float16" under autocast: an overflow of its range)."""
+    the dtype it was computed in ("float16" under autocast: an overflow of its range). In the loss (the model's
+    output finite), ``reach``: the output's largest magnitude and largest spread within a row (over dimension
+    1), which say whether a probability taken of it rounds to 0 or 1."""
 
     step: int
     layer: str
@@ -137,6 +139,7 @@ class NonFiniteOrigin:
     op: str = ""
     relation: str = ""
     dtype: str = ""
+    reach: tuple[float, ...] = ()  # (largest magnitude, largest spread within a row); () not measured
 
     def where(self) -> str:
         where = f"`{self.layer}`" if self.layer else "the model"
@@ -144,12 +147,13 @@ class NonFiniteOrigin:
 
     def to_dict(self) -> dict:
         return {"step": self.step, "layer": self.layer, "phase": self.phase, "detail": self.detail, "op": self.op,
-                "relation": self.relation, "dtype": self.dtype}
+                "relation": self.relation, "dtype": self.dtype, "reach": [float(v) for v in self.reach]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "NonFiniteOrigin":
         return cls(step=int(d["step"]), layer=str(d["layer"]), phase=str(d["phase"]), detail=str(d.get("detail", "")),
-                   op=str(d.get("op", "")), relation=str(d.get("relation", "")), dtype=str(d.get("dtype", "")))
+                   op=str(d.get("op", "")), relation=str(d.get("relation", "")), dtype=str(d.get("dtype", "")),
+                   reach=tuple(float(v) for v in d.get("reach", ()))[:2])
 
 
 @dataclass

@@ -85,8 +85,8 @@ def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if b.cause == C.BAD_INITIALIZATION:  # a recurrent layer's state scale shows as its own and later layers' gain
         return (a.kind == "recurrent" and b.kind in ("amplifies", "shrinks") and b.facts["layers"][0] == a.layer
                 and _early(a, b, ctx))
-    if b.cause == C.NON_FINITE:
-        return grows and _after(a, b)
+    if b.cause == C.NON_FINITE:  # (the loss's own arithmetic is no overflow of the weights' scale)
+        return grows and _after(a, b) and b.kind != "loss_op"
     if not _early(a, b, ctx):
         return False
     if b.cause == C.LEARNING_RATE_TOO_HIGH:
@@ -133,6 +133,11 @@ def _lr_high(a: Candidate, b: Candidate, ctx: Context) -> bool:
         # something grew out of scale before the NaN: a loss that rose, activations blown up
         grew = _unstable_before(a, b.step) or [e for nan in b.events for e in ctx.preceding(nan) if e.step < b.step
                                                 and e.signal == Signal.ACTIVATION and e.after == ActState.ANOMALOUS]
+        if b.kind == "loss_op":
+            # the loss's own arithmetic (a log of a probability that rounds to 0): training toward confident
+            # outputs reaches it at any learning rate; large updates account for it only through a loss they
+            # made unstable first
+            return bool(_unstable_before(a, b.step))
         if b.kind == "forward":
             # an operation that leaves its domain in a module that is no weight layer: updates alone, with
             # nothing growing out of scale before it, only moved a value to the edge of that domain -- unless
@@ -186,7 +191,7 @@ def _rank_spread(a: Candidate, b: Candidate, ctx: Context) -> bool:
 
 def _exploding(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if b.cause == C.NON_FINITE:
-        return b.step > a.step
+        return b.step > a.step and b.kind != "loss_op"
     if b.cause == C.LEARNING_RATE_TOO_HIGH:  # updates large because the gradient is
         return b.step >= a.step
     return False

@@ -44,6 +44,8 @@ class Context:
     unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
+    # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)
+    loss_nonfinite_op: str = ""
     param_dtype: str = ""           # the dtype most of the trainable weights are stored in ("": unknown)
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]

@@ -20,7 +20,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         step = nf.step if nf is not None and nf.phase == "input" else bad_input[0].step
         out.append(Candidate(Cause.DATA, "input", step, "input_nonfinite", bad_input, severity=1.0, persistence=1.0,
                              certain=True, loss_kinds=losses.ANY | losses.NONFINITE))
-    elif nf is not None and nf.phase == "loss":
+    elif nf is not None and nf.phase == "loss" and not ctx.loss_nonfinite_op:  # (else the loss's own op)
         out.append(Candidate(Cause.DATA, "input", nf.step, "loss_nonfinite", [], severity=1.0, persistence=1.0,
                              certain=True, loss_kinds=losses.ANY | losses.NONFINITE))
     unscaled = ctx.all(Signal.INPUT, InputState.UNSCALED)

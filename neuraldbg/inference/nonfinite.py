@@ -28,6 +28,12 @@ def _grew_before(ctx: Context, step: int) -> bool:
 def candidates(ctx: Context) -> list[Candidate]:
     nf = ctx.nonfinite
     finite_ev = ctx.all(Signal.FINITE, FiniteState.NONFINITE)
+    if nf is not None and nf.phase == "loss" and ctx.loss_nonfinite_op:
+        # the loss's own arithmetic (a log of a probability that rounded to 0): a fact of the code, whatever
+        # made the outputs large enough (training toward confident outputs does, at any learning rate)
+        return [Candidate(Cause.NON_FINITE, "", nf.step, "loss_op", ctx.all(Signal.LOSS, LossState.NONFINITE),
+                          severity=1.0, persistence=1.0, certain=True, loss_kinds=losses.NONFINITE,
+                          facts={"phase": "loss", "op": ctx.loss_nonfinite_op, "origin": nf})]
     if (nf is None and not finite_ev) or (nf is not None and nf.phase in ("input", "loss")):
         return []  # NaN/Inf from the data or the loss: the data family's
     if nf is not None and nf.phase == "forward" and nf.dtype == "float16":

@@ -174,6 +174,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         where = f"`{c.layer}`" if c.layer else "the model"
         kind = f" ({f['type']})" if f.get("type") else ""
         origin = f.get("origin")
+        if k == "loss_op":
+            return _loss_op_lines(c)
         if k == "forward" and origin is not None and origin.op:
             rel = kind if origin.relation != "after" else ""
             return [f"at step {c.step}, {origin.where()}{rel} is the first operation to turn finite values into "
@@ -514,6 +516,8 @@ def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
     if c.cause == Cause.NON_FINITE and c.kind not in ("fp16_overflow", "skipping", "near_limit"):
         origin = c.facts.get("origin")
         where = origin.where() if origin is not None and origin.op else (f"`{c.layer}`" if c.layer else "the model")
+        if c.kind == "loss_op":
+            return f"non_finite: NaN/Inf first produced by the loss's {f_op(c.facts['op'])} at step {c.step}"
         return f"non_finite: NaN/Inf first produced in {where} ({c.facts.get('phase', 'forward')}) at step {c.step}"
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)[-1] + " (a symptom: the updates are still too large)"
@@ -521,6 +525,62 @@ def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
         return loss_text(c.events[0])
     own = _own(c, ctx)
     return own[0] if own else symptom_lines(c.events, 1)[0]
+
+
+def f_op(op: str) -> str:
+    """An operation of the loss as the code writes it: "Log of Sigmoid" -> "log of a sigmoid"."""
+    name, _, of = op.partition(" of ")
+    return f"{name.lower()} of a {of.lower()}" if of else name.lower() if name[:1].isupper() else name
+
+
+def _loss_op_lines(c: Candidate) -> list[str]:
+    origin = c.facts["origin"]
+    name, _, of = c.facts["op"].partition(" of ")
+    lines = []
+    if of and len(origin.reach) == 2:
+        absmax, spread = origin.reach
+        size = (f"outputs up to {fmt(absmax)} in magnitude" if of == "Sigmoid" else
+                f"outputs {fmt(spread)} apart within a row")
+        lines.append(f"at step {c.step} the model's {size}: their {of.lower()} rounds to exactly "
+                     f"{'0 or 1' if of == 'Sigmoid' else '0 for some classes'} in {origin.dtype or 'float32'}")
+        lines.append(f"the loss takes the {name.lower()} of it: {name.lower()}(0) is -inf, and 0 x -inf is NaN")
+    else:
+        lines.append(f"at step {c.step} the model's output is finite; the loss's {f_op(c.facts['op'])} turns it "
+                     "into NaN/Inf (outside its domain: a log of 0 or less, a division by 0, a square root at 0)")
+    lines.append("the loss and all gradients become NaN")
+    return lines
+
+
+_LOSS_OP_FIX = {
+    "Log of Sigmoid": "compute the loss from the logits: F.binary_cross_entropy_with_logits(logits, y) (or "
+                      "F.logsigmoid(x) and F.logsigmoid(-x) for log p and log(1 - p)), which never round to 0; or "
+                      "clamp p to [1e-7, 1 - 1e-7] before the log",
+    "Log of Softmax": "compute the loss from the logits: F.cross_entropy(logits, y), or F.log_softmax(logits, dim=1) "
+                      "instead of torch.log(F.softmax(...)), which never rounds to 0; or clamp p with "
+                      "p.clamp_min(1e-7) before the log",
+    "Log": "keep what the log is taken of above 0: torch.log(x.clamp_min(1e-8)), or make it positive by "
+           "construction (F.softplus, the exp of a log-parameter)",
+    "Div": "keep the denominator off 0: x / (d + 1e-8) (or d.clamp_min(1e-8))",
+    "Reciprocal": "keep the denominator off 0: 1 / (d + 1e-8) (or d.clamp_min(1e-8))",
+    "Sqrt": "keep the square root's argument above 0: torch.sqrt(x.clamp_min(1e-12)) (NaN below 0, an infinite "
+            "gradient at 0)",
+    "Rsqrt": "add an eps inside (torch.rsqrt(x + 1e-12)): it is infinite at 0",
+    "Pow": "keep the base off 0 (a fractional power's gradient is infinite there) and its result in range: "
+           "(x + 1e-12) ** p",
+    "Exp": "exp overflows: compute in log space (torch.logsumexp, F.softplus) or clamp its argument",
+}
+
+
+def _loss_op_fix(op: str) -> str:
+    if op in _LOSS_OP_FIX:
+        return _LOSS_OP_FIX[op]
+    name = op.partition(" of ")[0].rpartition(".")[2]  # "torch.sqrt", as a replayed step names it: "Sqrt"
+    name = name[:1].upper() + name[1:]
+    if name in _LOSS_OP_FIX:
+        return _LOSS_OP_FIX[name]
+    return (f"guard the loss's {f_op(op)}: clamp its input into its domain (x.clamp_min(1e-8) before a log or "
+            "sqrt, an eps in a denominator), or use the library's stable loss on the logits (F.cross_entropy, "
+            "F.binary_cross_entropy_with_logits)")
 
 
 _ON_PROBABILITIES = {
@@ -663,6 +723,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if c.cause == Cause.NON_FINITE:
         origin = f.get("origin")
         op = origin.op if origin is not None else ""
+        if k == "loss_op":
+            return _loss_op_fix(f["op"])
         if k == "forward":
             text = (f"guard {'the ' + op if op else 'the operation'} in `{c.layer}` that leaves its domain: add an eps "
                     "to a denominator "

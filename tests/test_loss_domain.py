@@ -1,0 +1,147 @@
+"""NaN/Inf made by the loss's own arithmetic: a log taken of a probability that rounded to exactly 0 or 1
+(a hand-written binary cross-entropy, ``torch.log(F.softmax(...))``). The model's output is finite; the
+targets are fine. Named ``non_finite`` in the loss with a fix that computes the loss from the logits,
+where NaN targets under the same loss stay the data's."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from faultgen.score import contradictions
+from neuraldbg import NeuralDbg, losspath
+from neuraldbg.trace import NonFiniteOrigin
+from zoo import Run, train
+
+CONFIDENT = 0.5
+
+
+def _binary(batch: int = 64, seed: int = 0, nan_targets_at: int | None = None):
+    """A linearly separable binary task: a model trained on it grows confident logits."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(16, generator=g)
+
+    def data(step: int):
+        gs = torch.Generator().manual_seed(seed * 1000 + step)
+        x = torch.randn(batch, 16, generator=gs)
+        y = (x @ w > 0).float()
+        if nan_targets_at is not None and step >= nan_targets_at:
+            y[0] = float("nan")
+        return x, y
+    return data
+
+
+def _classes(batch: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(16, 4, generator=g)
+
+    def data(step: int):
+        x = torch.randn(batch, 16, generator=torch.Generator().manual_seed(seed * 1000 + step))
+        return x, (x @ w).argmax(1)
+    return data
+
+
+def _mlp(n_out: int, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, n_out))
+
+
+def hand_bce(out, y):
+    p = torch.sigmoid(out.squeeze(1))
+    return -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
+
+
+def bce_logits(out, y):
+    return F.binary_cross_entropy_with_logits(out.squeeze(1), y)
+
+
+def log_of_softmax(out, y):
+    return F.nll_loss(torch.log(F.softmax(out, dim=1)), y)
+
+
+def _run(loss, data, n_out: int, seed: int = 0, steps: int = 300, lr: float = 1e-2) -> NeuralDbg:
+    model = _mlp(n_out, seed)
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=lr), data, loss=loss, steps=steps))
+
+
+def _first_nan(dbg) -> int:
+    steps, values = dbg.trace.loss.steps, dbg.trace.loss.data
+    bad = [int(s) for s, v in zip(steps, values) if not math.isfinite(v)]
+    assert bad, "the run was meant to reach NaN"
+    return bad[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_hand_written_binary_cross_entropy_is_named_by_its_log_of_a_sigmoid(seed):
+    """The sigmoid of a confident logit (past ~16.6) is exactly 1.0 in float32: log(1 - p) is -inf and the
+    loss NaN, at a modest learning rate. Named in the loss, at the loss's first NaN, with the with-logits fix."""
+    dbg = _run(hand_bce, _binary(seed=seed), 1, seed=seed)
+    top = dbg.explain()[0]
+    assert top.cause == "non_finite" and top.confidence >= CONFIDENT
+    assert top.layer == "" and top.step == _first_nan(dbg)
+    assert "binary_cross_entropy_with_logits" in top.suggestion
+    assert any("sigmoid rounds to exactly 0 or 1" in line for line in top.chain)
+    assert not any(h.cause == "data" and h.confidence >= CONFIDENT for h in dbg.explain())
+    assert contradictions(dbg.explain()) == []
+
+
+def test_the_same_model_under_the_with_logits_loss_trains_quietly():
+    dbg = _run(bce_logits, _binary(), 1)
+    assert math.isfinite(float(dbg.trace.loss.data[-1]))
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def test_a_log_of_a_softmax_of_large_logits_is_named_with_log_softmax():
+    """Logits 100+ apart: the softmax of the others underflows to 0 and the log of the target's is -inf."""
+    model = _mlp(4, 0)
+    with torch.no_grad():
+        model[-1].weight.mul_(200.0)
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=1e-2), _classes(), loss=log_of_softmax, steps=40))
+    top = dbg.explain()[0]
+    assert top.cause == "non_finite" and top.confidence >= CONFIDENT
+    assert top.step == _first_nan(dbg)
+    assert "F.cross_entropy" in top.suggestion and "log_softmax" in top.suggestion
+
+
+def test_nan_targets_under_a_hand_written_loss_stay_the_datas():
+    """The outputs are far from saturating the sigmoid when a NaN target arrives: the loss's log did not
+    make it, the targets did."""
+    dbg = _run(hand_bce, _binary(nan_targets_at=5), 1, steps=20, lr=1e-3)
+    top = dbg.explain()[0]
+    assert top.cause == "data" and top.step == 5
+    assert dbg.trace.nonfinite is not None and dbg.trace.nonfinite.phase == "loss"
+
+
+@pytest.mark.parametrize("path, expected", [
+    (["Neg", "Mean", "Add", "Mul", "Log", "Rsub", "Sigmoid", "Squeeze", "Addmm"], ("Log", "Sigmoid")),
+    (["NllLoss", "Log", "Softmax", "Addmm"], ("Log", "Softmax")),
+    (["Mean", "Log", "Addmm"], ("Log", "")),
+    (["Mean", "Div", "Sub", "Addmm"], ("Div", "")),
+    (["Neg", "Mean", "Log", "Add", "Sigmoid", "Addmm"], None),       # log(p + eps)
+    (["Neg", "Mean", "Log", "Clamp", "Softmax", "Addmm"], None),     # log(p.clamp(eps, 1))
+    (["NllLoss", "LogSoftmax", "Addmm"], None),
+    (["MseLoss", "Addmm"], None),
+])
+def test_the_loss_operation_that_can_leave_its_domain_is_read_from_the_path(path, expected):
+    assert losspath.domain_op([path]) == expected
+
+
+def test_a_probability_saturates_where_its_dtype_rounds_it():
+    assert losspath.saturates("Sigmoid", 17.0, 0.0, "float32")
+    assert not losspath.saturates("Sigmoid", 15.0, 0.0, "float32")
+    assert losspath.saturates("Sigmoid", 8.0, 0.0, "float16")
+    assert losspath.saturates("Softmax", 0.0, 110.0, "float32")
+    assert not losspath.saturates("Softmax", 0.0, 60.0, "float32")
+    # the thresholds are where torch rounds
+    assert torch.sigmoid(torch.tensor(17.0)).item() == 1.0 and torch.sigmoid(torch.tensor(15.0)).item() < 1.0
+    assert torch.softmax(torch.tensor([0.0, -110.0]), 0)[1].item() == 0.0
+
+
+def test_the_origin_in_the_loss_keeps_what_the_output_reached_through_a_file(tmp_path):
+    origin = NonFiniteOrigin(4, "", "loss", "x", dtype="float32", reach=(18.5, 3.0))
+    assert NonFiniteOrigin.from_dict(origin.to_dict()) == origin
+    assert losspath.nonfinite_op(origin, [["Mean", "Log", "Rsub", "Sigmoid", "Addmm"]]) == "Log of Sigmoid"
+    assert losspath.nonfinite_op(origin, [["MseLoss", "Addmm"]]) == ""
