@@ -513,6 +513,8 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     with np.errstate(invalid="ignore"):
         inp[np.fmax(np.abs(mean), sd) > th.input_scale] = InputState.UNSCALED.code
         inp[np.fmax(np.abs(mean), sd) < th.input_tiny] = InputState.UNSCALED.code   # out of scale the other way
+        # no spread at all (zeros, ones, one value repeated): not a scale to normalise, nothing to learn from
+        inp[sd == 0] = InputState.CONSTANT.code
     inp[in_nf > 0] = InputState.NONFINITE.code
     in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
     # the weights against their start (the median trainable layer): a collapse toward zero

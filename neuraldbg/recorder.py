@@ -79,6 +79,12 @@ def _batch_rows(inputs) -> int | None:
     return next((int(v.shape[0]) for v in leaves if isinstance(v, torch.Tensor) and v.dim() >= 1), None)
 
 
+def _sample_input(inputs) -> torch.Tensor | None:
+    """The input a batch's statistics are read from: its first floating tensor with more than one value (a
+    scalar handed along, such as a trainer's item count, has no spread to read); None when it has none."""
+    return next((t for t in nanhunt.float_tensors(inputs) if t.numel() > 1), None)
+
+
 def _queue_backward_callback(fn: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
@@ -436,9 +442,9 @@ class Recorder:
         spikes = self.trace.meta.setdefault("input_at_spikes", [])
         if spikes and spikes[-1][0] == step:
             return  # one row a step (a second micro-batch of the same step)
-        x = nanhunt.float_tensors(self._last_inputs)
-        if x and len(spikes) < self.MAX_SPIKE_INPUTS:
-            spikes.append([int(step)] + [float(v) for v in forward_stats(x[0], None, None)[:4].tolist()])
+        x = _sample_input(self._last_inputs)
+        if x is not None and len(spikes) < self.MAX_SPIKE_INPUTS:
+            spikes.append([int(step)] + [float(v) for v in forward_stats(x, None, None)[:4].tolist()])
 
     def latest_loss(self) -> float | None:
         """The loss recorded last, if it is not in the trace yet (None otherwise)."""
@@ -534,9 +540,9 @@ class Recorder:
             if self._rec is None:
                 self._rec = _StepRecord()
                 self._rec.grads = self._output_grads_now()
-            x = nanhunt.float_tensors((args, kwargs))
-            if x:
-                self._rec.input = forward_stats(x[0], None, None)[:4]
+            x = _sample_input((args, kwargs))
+            if x is not None:
+                self._rec.input = forward_stats(x, None, None)[:4]
             if not self.compiled:
                 self._start_observer()
 
@@ -731,13 +737,16 @@ class Recorder:
         return pre
 
     def _through_time(self, name: str, step: int, g: torch.Tensor, time_dim: int) -> None:
+        """One row a sampled pass: [step, gradient at the first time step / the most any step gets, time
+        steps, time steps up to the last one that gets any gradient] (the output read before its end: a
+        unidirectional layer's step t reaches only its outputs from t on)."""
         dims = [d for d in range(g.dim()) if d != time_dim]
-        rms = g.detach().float().pow(2).mean(dim=dims).sqrt()
-        top = float(rms.max())
-        first = float(rms[0])
+        rms = g.detach().float().pow(2).mean(dim=dims).sqrt().tolist()  # one transfer
         rows = self.trace.meta.setdefault("through_time", {}).setdefault(name, [])
-        if top > 0 and math.isfinite(top) and math.isfinite(first) and len(rows) < self.MAX_TIME_SAMPLES:
-            rows.append([int(step), first / top, int(g.shape[time_dim])])
+        top = max(rms)
+        if top > 0 and all(math.isfinite(v) for v in rms) and len(rows) < self.MAX_TIME_SAMPLES:
+            reached = max(t for t, v in enumerate(rms) if v > 0) + 1
+            rows.append([int(step), rms[0] / top, len(rms), reached])
 
     def _passes_through(self, module, args, out: torch.Tensor) -> bool:
         """The module returned its own input, unmodified (an in-place activation modifies it)."""
@@ -912,9 +921,9 @@ class Recorder:
                 self._rec.forward_done = True
                 # the pass's forward ran unsampled; its input is still held (for a replay): a batch out of
                 # scale, the usual reason for such a spike, is read now
-                x = nanhunt.float_tensors(self._last_inputs) if self._last_inputs is not None else []
-                if x:
-                    self._rec.input = forward_stats(x[0], None, None)[:4]
+                x = _sample_input(self._last_inputs) if self._last_inputs is not None else None
+                if x is not None:
+                    self._rec.input = forward_stats(x, None, None)[:4]
         if self._rec is not None:
             self._read_param_grads(self._rec)
             self._read_classes()

@@ -77,6 +77,7 @@ class InputState(_State):
     UNSCALED = "unscaled"     # mean or spread far from unit scale
     NONFINITE = "nonfinite"
     DRIFTING = "drifting"     # a warning band: the scale keeps growing toward unscaled
+    CONSTANT = "constant"     # every value of the batch the same: the samples cannot be told apart
 
 
 class LossState(_State):

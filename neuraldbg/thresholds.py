@@ -42,6 +42,10 @@ class Thresholds:
                                 "relative weight gradient of a layer vs the layers after it, below which it vanished")
     exploding_ratio: float = _f(1e3, "gradient amplification", "log", 3.0, 1e8,
                                 "relative weight gradient vs the layers after it, or vs its own start, that explodes")
+    time_read: float = _f(0.5, "time steps read", "linear", 0.05, 1.0,
+                          "share of a recurrent layer's time steps, counted from the start, at or below which "
+                          "every gradient reaching its input stops: the loss reads its output before the "
+                          "sequence's end (with a loss that does not improve, it is why)")
     diminishing_ratio: float = _f(1e-3, "gradient diminishing", "log", 1e-7, 0.5,
                                   "relative weight gradient vs the layers after it below which it is diminishing "
                                   "(a band above vanishing; with a loss that does not improve, it is why)")

@@ -62,6 +62,9 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
             return _early(a, b, ctx)
         first = ctx.input_reach()
         return _after(a, b) and (b.layer in first or any(e.layer in first for e in b.events))
+    if a.kind == "constant":  # every unit computes one value for all samples: on or off for all, no signal
+        return b.cause in (C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.DEAD_UNITS, C.SATURATED_ACTIVATIONS,
+                           C.VANISHING_GRADIENTS) and _after(a, b)
     if a.kind == "mixed":  # what the model cannot learn when each output depends on other samples' inputs
         return b.cause in (C.LEARNING_RATE_TOO_HIGH, C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.DEAD_UNITS,
                            C.SATURATED_ACTIVATIONS, C.VANISHING_GRADIENTS, C.EXPLODING_GRADIENTS)
@@ -271,8 +274,8 @@ def _explains(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a is b:
         return False
     if b.cause == C.LOSS_PLATEAU and b.kind == "plateau":  # a flat loss that a more specific cause accounts for
-        if a.cause == C.LOSS_PLATEAU:
-            return a.kind == "weights_collapse" and any(e in a.loss for e in b.events)
+        if a.cause == C.LOSS_PLATEAU:  # a mechanism named for it (weights held at zero, a readout too early)
+            return a.kind != "plateau" and any(e in a.loss for e in b.events)
         return any(e in a.loss for e in b.events)
     if (b.events and all(e.signal == Signal.LOSS for e in b.events) and all(e in a.loss for e in b.events)
             and not b.facts.get("nan") and b.step >= a.since):

@@ -41,6 +41,14 @@ def candidates(ctx: Context) -> list[Candidate]:
                              severity=sev, persistence=persistence(ev, ctx),
                              symptoms=symptoms, loss_kinds=losses.ANY,
                              facts={**v, "outlier": outlier, "until": ev.end}))
+    constant = ctx.all(Signal.INPUT, InputState.CONSTANT)
+    if constant:
+        # every sample's input the same: the outputs cannot depend on the sample, whatever the model or its
+        # learning rate; a failure only where the loss shows it (another input may carry what the model needs)
+        ev = constant[0]
+        out.append(Candidate(Cause.DATA, "input", ev.step, "constant", [ev], severity=1.0,
+                             persistence=persistence(ev, ctx), needs_harm=True, lasting=True,
+                             loss_kinds=losses.FLAT | {LossState.SLOW}, facts=dict(ev.values)))
     if ctx.loss_misuse == LossMisuse.BROADCAST:  # the targets' shape is not the outputs': a fact of the code
         out.append(Candidate(Cause.DATA, "input", ctx.first_step, "targets_broadcast", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW}))

@@ -10,9 +10,9 @@ from __future__ import annotations
 from ..causes import Cause
 from ..events import SemanticEvent
 from ..losspath import LossMisuse
-from ..states import LossState, Signal, WeightState
+from ..states import LossState, Signal, UpdateState, WeightState
 from .context import Context
-from .evidence import Candidate, clip01, past_ratio, persistence
+from .evidence import Candidate, below_ratio, clip01, past_ratio, persistence
 
 _FLAT = (LossState.PLATEAU, LossState.SLOW)
 
@@ -31,7 +31,7 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 
 def candidates(ctx: Context) -> list[Candidate]:
-    out = _not_stepped(ctx) + _on_probabilities(ctx)
+    out = _not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx)
     # a loss that depends on weights another optimizer moves (a discriminator, a critic) is a game's, not an
     # objective the model minimises alone: its flat stretch is no plateau
     run = [] if ctx.moving_objective else _flat_stretch(ctx)
@@ -90,3 +90,28 @@ def _not_stepped(ctx: Context) -> list[Candidate]:
             return [Candidate(Cause.LOSS_PLATEAU, "", 0, kind, [], severity=1.0, persistence=1.0, lasting=True,
                               loss_kinds=kinds, facts={"steps": count, "checked": steps})]
     return []
+
+
+def _read_early(ctx: Context) -> list[Candidate]:
+    """A recurrent layer whose input gets a gradient only at its first time steps (up to ``time_read`` of
+    them) at most sampled passes: the loss reads its output before the sequence's end (``out[:, 0]``, the
+    state after the first step, where ``out[:, -1]`` was meant), and what comes later cannot change the
+    prediction. The reading alone is no failure (a task decided by its first steps trains): it needs a loss
+    that does not improve, and no negligible updates (then the learning rate's)."""
+    still = bool(ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
+    out = []
+    for layer, rows in ctx.through_time.items():
+        rows = [r for r in rows if len(r) >= 4 and r[2] >= 2 and r[0] < (ctx.nonfinite_step() or 1 << 62)]
+        if layer not in ctx.layers or len(rows) < ctx.th.persist:
+            continue
+        shares = sorted(r[3] / r[2] for r in rows)
+        typical = shares[len(shares) // 2]
+        early = [r for r in rows if r[3] / r[2] <= ctx.th.time_read]
+        if typical > ctx.th.time_read or not early:
+            continue
+        out.append(Candidate(Cause.LOSS_PLATEAU, layer, int(early[0][0]), "read_early", [],
+                             severity=below_ratio(typical, ctx.th.time_read), persistence=len(early) / len(rows),
+                             needs_harm=True, lasting=True,
+                             loss_kinds=frozenset() if still else frozenset(_FLAT) | {LossState.STALLED},
+                             facts={"read": int(early[-1][3]), "steps_in_time": int(early[-1][2])}))
+    return out

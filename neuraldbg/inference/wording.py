@@ -103,6 +103,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the model output is finite at step {c.step}",
                     "the loss (or its gradient) is NaN/Inf: NaN in the targets, or a loss undefined for them",
                     "all gradients become NaN (non_finite)"]
+        if k == "constant":
+            return [f"every value of the input batch is {fmt(f.get('input_mean', math.nan))} from step {c.step} "
+                    "(no spread at all): the samples cannot be told apart",
+                    "the model can only learn one output for all of them (the targets' average, or their most "
+                    "frequent class)"]
         if k == "targets_broadcast":
             return ["the loss compares outputs and targets of different shapes (e.g. (N, 1) against (N,)): it "
                     "broadcasts them, so every output is fit to every target of the batch, and the model can only "
@@ -258,6 +263,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return lines + (spike_lines + large_lines if first_spike else large_lines + spike_lines)
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)
+    if c.cause == Cause.LOSS_PLATEAU and k == "read_early":
+        info = ctx.layers.get(c.layer)
+        kind = f" ({info.type_name})" if info is not None else ""
+        read, steps = f["read"], f["steps_in_time"]
+        return [f"the loss reads `{c.layer}`{kind} before its sequence ends: no gradient reaches its input after "
+                f"time step {read} of {steps}",
+                f"its output there has seen {read} of the {steps} steps: what comes later cannot change the "
+                "prediction"]
     if c.cause == Cause.LOSS_PLATEAU and k == "not_stepped":
         return [f"the weights never changed: {f['passes']} backward passes ran and the optimizer did not step once"]
     if c.cause == Cause.LOSS_PLATEAU and k == "on_probabilities":
@@ -643,6 +656,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return (f"check the targets of the batch at step {c.step} (assert torch.isfinite(y).all()) and that they "
                     "are in the loss's domain (class indices in range, probabilities in [0, 1]); mask or drop samples "
                     "with NaN targets")
+        if k == "constant":
+            return ("find where the data pipeline replaces the input by a constant (a scale or mask that multiplies "
+                    "it by 0, a normalisation by a statistic of the wrong axis, features read from an empty column, "
+                    "an augmentation that blanks the image): assert x.std() > 0 on a batch before the model")
         if k == "unscaled" and f.get("outlier"):
             return (f"find the batch of step {c.step} in the data pipeline and fix or drop its samples (a corrupt "
                     "file, values in other units); guard the loop (skip a batch whose x.abs().max() is far above the "
@@ -816,6 +833,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "gradient clipped to ~0 (clip_grad_norm_'s max_norm) or a loss multiplied by a tiny factor; else "
                     + text)
         return text
+    if k == "read_early":
+        return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
+                "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
+                "out[:, 0] is its state after the first step only")
     if k == "not_stepped":
         return ("call optimizer.step() after loss.backward() in every step (with gradient accumulation, every few "
                 "steps), on the optimizer that holds these parameters (made after the model, from "

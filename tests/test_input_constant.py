@@ -1,0 +1,76 @@
+"""An input batch with no spread at all (zeroed by a mask or a scale, replaced by ones, a blank image): the
+samples cannot be told apart, so the model can only learn one output for all of them. Named ``data`` at the
+input with a fix in the pipeline, never a normalisation that divides by its zero spread; an input that is
+constant while another one carries the signal trains, and stays quiet."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+from zoo import Run, teacher_classes, train
+
+CONFIDENT = 0.5
+
+
+def _mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _blanked(value: float, seed: int = 0):
+    data = teacher_classes(12, 4, seed=seed)
+
+    def blank(step: int):
+        x, y = data(step)
+        return torch.full_like(x, value), y
+    return blank
+
+
+@pytest.mark.parametrize("value, seed", [(0.0, 0), (1.0, 1), (0.5, 2)])
+def test_an_input_with_no_spread_is_the_datas_with_a_fix_in_the_pipeline(value, seed):
+    model = _mlp(seed)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _blanked(value, seed), steps=200))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("data", "input") and top.confidence >= CONFIDENT
+    assert top.step == 0
+    assert "x.std() > 0" in top.suggestion and "/ 0" not in top.suggestion
+    assert not [h for h in dbg.explain()[1:] if h.confidence >= CONFIDENT]
+
+
+def test_the_same_model_on_the_real_input_is_quiet():
+    model = _mlp()
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(12, 4), steps=200))
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+class TwoInputs(nn.Module):
+    """A constant first input (a bias feature, a mask of ones) beside the one that carries the signal."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(12, 32)
+        self.b = nn.Linear(12, 32)
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(32, 4))
+
+    def forward(self, ones, x):
+        return self.head(self.a(ones) + self.b(x))
+
+
+def test_a_constant_input_beside_one_that_carries_the_signal_trains_quietly():
+    data = teacher_classes(12, 4)
+    model = TwoInputs()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(200):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(torch.ones_like(x), x), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert any(e.after == "constant" for e in dbg.analysis().events)  # seen, and not a failure
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]

@@ -1,0 +1,90 @@
+"""A recurrent layer's output read before its sequence ends (``out[:, 0]``, the state after the first step,
+where ``out[:, -1]`` was meant): no module hook sees which time step the head reads, but the gradient of the
+layer's input per time step does (a unidirectional layer's step t reaches only its outputs from t on). With a
+loss that does not improve it is a plateau at the layer, with the readout's fix, never a larger learning rate;
+a head that reads the end, or a task the first step decides, train quietly; a bidirectional layer read at its
+start has read the whole sequence."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from faultgen.score import contradictions
+from zoo import Run, train
+
+CONFIDENT = 0.5
+
+
+def _sequences(decided_by: str, steps_in_time: int = 20, batch: int = 64):
+    """Four classes from the signs of one time step's features: the last step's, or the first's."""
+    def data(step: int):
+        x = torch.randn(batch, steps_in_time, 8, generator=torch.Generator().manual_seed(step))
+        t = x[:, -1] if decided_by == "last" else x[:, 0]
+        return x, (t[:, :4].sum(1) > 0).long() + 2 * (t[:, 4:].sum(1) > 0).long()
+    return data
+
+
+class Reader(nn.Module):
+    def __init__(self, cell: str, at: int, seed: int, bidirectional: bool = False):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell](8, 48, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(96 if bidirectional else 48, 4)
+        self.at = at
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, self.at])
+
+
+def _run(cell: str, at: int, decided_by: str = "last", seed: int = 0, bidirectional: bool = False, steps: int = 300):
+    model = Reader(cell, at, seed, bidirectional)
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), _sequences(decided_by), steps=steps))
+
+
+@pytest.mark.parametrize("cell, seed", [("lstm", 0), ("gru", 1)])
+def test_a_recurrent_layer_read_at_its_first_step_is_named_with_the_readouts_fix(cell, seed):
+    dbg = _run(cell, 0, seed=seed)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("loss_plateau", "rnn") and top.confidence >= CONFIDENT
+    assert "out[:, -1]" in top.suggestion and "learning rate" not in top.suggestion
+    assert any("time step 1 of 20" in line for line in top.chain)
+    assert not [h for h in dbg.explain()[1:] if h.confidence >= CONFIDENT]  # the flat loss is in its chain
+    assert contradictions(dbg.explain()) == []
+    rows = dbg.trace.meta["through_time"]["rnn"]
+    assert {r[3] for r in rows} == {1} and {r[2] for r in rows} == {20}
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_the_same_layer_read_at_its_last_step_trains_quietly(cell):
+    dbg = _run(cell, -1)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+    assert {r[3] for r in dbg.trace.meta["through_time"]["rnn"]} == {20}
+
+
+def test_a_first_step_read_is_no_failure_where_the_first_step_decides():
+    dbg = _run("lstm", 0, decided_by="first")
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def test_a_bidirectional_layer_read_at_its_first_step_sees_the_whole_sequence():
+    """Its backward direction's first output has read every step: the readout is not what holds it back
+    (remembering the last step over the whole sequence may be)."""
+    dbg = _run("lstm", 0, bidirectional=True)
+    assert {r[3] for r in dbg.trace.meta["through_time"]["rnn"]} == {20}
+    assert not [h for h in dbg.explain() if "out[:, -1]" in h.suggestion]
+
+
+def test_a_half_read_sequence_is_its_time_read_threshold():
+    """Read at step 8 of 20 (40%): under the default ``time_read`` (half the sequence) it is named; a
+    threshold below 40% lets it be."""
+    dbg = _run("lstm", 7)
+    assert dbg.explain()[0].layer == "rnn"
+    assert all(h.layer != "rnn" for h in dbg.reanalyze(time_read=0.3))
+
+
+def test_rows_without_the_reached_steps_still_read():  # files written before the rows had them
+    dbg = _run("lstm", -1, steps=40)
+    dbg.trace.meta["through_time"]["rnn"] = [r[:3] for r in dbg.trace.meta["through_time"]["rnn"]]
+    assert not [h for h in dbg.reanalyze() if h.confidence >= CONFIDENT]
