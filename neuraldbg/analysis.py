@@ -57,6 +57,29 @@ def _carried(counts) -> float:
     return int(counts[1]) / int(counts[0])
 
 
+def _power_of_two(x: float, at_least: float) -> bool:
+    if not (x >= at_least and math.isfinite(x)):
+        return False
+    k = math.log2(x)
+    return abs(k - round(k)) < 1e-4
+
+
+def _scaled_steps(meta: dict, th: Thresholds, summed: bool) -> float:
+    """The factor by which the optimizer's gradients exceed the loss's when a loss scaler multiplied the loss
+    (``scaler.scale(loss).backward()``) and nothing divided them back before the step (``optimizer.step()``
+    called where ``scaler.step(optimizer)`` was meant): the loss's gradient read at the output is a power of two
+    of at least ``loss_scale`` times a mean's, and the gradients stepped on are those of backward end (never
+    divided by a power of two). NaN when not so, or not read."""
+    factors = sorted(float(f) for f in meta.get("loss_gradient_factor") or [])
+    clip = [r for r in meta.get("grad_clip") or [] if len(r) >= 2 and r[0] > 0]
+    if summed or not factors or not clip:
+        return math.nan
+    typical = factors[len(factors) // 2]
+    if not _power_of_two(typical, th.loss_scale) or any(_power_of_two(r[0] / r[1], 2.0) for r in clip if r[1] > 0):
+        return math.nan
+    return typical if all(r[1] / r[0] > 0.5 for r in clip) else math.nan
+
+
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) -> Analysis:
     """``ranks``: a ``rankevents.RankEvidence`` when ``trace`` is one rank of a multi-process run (its NaN/Inf
     origin is then the run's first, wherever it came from)."""
@@ -89,6 +112,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
                   grad_clip=[list(r) for r in trace.meta.get("grad_clip") or []],
                   loss_summed=losspath.summed(trace.meta.get("loss_paths")),
+                  scaled_steps=_scaled_steps(trace.meta, thresholds, losspath.summed(trace.meta.get("loss_paths"))),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

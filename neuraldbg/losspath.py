@@ -10,6 +10,7 @@ reading (``misuse``) is a fact about how the loss is computed, the same for ever
 | log-softmax of a softmax (``F.cross_entropy`` on an ``nn.Softmax`` output) | softmax twice |
 | NLL of a softmax or sigmoid (``F.nll_loss`` without the log) | NLL of probabilities |
 | a with-logits loss, or a log-softmax, of a sigmoid | a logits loss on probabilities |
+| a with-logits loss, or a log-softmax, of a ReLU, tanh or clamp (logits cut at 0 or held in a range) | logits bounded |
 | a regression loss of an expanded output (shapes ``(N, 1)`` against ``(N,)``) | broadcast |
 | NLL of a log-softmax over another dimension than the classes (``dim=0``: over the batch) | normalised over the batch |
 
@@ -35,11 +36,15 @@ class LossMisuse(str, Enum):
     SOFTMAX_TWICE = "softmax_twice"
     NLL_OF_PROBABILITIES = "nll_of_probabilities"
     LOGITS_LOSS_ON_PROBABILITIES = "logits_loss_on_probabilities"
+    LOGITS_BOUNDED = "logits_bounded"
     BROADCAST = "broadcast"
     NORMALISED_OVER_BATCH = "normalised_over_batch"
 
 
 _PROBABILITIES = frozenset({"Softmax", "Sigmoid"})
+# activations that cut logits at 0 or hold them in [-1, 1] (relu6 and F.hardtanh are Hardtanh); a clamp is
+# left alone (logits clamped to +-20 for stability lose nothing)
+_BOUNDING = frozenset({"Relu", "Hardtanh", "Tanh", "Softplus"})
 _NLL = ("NllLoss", "NllLoss2D")
 _REGRESSION = frozenset({"MseLoss", "L1Loss", "SmoothL1Loss", "HuberLoss"})
 # (an op on the loss side, the op just before it on the model's side) -> what it says
@@ -49,6 +54,7 @@ _PAIRS: dict[tuple[str, str], LossMisuse] = {
     **{(nll, p): LossMisuse.NLL_OF_PROBABILITIES for nll in _NLL for p in _PROBABILITIES},
     **{("BinaryCrossEntropyWithLogits", p): LossMisuse.LOGITS_LOSS_ON_PROBABILITIES for p in _PROBABILITIES},
     **{(r, "Expand"): LossMisuse.BROADCAST for r in _REGRESSION},
+    **{(lg, b): LossMisuse.LOGITS_BOUNDED for lg in ("LogSoftmax", "BinaryCrossEntropyWithLogits") for b in _BOUNDING},
 }
 
 
@@ -288,7 +294,9 @@ def classes_from_gradient(kind: str, g, out):
     smoothing), or is zero while the model's prediction is not saturated (an ignored index, a masked
     sample), is left out; a row with no entry pushed up whose prediction is saturated is a sample the model
     fits all but exactly (its class's gradient rounds to zero), its class the one predicted. Returns a 1-D
-    tensor of class ids, or None when the shapes do not fit."""
+    tensor of class ids and, as a 0-d tensor, the scale of the hard targets' rows (the loss's gradient per
+    unit of prediction error: 1/N for a mean over N rows; NaN where none is read), or None when the shapes
+    do not fit."""
     import torch
 
     # the ratios are read as precisely as the gradient was computed (bfloat16 keeps 8 bits)
@@ -298,8 +306,8 @@ def classes_from_gradient(kind: str, g, out):
         if kind == "log_probs" and g.dim() == 2 and g.shape[1] >= 2 and z.shape == g.shape:
             # an NLL of the model's own log-probabilities: the class's entry alone has a gradient
             low, cls = g.min(dim=1)
-            hard = (low < 0) & ((g != 0).sum(dim=1) == 1)
-            return cls[hard & torch.isfinite(g).all(dim=1)]
+            hard = (low < 0) & ((g != 0).sum(dim=1) == 1) & torch.isfinite(g).all(dim=1)
+            return cls[hard], _median(-low[hard])
         if kind == "classes" and g.dim() == 2 and g.shape[1] >= 2 and z.shape == g.shape:
             p = z.softmax(dim=1)
             low, cls = g.min(dim=1)
@@ -313,19 +321,26 @@ def classes_from_gradient(kind: str, g, out):
             # fitted all but exactly: the class's own entry rounds to no gradient (its probability to 1)
             fitted = (g >= 0).all(dim=1) & (p.amax(dim=1) >= 1.0 - _READABLE)
             keep = (hard | fitted) & torch.isfinite(g).all(dim=1)
-            return torch.where(hard, cls, z.argmax(dim=1))[keep]
+            return torch.where(hard, cls, z.argmax(dim=1))[keep], _median(mid[hard & keep])
         if kind == "binary" and (g.dim() == 1 or g.dim() == 2 and g.shape[1] == 1) and z.numel() == g.numel():
             g, z = g.reshape(-1), z.reshape(-1)
             s = z.sigmoid()
             pos = g < 0
             scale = torch.where(pos, g / (s - 1).clamp_max(-_READABLE), g / s.clamp_min(_READABLE))
             hard = torch.zeros_like(pos)
+            negatives = torch.full((), torch.nan)
             for side in (pos, (g > 0)):  # the scale is one per class (a pos_weight scales the positives)
                 if side.any():
                     mid = scale[side].median()
                     hard |= side & ((scale - mid).abs() <= tol * mid.abs())
+                    negatives = mid  # (the negatives' last: no pos_weight on them)
             fitted = (g == 0) & ((s == 0) | (s == 1))
             keep = (hard | fitted) & torch.isfinite(g)
-            return torch.where(hard, pos, z > 0).long()[keep]
+            return torch.where(hard, pos, z > 0).long()[keep], negatives
         return None
+
+
+def _median(values):
+    import torch
+    return values.median() if values.numel() else torch.full((), torch.nan)
 

@@ -932,6 +932,7 @@ class Recorder:
 
     _class_kind: tuple = (None, None)  # (the loss paths, what they say of the targets)
     MAX_CLASS_ROWS = 512  # sampled batches whose classes are kept; past it, every other one is dropped
+    MAX_FACTORS = 64      # the latest readings of the loss's gradient scale kept
 
     def _read_classes(self) -> None:
         """The classes of a sampled batch, read off the gradient at the model's output (targets are not the
@@ -952,13 +953,22 @@ class Recorder:
         out = self._out_leaves[0] if len(self._out_leaves) == 1 else None
         if out is None or out.shape != g.shape:
             return
-        cls = losspath.classes_from_gradient(kind, g, out)
-        if cls is None:
+        read = losspath.classes_from_gradient(kind, g, out)
+        if read is None:
             return
+        cls, scale = read
         with torch.no_grad():
             counts = torch.bincount(cls) if cls.numel() else cls
             present = torch.nonzero(counts).flatten()
-            found, n = present.tolist(), counts[present].tolist()
+            # (one transfer: the classes present, their counts, and the scale)
+            values = torch.cat([present.double(), counts[present].double(), scale.double().reshape(1)]).tolist()
+        k = (len(values) - 1) // 2
+        found, n, scale_read = [int(v) for v in values[:k]], [int(v) for v in values[k:2 * k]], values[-1]
+        # the loss's gradient per row against a mean's (1/N); a scaler the session knows has its scale in it
+        if math.isfinite(scale_read) and scale_read > 0 and self.scaler is None:
+            factors = self.trace.meta.setdefault("loss_gradient_factor", [])
+            factors.append(float(scale_read * rows))
+            del factors[:-self.MAX_FACTORS]
         if not found:
             return
         table = self.trace.meta.setdefault("batch_classes", [])

@@ -42,6 +42,10 @@ class Thresholds:
                                 "relative weight gradient of a layer vs the layers after it, below which it vanished")
     exploding_ratio: float = _f(1e3, "gradient amplification", "log", 3.0, 1e8,
                                 "relative weight gradient vs the layers after it, or vs its own start, that explodes")
+    loss_scale: float = _f(256.0, "loss scale", "log", 4.0, 2.0 ** 24,
+                           "smallest power of two by which a loss multiplied before backward (a GradScaler's "
+                           "scale) is read as a loss scaler's, when the optimizer steps on its gradients undivided",
+                           slider=False)
     time_read: float = _f(0.5, "time steps read", "linear", 0.05, 1.0,
                           "share of a recurrent layer's time steps, counted from the start, at or below which "
                           "every gradient reaching its input stops: the loss reads its output before the "

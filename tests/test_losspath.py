@@ -32,6 +32,9 @@ def _read(make_loss, out_dim: int = 3):
     (lambda o, y: F.mse_loss(o[:, :1], y.float()), LossMisuse.BROADCAST),
     (lambda o, y: F.nll_loss(F.log_softmax(o, dim=0), y), LossMisuse.NORMALISED_OVER_BATCH),
     (lambda o, y: F.cross_entropy(F.softmax(o, dim=0), y), LossMisuse.SOFTMAX_TWICE),
+    (lambda o, y: F.cross_entropy(F.relu(o), y), LossMisuse.LOGITS_BOUNDED),
+    (lambda o, y: F.cross_entropy(torch.tanh(o), y), LossMisuse.LOGITS_BOUNDED),
+    (lambda o, y: F.binary_cross_entropy_with_logits(F.relu6(o[:, 0]), (y > 0).float()), LossMisuse.LOGITS_BOUNDED),
 ])
 def test_each_misuse_is_read_from_the_graph(make_loss, expected):
     assert _read(make_loss) == expected
@@ -47,6 +50,9 @@ def test_each_misuse_is_read_from_the_graph(make_loss, expected):
     lambda o, y: F.mse_loss(o[:, 0], y.float()),
     lambda o, y: F.mse_loss(o[:, :1], y.float()[:, None]),
     lambda o, y: F.nll_loss(F.log_softmax(o, dim=-1), y),
+    lambda o, y: F.cross_entropy(o.clamp(-20, 20), y),                     # clamped for stability: no loss
+    lambda o, y: F.cross_entropy(30 * torch.tanh(o / 30), y),             # soft-capped logits
+    lambda o, y: F.mse_loss(F.relu(o[:, 0]), y.float()),                   # a non-negative regression
     # a sequence model's (batch, time, classes) log-probabilities, transposed for NLL: classes on dim 1 again
     lambda o, y: F.nll_loss(F.log_softmax(o.view(2, 4, 3), dim=2).transpose(1, 2), y.view(2, 4)),
 ])
@@ -90,6 +96,17 @@ def test_a_log_softmax_over_the_batch_is_named_with_its_fix():
     assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT, dbg.report()
     assert "over another dimension than the classes" in top.chain[0] and "dim=1" in top.suggestion
     assert "larger learning rate" not in top.suggestion
+
+
+@pytest.mark.parametrize("final", [nn.ReLU(), nn.Tanh()])
+def test_an_activation_after_the_last_layer_before_cross_entropy_is_named_with_its_fix(final):
+    """A ReLU (or tanh) left after the classifier's last layer: logits cut at 0 (or held in [-1, 1]) before a
+    loss that applies its own softmax. The loss comes down some way, so the layers say nothing; the graph does."""
+    dbg = _train(F.cross_entropy, final=final, steps=120)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("loss_plateau", "", 0) and top.confidence >= CONFIDENT, dbg.report()
+    assert "after the last layer" in top.chain[0] and "raw output" in top.suggestion
+    assert "learning rate" not in top.suggestion
 
 
 def test_outputs_broadcast_against_targets_of_another_shape_are_the_targets():

@@ -616,6 +616,73 @@ def test_gradients_clipped_to_almost_nothing_are_named_with_the_clip(clip):
     assert not contradictions(dbg.explain())
 
 
+def test_a_grad_scaler_the_session_was_not_given_is_no_clip():
+    """``scaler.scale(loss).backward()`` then ``scaler.step(opt)``: the gradients are 2**16 times the loss's at
+    backward end and divided back before the step, exactly by a power of two, which no clip does. Read as
+    gradients clipped to 1.5e-5 of their norm before (a weak 'clipped' hypothesis)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu")
+    data = teacher_classes(20, 5)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(300):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            dbg.record_loss(loss)
+    rows = dbg.trace.meta["grad_clip"]
+    assert rows and all(abs(r[1] / r[0] * 2 ** 16 - 1) < 1e-3 for r in rows)  # seen, and read as a scale
+    assert not [h for h in dbg.explain() if "clip" in h.suggestion or h.cause == "learning_rate_too_low"]
+
+
+def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler: bool = False):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    opt = (torch.optim.SGD(model.parameters(), lr=0.05) if opt_kind == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-3))
+    scaler = torch.amp.GradScaler("cpu")
+    data = teacher_classes(20, 5)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt, scaler=scaler if give_scaler else None) as dbg:
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            if mode == "optimizer.step":  # the scaled gradients stepped on as they are
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_scaled_gradients_stepped_on_without_the_scaler_are_named_with_the_scalers_step():
+    """``scaler.scale(loss).backward()`` then ``optimizer.step()``: every update is 2**16 times too large, and
+    the run diverges at once. Was "lower the learning rate 10x", which would still leave it 6554x too large."""
+    dbg = _scaled_run("optimizer.step")
+    top = dbg.explain()[0]
+    assert (top.cause, top.step) == ("learning_rate_too_high", 0) and top.confidence >= CONFIDENT
+    assert "scaler.step(optimizer)" in top.suggestion and "lower the learning rate" not in top.suggestion
+    assert any("65536" in line for line in top.chain)
+    assert dbg.trace.meta["loss_gradient_factor"][0] == 2 ** 16
+
+
+@pytest.mark.parametrize("mode, opt_kind, give_scaler", [("scaler.step", "sgd", False), ("scaler.step", "sgd", True),
+                                                         ("optimizer.step", "adam", False)],
+                         ids=["through-the-scaler", "scaler-given", "adam-scale-free"])
+def test_a_scaler_used_as_meant_or_under_adam_is_quiet(mode, opt_kind, give_scaler):
+    dbg = _scaled_run(mode, opt_kind, give_scaler=give_scaler)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+    assert not [h for h in dbg.explain() if "scaler.step" in h.suggestion]
+
+
 @pytest.mark.parametrize("clip, opt_kind", [(lambda p: torch.nn.utils.clip_grad_norm_(p, 1.0), "sgd"),
                                             (lambda p: torch.nn.utils.clip_grad_norm_(p, 1e-3), "adam")],
                          ids=["usual-clip", "adam-scale-free"])

@@ -104,13 +104,22 @@ def _too_large(ctx: Context, large: list, unstable: list, spikes: list, nan: lis
                      facts={"update_max": top, "large": large, "jump": jump, "nan": nan, "spikes": spikes})
 
 
+def _unscaled(ratio: float) -> bool:
+    """Gradients stepped on at exactly 2**-k times their norm at backward end (k >= 1): a loss scaler the
+    session was not given (a GradScaler) divided them back to the loss's scale; no clip keeps such a share."""
+    if not 0 < ratio <= 0.5:
+        return False
+    k = -math.log2(ratio)
+    return abs(k - round(k)) < 1e-4
+
+
 def _clipped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
     """Gradients clipped to a small share of their norm before every step (``clip_grad_norm_`` with a
     ``max_norm`` far below their norm, ``clip_grad_value_`` with a tiny value): the clip, not the learning
     rate, sets the updates' size. Seen by comparing their norm at backward end with the one the optimizer
     steps on, on sampled steps. No failure by itself (Adam's updates barely depend on the gradients' scale):
     it needs a loss that does not come down, or barely."""
-    rows = [r for r in ctx.grad_clip if len(r) >= 2 and r[0] > 0]
+    rows = [r for r in ctx.grad_clip if len(r) >= 2 and r[0] > 0 and not _unscaled(r[1] / r[0])]
     if len(rows) < ctx.th.persist:
         return []
     ratios = sorted(r[1] / r[0] for r in rows)

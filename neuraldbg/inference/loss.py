@@ -59,13 +59,14 @@ def candidates(ctx: Context) -> list[Candidate]:
 
 
 _ON_PROBABILITIES = (LossMisuse.SOFTMAX_TWICE, LossMisuse.NLL_OF_PROBABILITIES, LossMisuse.LOGITS_LOSS_ON_PROBABILITIES,
-                     LossMisuse.NORMALISED_OVER_BATCH)
+                     LossMisuse.NORMALISED_OVER_BATCH, LossMisuse.LOGITS_BOUNDED)
 
 
 def _on_probabilities(ctx: Context) -> list[Candidate]:
     """The loss is computed from probabilities where it takes logits or log-probabilities (a softmax applied
-    twice, NLL without the log, a with-logits loss after a sigmoid), or from log-probabilities normalised over
-    the batch instead of the classes: a fact of the code, at every step. The loss cannot reach its minimum
+    twice, NLL without the log, a with-logits loss after a sigmoid), from logits cut at 0 or held in a range
+    (a ReLU or tanh after the last layer), or from log-probabilities normalised over the batch instead of the
+    classes: a fact of the code, at every step. The loss cannot reach its minimum
     (its gradient fades as the outputs sharpen, or it ranks samples instead of classes): a floor, a plateau."""
     if ctx.loss_misuse not in _ON_PROBABILITIES:
         return []

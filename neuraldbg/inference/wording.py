@@ -243,6 +243,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if ctx.loss_summed:
             lines.append("the loss sums over the batch (reduction='sum', or a .sum() of per-sample losses): its "
                          "gradient is the batch size times a mean's")
+        if ctx.scaled_steps == ctx.scaled_steps:
+            lines.append(f"the loss is multiplied by {int(ctx.scaled_steps)} (2^{round(math.log2(ctx.scaled_steps))}) "
+                         "before backward (a GradScaler's "
+                         "scale(loss)) and the optimizer steps on those gradients as they are: nothing divides them "
+                         "back")
         jump = f.get("jump")
         if jump is not None:
             lines.append(f"the learning rate rises from {fmt(jump.values.get('lr_before', math.nan))} to "
@@ -606,6 +611,10 @@ _ON_PROBABILITIES = {
     LossMisuse.LOGITS_LOSS_ON_PROBABILITIES: "a loss that takes logits is given probabilities (a with-logits loss, or "
                                              "cross_entropy, on a sigmoid output): it cannot reach its minimum, "
                                              "and its gradient fades as the outputs sharpen",
+    LossMisuse.LOGITS_BOUNDED: "the logits pass through an activation before the loss (a ReLU, ReLU6, tanh, "
+                               "hardtanh or softplus after the last layer): cut at 0 or held in [-1, 1], "
+                               "they cannot take the values the loss needs (a ReLU gives a logit below 0 no "
+                               "gradient at all)",
     LossMisuse.NORMALISED_OVER_BATCH: "the loss is an NLL of a log-softmax taken over another dimension than the "
                                       "classes (dim=0: over the batch): it compares samples with each other, not "
                                       "classes, and cannot reach its minimum",
@@ -617,6 +626,9 @@ _ON_PROBABILITIES_FIX = {
                                      "F.cross_entropy on the logits)",
     LossMisuse.LOGITS_LOSS_ON_PROBABILITIES: "remove the sigmoid before the loss (binary_cross_entropy_with_logits "
                                              "applies it), or use F.binary_cross_entropy on the probabilities",
+    LossMisuse.LOGITS_BOUNDED: "remove the activation after the last layer: give the loss the last layer's raw "
+                               "output (cross_entropy and binary_cross_entropy_with_logits apply their own "
+                               "softmax or sigmoid)",
     LossMisuse.NORMALISED_OVER_BATCH: "take the log-softmax over the classes: F.log_softmax(logits, dim=1) (dim=-1 "
                                       "for (batch, classes) outputs), or F.cross_entropy on the logits",
 }
@@ -800,6 +812,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.grads_never_zeroed():
         return ("call optimizer.zero_grad() in every step, before loss.backward() (with gradient accumulation, after "
                 "each optimizer.step()); then check the learning rate")
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.scaled_steps == ctx.scaled_steps:
+        return ("step through the scaler: scaler.step(optimizer) then scaler.update(), not optimizer.step() (it "
+                "divides the gradients by the scale, and skips a step whose gradients overflowed); to clip, call "
+                "scaler.unscale_(optimizer) before clip_grad_norm_; the learning rate need not change")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.loss_summed:
         return ("average the loss over the batch (reduction='mean', or divide the summed loss by the batch size): "
                 "summed, its gradient and so every step grow with the batch size; or lower the learning rate from "
