@@ -111,6 +111,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
                   grad_clip=[list(r) for r in trace.meta.get("grad_clip") or []],
+                  updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
                   loss_summed=losspath.summed(trace.meta.get("loss_paths")),
                   scaled_steps=_scaled_steps(trace.meta, thresholds, losspath.summed(trace.meta.get("loss_paths"))),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}))

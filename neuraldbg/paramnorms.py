@@ -17,6 +17,9 @@ import torch
 from .stats import PARAM_SAMPLE, norms
 
 
+NARROW_DTYPES = (torch.float16, torch.bfloat16)
+
+
 class _Group:
     """Parameters of one shape, dtype and device (positions ``pos``), reduced together."""
 
@@ -129,11 +132,24 @@ class ParamNorms:
             return [g.copy(self._views(self.params, g.pos)) for g in self._groups]
 
     def updates(self, before: list[torch.Tensor], n_layers: int) -> torch.Tensor:
-        """Per-layer norm of the change since ``snapshot()`` (0 for a layer without parameters)."""
+        """Per-layer norm of the change since ``snapshot()`` (0 for a layer without parameters). For
+        parameters stored in 16 bits, ``unchanged`` is then the number of their (read) entries the step left
+        exactly as they were, and ``narrow_read`` how many were read (an update below half a unit in the last
+        place of a weight rounds away)."""
         with torch.no_grad():
             parts = []
+            unchanged = []
+            self.narrow_read = 0
             for g, prev in zip(self._groups, before):
                 now = torch.stack(self._views(self.params, g.pos))
-                sq = g.squares(now.sub_(prev))
+                diff = now.sub_(prev)
+                if diff.dtype in NARROW_DTYPES:
+                    unchanged.append((diff == 0).sum())
+                    self.narrow_read += diff.numel()
+                sq = g.squares(diff)
                 parts.append((g.on("owner", sq.device), sq))
+            self.unchanged = torch.stack(unchanged).sum() if unchanged else None
             return self._per_layer(parts, n_layers)
+
+    unchanged: torch.Tensor | None = None
+    narrow_read = 0

@@ -1102,6 +1102,10 @@ class Recorder:
                 rec.params = torch.stack([self._pnorms.weights(n).to(upd.device), nan, nan])
             rec.params[2] = upd.to(rec.params.device)
             rec.prev_params = None
+            if self._pnorms.unchanged is not None and self._pnorms.narrow_read:  # 16-bit weights: one read
+                kept = self.trace.meta.setdefault("updates_unchanged", [])
+                kept.append([int(self.step), float(self._pnorms.unchanged) / self._pnorms.narrow_read])
+                del kept[:-self.MAX_FACTORS]
         self._finish_step()
 
     # -- step end ----------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ class Thresholds:
                                 "relative weight gradient of a layer vs the layers after it, below which it vanished")
     exploding_ratio: float = _f(1e3, "gradient amplification", "log", 3.0, 1e8,
                                 "relative weight gradient vs the layers after it, or vs its own start, that explodes")
+    updates_rounded: float = _f(0.6, "updates rounded away", "linear", 0.1, 1.0,
+                                "share of a 16-bit model's weight entries that an update leaves exactly as they "
+                                "were, past which its updates round away (with a loss that does not improve)",
+                                slider=False)
     loss_scale: float = _f(256.0, "loss scale", "log", 4.0, 2.0 ** 24,
                            "smallest power of two by which a loss multiplied before backward (a GradScaler's "
                            "scale) is read as a loss scaler's, when the optimizer steps on its gradients undivided",

@@ -165,3 +165,46 @@ def test_float16_weights_with_an_eps_float16_holds_train_quietly():
     dbg = _half_run(eps=1e-4, steps=60)
     assert np.isfinite(dbg.trace.loss.data).all()
     assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()
+
+
+def _sixteen_bit_run(dtype, opt_kind: str, lr: float, seed: int = 0, steps: int = 300):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)).to(dtype)
+    opt = (torch.optim.SGD(model.parameters(), lr=lr) if opt_kind == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=lr))
+    data = teacher(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x.to(dtype)).float(), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("opt_kind, lr, seed", [("adam", 1e-4, 0), ("sgd", 1e-2, 1)])
+def test_updates_that_round_away_in_bfloat16_weights_are_named_with_float32_weights(opt_kind, lr, seed):
+    """``model.bfloat16()`` at a fine-tuning rate: most updates are below half a unit in the last place of
+    their weight, so they round away and the loss stays flat. Was a plateau asking for a larger learning rate;
+    the share of entries an update leaves exactly as they were says why."""
+    dbg = _sixteen_bit_run(torch.bfloat16, opt_kind, lr, seed)
+    top = dbg.explain()[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= 0.5, dbg.report()
+    assert "float32" in top.suggestion and "autocast" in top.suggestion
+    assert "raise the learning rate" not in top.suggestion
+    shares = [r[1] for r in dbg.trace.meta["updates_unchanged"]]
+    assert len(shares) >= 10 and float(np.median(shares)) > 0.6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sixteen_bit_weights_whose_updates_land_train_quietly(dtype):
+    dbg = _sixteen_bit_run(dtype, "sgd", 0.3)
+    assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()
+    assert float(np.median([r[1] for r in dbg.trace.meta["updates_unchanged"]])) < 0.6
+
+
+def test_float32_weights_read_no_rounded_updates():
+    dbg = _sixteen_bit_run(torch.float32, "adam", 1e-4, steps=60)
+    assert "updates_unchanged" not in dbg.trace.meta

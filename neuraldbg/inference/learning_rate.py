@@ -15,7 +15,7 @@ from ..events import SemanticEvent
 from ..states import LossState, LrState, Signal, SpikeState, UpdateState
 from . import losses
 from .context import Context
-from .evidence import Candidate, below_ratio, past_ratio, persistence
+from .evidence import Candidate, below_ratio, past_fraction, past_ratio, persistence
 
 
 def _clusters(events: list[SemanticEvent], window: int) -> list[list[SemanticEvent]]:
@@ -60,7 +60,7 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     if nf_step is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the learning rate
         small = [e for e in small if e.step < nf_step]
     decayed = _decayed(ctx, small)
-    out += decayed + _clipped(ctx, small)
+    out += decayed + _clipped(ctx, small) + _rounded(ctx, small, nf_step)
     if decayed:  # updates made negligible by the decay are its consequence, in its chain
         small = [e for e in small if not any(e in c.events for c in decayed)]
     if small:
@@ -111,6 +111,25 @@ def _unscaled(ratio: float) -> bool:
         return False
     k = -math.log2(ratio)
     return abs(k - round(k)) < 1e-4
+
+
+def _rounded(ctx: Context, small: list[SemanticEvent], nf_step: int | None) -> list[Candidate]:
+    """Weights stored in 16 bits (``model.bfloat16()``, ``model.half()``) that most updates leave exactly as
+    they were: an update below half a unit in the last place of a weight (2^-9 of it in bfloat16) rounds away,
+    whatever the gradient says. Read on sampled steps as the share of entries an update leaves unchanged, past
+    ``updates_rounded``; it needs a loss that does not come down, or barely."""
+    rows = [r for r in ctx.updates_unchanged if len(r) >= 2 and (nf_step is None or r[0] < nf_step)]
+    if ctx.param_dtype not in ("bfloat16", "float16") or len(rows) < ctx.th.persist:
+        return []
+    shares = sorted(float(r[1]) for r in rows)
+    typical = shares[len(shares) // 2]
+    above = [r for r in rows if float(r[1]) >= ctx.th.updates_rounded]
+    if typical < ctx.th.updates_rounded or not above:
+        return []
+    return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", int(above[0][0]), "rounded", [],
+                      severity=past_fraction(typical, ctx.th.updates_rounded), persistence=len(above) / len(rows),
+                      needs_harm=True, lasting=True, symptoms=list(small), loss_kinds=losses.FLAT | {LossState.SLOW},
+                      facts={"unchanged": typical, "dtype": ctx.param_dtype, "samples": len(rows)})]
 
 
 def _clipped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:

@@ -268,6 +268,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return lines + (spike_lines + large_lines if first_spike else large_lines + spike_lines)
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "rounded":
+        ulp = "2^-9" if f["dtype"] == "bfloat16" else "2^-12"
+        return [f"the weights are stored in {f['dtype']}: {percent(f['unchanged'])} of their entries come out of an "
+                f"update exactly as they went in (typical of {f['samples']} sampled steps)",
+                f"an update below half a unit in the last place of a weight (~{ulp} of it in {f['dtype']}) rounds "
+                "away: the gradient says where to go, the weights do not move"]
     if c.cause == Cause.LOSS_PLATEAU and k == "read_early":
         info = ctx.layers.get(c.layer)
         kind = f" ({info.type_name})" if info is not None else ""
@@ -833,6 +839,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"keep the learning rate near {fmt(f['lr_peak'])} until the loss settles: a scheduler stepped every "
                 "batch with a step size meant in epochs (StepLR, ExponentialLR, MultiStepLR) decays it that fast; call "
                 "scheduler.step() once per epoch, or give the step size in batches")
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "rounded":
+        return (f"keep the weights in float32 (no model.to({f['dtype']})) and run the forward pass under "
+                f"torch.autocast(device_type, dtype=torch.{f['dtype']}): the optimizer then updates float32 "
+                "weights and the matrix products still run in 16 bits; a larger learning rate would only move "
+                "them in coarse steps")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped":
         return (f"raise the clipping threshold: the gradients' norm is typically ~{fmt(f['norm'])}, so "
                 f"clip_grad_norm_(params, max_norm=~{fmt(3 * f['norm'])}) clips only the spikes above it (a "
