@@ -64,20 +64,28 @@ def _power_of_two(x: float, at_least: float) -> bool:
     return abs(k - round(k)) < 1e-4
 
 
+def _loss_scaled(meta: dict, th: Thresholds, summed: bool) -> float:
+    """The factor by which a loss scaler multiplied the loss before backward (``scaler.scale(loss)``, a GradScaler
+    the session was not given): the loss's gradient read at a classifier's output is a power of two of at least
+    ``loss_scale`` times a mean's. NaN when not so, or not read."""
+    factors = sorted(float(f) for f in meta.get("loss_gradient_factor") or [])
+    if summed or not factors:
+        return math.nan
+    typical = factors[len(factors) // 2]
+    return typical if _power_of_two(typical, th.loss_scale) else math.nan
+
+
 def _scaled_steps(meta: dict, th: Thresholds, summed: bool) -> float:
     """The factor by which the optimizer's gradients exceed the loss's when a loss scaler multiplied the loss
     (``scaler.scale(loss).backward()``) and nothing divided them back before the step (``optimizer.step()``
     called where ``scaler.step(optimizer)`` was meant): the loss's gradient read at the output is a power of two
     of at least ``loss_scale`` times a mean's, and the gradients stepped on are those of backward end (never
     divided by a power of two). NaN when not so, or not read."""
-    factors = sorted(float(f) for f in meta.get("loss_gradient_factor") or [])
+    scaled = _loss_scaled(meta, th, summed)
     clip = [r for r in meta.get("grad_clip") or [] if len(r) >= 2 and r[0] > 0]
-    if summed or not factors or not clip:
+    if scaled != scaled or not clip or any(_power_of_two(r[0] / r[1], 2.0) for r in clip if r[1] > 0):
         return math.nan
-    typical = factors[len(factors) // 2]
-    if not _power_of_two(typical, th.loss_scale) or any(_power_of_two(r[0] / r[1], 2.0) for r in clip if r[1] > 0):
-        return math.nan
-    return typical if all(r[1] / r[0] > 0.5 for r in clip) else math.nan
+    return scaled if all(r[1] / r[0] > 0.5 for r in clip) else math.nan
 
 
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) -> Analysis:
@@ -113,6 +121,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   grad_clip=[list(r) for r in trace.meta.get("grad_clip") or []],
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
                   loss_summed=losspath.summed(trace.meta.get("loss_paths")),
+                  loss_scaled=_loss_scaled(trace.meta, thresholds, losspath.summed(trace.meta.get("loss_paths"))),
                   scaled_steps=_scaled_steps(trace.meta, thresholds, losspath.summed(trace.meta.get("loss_paths"))),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}))
     hypotheses = infer(ctx)

@@ -640,7 +640,8 @@ def test_a_grad_scaler_the_session_was_not_given_is_no_clip():
     assert not [h for h in dbg.explain() if "clip" in h.suggestion or h.cause == "learning_rate_too_low"]
 
 
-def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler: bool = False):
+def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler: bool = False,
+                clip: str = ""):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
     opt = (torch.optim.SGD(model.parameters(), lr=0.05) if opt_kind == "sgd"
@@ -654,6 +655,10 @@ def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler:
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             scaler.scale(loss).backward()
+            if clip == "unscaled":
+                scaler.unscale_(opt)
+            if clip:  # "scaled": clipped while still multiplied by the scale
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             if mode == "optimizer.step":  # the scaled gradients stepped on as they are
                 opt.step()
             else:
@@ -672,6 +677,19 @@ def test_scaled_gradients_stepped_on_without_the_scaler_are_named_with_the_scale
     assert "scaler.step(optimizer)" in top.suggestion and "lower the learning rate" not in top.suggestion
     assert any("65536" in line for line in top.chain)
     assert dbg.trace.meta["loss_gradient_factor"][0] == 2 ** 16
+
+
+def test_gradients_clipped_before_the_scaler_unscales_them_are_named_with_unscale():
+    """``clip_grad_norm_(params, 1.0)`` between ``scaler.scale(loss).backward()`` and ``scaler.step``: the clip
+    acts on gradients 2**16 too large, then the scaler divides what is left: every update 1e-5 of its size.
+    Was "raise max_norm" to ~3x the scaled norm."""
+    dbg = _scaled_run("scaler.step", clip="scaled", steps=300)
+    top = dbg.explain()[0]
+    assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
+    assert "scaler.unscale_(optimizer)" in top.suggestion and "raise" not in top.suggestion
+    assert "65536" in top.chain[0]
+    assert not [h for h in _scaled_run("scaler.step", clip="unscaled", steps=300).explain()
+                if h.confidence >= CONFIDENT]
 
 
 @pytest.mark.parametrize("mode, opt_kind, give_scaler", [("scaler.step", "sgd", False), ("scaler.step", "sgd", True),

@@ -59,6 +59,8 @@ class Context:
     loss_summed: bool = False  # the loss sums over the batch (reduction="sum"): its gradient grows with the batch
     # sampled steps' share of a 16-bit model's weight entries the update left exactly as they were: [step, share]
     updates_unchanged: list = field(default_factory=list)
+    # the factor a loss scaler the session was not given multiplied the loss by before backward (2**k)
+    loss_scaled: float = math.nan
     # the optimizer steps on the gradients of a loss a scaler multiplied (2**k), never divided back: that factor
     scaled_steps: float = math.nan
     # one replay of a pass: how far one sample's output gradient reaches the other samples' inputs (see mixing)

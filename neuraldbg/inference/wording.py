@@ -303,9 +303,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             lines.append(f"updates are negligible next to the weights from step {f['negligible_from']}")
         return lines
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped":
-        return [f"the gradients are clipped to {fmt(100 * f['kept'])}% of their norm before the optimizer steps "
-                f"(median of {f['samples']} sampled steps; their norm is ~{fmt(f['norm'])} before the clip): the "
-                f"updates are that much smaller than the learning rate ({fmt(ctx.lr)}) would make them"]
+        lines = [f"the gradients are clipped to {fmt(100 * f['kept'])}% of their norm before the optimizer steps "
+                 f"(median of {f['samples']} sampled steps; their norm is ~{fmt(f['norm'])} before the clip): the "
+                 f"updates are that much smaller than the learning rate ({fmt(ctx.lr)}) would make them"]
+        if ctx.loss_scaled == ctx.loss_scaled:
+            lines.insert(0, f"the loss is multiplied by {int(ctx.loss_scaled)} before backward (a GradScaler's "
+                            "scale(loss)): the clip acts on gradients that large, and the scaler divides what is "
+                            "left by as much again")
+        return lines
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                 f"the weights per step (lr {fmt(ctx.lr)})"]
@@ -844,6 +849,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 f"torch.autocast(device_type, dtype=torch.{f['dtype']}): the optimizer then updates float32 "
                 "weights and the matrix products still run in 16 bits; a larger learning rate would only move "
                 "them in coarse steps")
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped" and ctx.loss_scaled == ctx.loss_scaled:
+        return ("unscale before clipping: scaler.unscale_(optimizer), then clip_grad_norm_, then "
+                "scaler.step(optimizer) (it does not unscale twice); leave max_norm and the learning rate as they are")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped":
         return (f"raise the clipping threshold: the gradients' norm is typically ~{fmt(f['norm'])}, so "
                 f"clip_grad_norm_(params, max_norm=~{fmt(3 * f['norm'])}) clips only the spikes above it (a "
