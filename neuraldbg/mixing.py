@@ -63,25 +63,40 @@ def _equivariant(model: nn.Module, x: torch.Tensor, out: torch.Tensor, args: tup
     counts when the model gives the same outputs twice for the same batch (None when it does not: a model
     that draws noise in eval mode). "relation": a square output whose rows and columns both follow the
     batch's order (every sample against every other)."""
-    def run(flip: bool):
-        with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
-            # every argument with a row per sample goes in the same order (a padding mask, lengths)
-            swap = ((lambda v: v.flip(0) if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == len(x)
-                     else v) if flip else (lambda v: v))
-            return _first_out(model(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()}), len(x))
-
-    def same(a, b) -> bool:
-        return float((a - b).abs().max()) <= EQUAL * (float(b.abs().max()) or 1.0)
-
-    flipped = run(True)
+    flipped = _pass(model, x, args, kwargs, autocast, flip=True)
     if flipped is None or flipped.shape != out.shape:
         return None
-    if same(flipped.flip(0), out):
+    if _same(flipped.flip(0), out):
         return True
-    if out.shape[1] == len(x) and same(flipped.flip(0).flip(1), out):
+    if out.shape[1] == len(x) and _same(flipped.flip(0).flip(1), out):
         return "relation"
-    again = run(False)
-    return False if again is not None and same(again, out) else None
+    again = _pass(model, x, args, kwargs, autocast, flip=False)
+    return False if again is not None and _same(again, out) else None
+
+
+def _pass(model: nn.Module, x: torch.Tensor, args: tuple, kwargs: dict, autocast: list | None,
+          flip: bool) -> torch.Tensor | None:
+    """The first output of one more pass, every argument with a row per sample (a padding mask, lengths) in
+    reverse order when ``flip``."""
+    with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
+        swap = ((lambda v: v.flip(0) if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == len(x)
+                 else v) if flip else (lambda v: v))
+        return _first_out(model(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()}), len(x))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return float((a - b).abs().max()) <= EQUAL * (float(b.abs().max()) or 1.0)
+
+
+def _ignores_input(model: nn.Module, x: torch.Tensor, out: torch.Tensor, args: tuple, kwargs: dict,
+                   autocast: list | None) -> bool:
+    """The batch in reverse order gives the very same outputs, in the same order: they are computed without
+    the input (a forward that replaces it), not merely outside its graph (a ``.detach()`` on the way, after
+    which the outputs still follow the input). Only for a batch whose rows differ."""
+    if bool((x == x.flip(0)).all()):
+        return False
+    flipped = _pass(model, x, args, kwargs, autocast, flip=True)
+    return flipped is not None and flipped.shape == out.shape and _same(flipped, out)
 
 
 _SEQUENCE_MODULES = (nn.RNNBase, nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoderLayer,
@@ -184,6 +199,12 @@ def _measure(model: nn.Module, watched: list[tuple[str, nn.Module]], args: tuple
             return None  # an output that keeps a sequence input's second dimension: that may be the batch, time first
         j = n // 2
         grads = torch.autograd.grad(out[j].float().sum(), [leaf] + [t for _, t in taken], allow_unused=True)
+        if grads[0] is None:
+            # the input is outside the output's graph: computed without it (the forward replaces it: zeros_like(x),
+            # a batch it stored, fresh noise; or reads another variable), no sample's output depends on its input
+            if _ignores_input(model, x, out.detach(), args, kwargs, autocast):
+                return {"rows": n, "spread": 0.0, "largest": 0.0, "equivariant": None, "layer": "", "unused": True}
+            return None
         at_input = _spread(grads[0], n, j)
         if at_input is None:
             return None

@@ -312,3 +312,46 @@ def test_a_contrastive_models_similarities_are_not_a_layout_fault():
         return (tok, F.one_hot(tok[:, 1] % 8, 8).float()), torch.arange(16)
     dbg = _run_args(TwoTowers(), pairs, steps=30)
     assert "batch_mixing" not in dbg.trace.meta and not any(h.cause == "data" for h in dbg.explain())
+
+
+class _Stored(nn.Module):
+    """Feeds its layers the batch it saw first, ever after (a cache meant for something else)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = TwoLayers(8)
+        self.first = None
+
+    def forward(self, x):
+        if self.first is None:
+            self.first = x.detach().clone()
+        return self.net(self.first)
+
+
+def _flat_classes(step: int, n: int = 32):
+    x = torch.randn(n, 8, generator=torch.Generator().manual_seed(step))
+    return x, (x[:, :3]).argmax(1)
+
+
+@pytest.mark.parametrize("make", [lambda: TwoLayers(8, before=torch.zeros_like),
+                                  lambda: TwoLayers(8, before=torch.randn_like), _Stored],
+                         ids=["zeros_like", "randn_like", "stored-batch"])
+def test_a_forward_that_computes_without_its_input_is_named_from_the_replay(make):
+    """The model's output is computed without its input (replaced on the way): the replay finds the input
+    outside the output's graph. A plateau from the first step with the forward's fix, not a larger lr."""
+    dbg = _run(make(), _flat_classes, steps=200)
+    assert dbg.trace.meta["batch_mixing"].get("unused") is True
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("loss_plateau", "", 0) and top.confidence >= 0.5, dbg.report()
+    assert "model(x) changes when x does" in top.suggestion and "learning rate" not in top.suggestion
+    assert contradictions(dbg.explain()) == []
+
+
+@pytest.mark.parametrize("before", [lambda x: x, lambda x: torch.from_numpy(x.numpy()), lambda x: x.detach()],
+                         ids=["as-is", "numpy-round-trip", "detached"])
+def test_a_forward_that_reads_its_input_is_quiet_even_outside_its_graph(before):
+    """An input taken out of the graph on the way in (a preprocessing through numpy) is still what the outputs
+    are computed from: the batch in reverse order gives them in reverse order."""
+    dbg = _run(TwoLayers(8, before=before), _flat_classes, steps=200)
+    assert not dbg.trace.meta.get("batch_mixing", {}).get("unused")
+    assert not [h for h in dbg.explain() if h.confidence >= 0.5]

@@ -31,7 +31,7 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 
 def candidates(ctx: Context) -> list[Candidate]:
-    out = _not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx)
+    out = _not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx)
     # a loss that depends on weights another optimizer moves (a discriminator, a critic) is a game's, not an
     # objective the model minimises alone: its flat stretch is no plateau
     run = [] if ctx.moving_objective else _flat_stretch(ctx)
@@ -116,3 +116,16 @@ def _read_early(ctx: Context) -> list[Candidate]:
                              loss_kinds=frozenset() if still else frozenset(_FLAT) | {LossState.STALLED},
                              facts={"read": int(early[-1][3]), "steps_in_time": int(early[-1][2])}))
     return out
+
+
+def _input_unused(ctx: Context) -> list[Candidate]:
+    """The replay of a pass (see ``mixing``) found the model's output computed without its input at all: the
+    forward replaces it (``torch.zeros_like(x)``, a batch it stored, fresh noise) or reads another variable.
+    No output can depend on its sample, whatever the weights: a fact of the code from the first step, a failure
+    with a loss that does not improve."""
+    mix = ctx.batch_mixing
+    if not mix.get("unused") or ctx.moving_objective:  # (a generator may be handed a batch for its size alone)
+        return []
+    return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "input_unused", [], severity=1.0, persistence=1.0,
+                      needs_harm=True, lasting=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW},
+                      facts={"replayed": int(mix.get("step", 0))})]

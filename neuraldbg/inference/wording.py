@@ -274,6 +274,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 f"update exactly as they went in (typical of {f['samples']} sampled steps)",
                 f"an update below half a unit in the last place of a weight (~{ulp} of it in {f['dtype']}) rounds "
                 "away: the gradient says where to go, the weights do not move"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "input_unused":
+        return [f"the model's output does not depend on its input: in a replay of the pass at step {f['replayed']}, "
+                "the input is not in the computation of the output at all",
+                "the model can only learn one output for every sample"]
     if c.cause == Cause.LOSS_PLATEAU and k == "read_early":
         info = ctx.layers.get(c.layer)
         kind = f" ({info.type_name})" if info is not None else ""
@@ -868,6 +872,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "gradient clipped to ~0 (clip_grad_norm_'s max_norm) or a loss multiplied by a tiny factor; else "
                     + text)
         return text
+    if k == "input_unused":
+        return ("make the forward compute from its argument: it is replaced on the way (torch.zeros_like(x), "
+                "torch.randn_like(x), a batch stored from an earlier call) or another variable is read (self.x, a "
+                "global, a name reused in the forward); check that model(x) changes when x does")
     if k == "read_early":
         return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
                 "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
