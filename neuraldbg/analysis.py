@@ -75,17 +75,20 @@ def _loss_scaled(meta: dict, th: Thresholds, summed: bool) -> float:
     return typical if _power_of_two(typical, th.loss_scale) else math.nan
 
 
-def _scaled_steps(meta: dict, th: Thresholds, summed: bool) -> float:
-    """The factor by which the optimizer's gradients exceed the loss's when a loss scaler multiplied the loss
-    (``scaler.scale(loss).backward()``) and nothing divided them back before the step (``optimizer.step()``
-    called where ``scaler.step(optimizer)`` was meant): the loss's gradient read at the output is a power of two
-    of at least ``loss_scale`` times a mean's, and the gradients stepped on are those of backward end (never
-    divided by a power of two). NaN when not so, or not read."""
-    scaled = _loss_scaled(meta, th, summed)
+def _scaled_steps(meta: dict, scaled: float) -> float:
+    """``scaled`` (see ``_loss_scaled``) when nothing divides the gradients back before the step
+    (``optimizer.step()`` called where ``scaler.step(optimizer)`` was meant): at every sampled step read
+    again as the optimizer steps, their norm is more than half of their norm at backward end. NaN else."""
     clip = [r for r in meta.get("grad_clip") or [] if len(r) >= 2 and r[0] > 0]
-    if scaled != scaled or not clip or any(_power_of_two(r[0] / r[1], 2.0) for r in clip if r[1] > 0):
-        return math.nan
-    return scaled if all(r[1] / r[0] > 0.5 for r in clip) else math.nan
+    return scaled if clip and all(r[1] / r[0] > 0.5 for r in clip) else math.nan
+
+
+def _clip_rows(meta: dict) -> list[list[float]]:
+    """The gradients' norm at backward end and as the optimizer steps, for the sampled steps read twice; a
+    pair whose ratio is exactly a power of two is a loss scaler's unscale (a GradScaler the session was not
+    given), which no clip gives, and is left out."""
+    rows = [list(r) for r in meta.get("grad_clip") or []]
+    return [r for r in rows if not (len(r) >= 2 and r[0] > 0 and r[1] > 0 and _power_of_two(r[0] / r[1], 2.0))]
 
 
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) -> Analysis:
@@ -103,6 +106,8 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                 steps - 1])
     # one rank of a multi-process run: its NaN/Inf origin is the run's first, wherever it came from
     nonfinite = trace.nonfinite if ranks is None else ranks.nonfinite(trace.nonfinite)
+    summed = losspath.summed(trace.meta.get("loss_paths"))
+    scaled = _loss_scaled(trace.meta, thresholds, summed)
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
                   lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0, ranks=ranks,
@@ -118,11 +123,9 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   through_time=dict(trace.meta.get("through_time") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
-                  grad_clip=[list(r) for r in trace.meta.get("grad_clip") or []],
+                  grad_clip=_clip_rows(trace.meta),
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
-                  loss_summed=losspath.summed(trace.meta.get("loss_paths")),
-                  loss_scaled=_loss_scaled(trace.meta, thresholds, losspath.summed(trace.meta.get("loss_paths"))),
-                  scaled_steps=_scaled_steps(trace.meta, thresholds, losspath.summed(trace.meta.get("loss_paths"))),
+                  loss_summed=summed, loss_scaled=scaled, scaled_steps=_scaled_steps(trace.meta, scaled),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

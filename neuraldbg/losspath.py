@@ -10,7 +10,7 @@ reading (``misuse``) is a fact about how the loss is computed, the same for ever
 | log-softmax of a softmax (``F.cross_entropy`` on an ``nn.Softmax`` output) | softmax twice |
 | NLL of a softmax or sigmoid (``F.nll_loss`` without the log) | NLL of probabilities |
 | a with-logits loss, or a log-softmax, of a sigmoid | a logits loss on probabilities |
-| a with-logits loss, or a log-softmax, of a ReLU, tanh or clamp (logits cut at 0 or held in a range) | logits bounded |
+| a with-logits loss, or a log-softmax, of a ReLU, tanh or softplus (logits cut at 0 or held) | logits bounded |
 | a regression loss of an expanded output (shapes ``(N, 1)`` against ``(N,)``) | broadcast |
 | NLL of a log-softmax over another dimension than the classes (``dim=0``: over the batch) | normalised over the batch |
 

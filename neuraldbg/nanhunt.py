@@ -111,15 +111,17 @@ def _standard_leaves(replica: nn.Module) -> dict[str, Kind]:
 
 
 def reach(outputs: list[torch.Tensor]) -> tuple[float, ...]:
-    """The largest magnitude of the first output, and its largest spread within a row (over dimension 1, a
-    batch's classes; over its one dimension for a vector): what a sigmoid or a softmax of it rounds."""
+    """The largest magnitude of the first output, and its largest spread within a row: over its classes'
+    dimension, 1 for a batch's (N, C, ...) and the last for a sequence's (N, T, C); of the two, the smaller
+    (a softmax takes one of them), so that a spread is never read larger than it is."""
     t = next((o.detach() for o in outputs if o.numel() and o.is_floating_point()), None)
     if t is None or not bool(torch.isfinite(t).all()):
         return ()
     t = t.float()
-    dim = 1 if t.dim() >= 2 else 0
-    spread = (t.amax(dim) - t.amin(dim)).max() if t.dim() else torch.zeros(())
-    return float(t.abs().max()), float(spread)
+    if t.dim() == 0:
+        return float(t.abs()), 0.0
+    spread = min(float((t.amax(d) - t.amin(d)).max()) for d in {min(1, t.dim() - 1), t.dim() - 1})
+    return float(t.abs().max()), spread
 
 
 def _dtype(outputs: list[torch.Tensor]) -> str:

@@ -98,7 +98,7 @@ class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
-                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads", "stepped")
+                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads", "stepped", "unchanged")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -117,6 +117,7 @@ class _StepRecord:
         self.attn: dict[int, torch.Tensor] = {}  # per layer index: attention statistics (2,)
         self.params: torch.Tensor | None = None      # (3, n_layers): weight, grad, update norms
         self.input: torch.Tensor | None = None
+        self.unchanged: torch.Tensor | None = None  # 16-bit weights: the share of entries the update left as they were
         self.prev_params: list | None = None
         self.forward_done = False
         self.grads = True  # the layers' output gradients are retained and measured on this step
@@ -961,7 +962,7 @@ class Recorder:
             counts = torch.bincount(cls) if cls.numel() else cls
             present = torch.nonzero(counts).flatten()
             # (one transfer: the classes present, their counts, and the scale)
-            values = torch.cat([present.double(), counts[present].double(), scale.double().reshape(1)]).tolist()
+            values = torch.cat([present.float(), counts[present].float(), scale.float().reshape(1)]).tolist()
         k = (len(values) - 1) // 2
         found, n, scale_read = [int(v) for v in values[:k]], [int(v) for v in values[k:2 * k]], values[-1]
         # the loss's gradient per row against a mean's (1/N); a scaler the session knows has its scale in it
@@ -1102,10 +1103,8 @@ class Recorder:
                 rec.params = torch.stack([self._pnorms.weights(n).to(upd.device), nan, nan])
             rec.params[2] = upd.to(rec.params.device)
             rec.prev_params = None
-            if self._pnorms.unchanged is not None and self._pnorms.narrow_read:  # 16-bit weights: one read
-                kept = self.trace.meta.setdefault("updates_unchanged", [])
-                kept.append([int(self.step), float(self._pnorms.unchanged) / self._pnorms.narrow_read])
-                del kept[:-self.MAX_FACTORS]
+            if self._pnorms.unchanged is not None and self._pnorms.narrow_read:  # read with the step's statistics
+                rec.unchanged = self._pnorms.unchanged.float() / self._pnorms.narrow_read
         self._finish_step()
 
     # -- step end ----------------------------------------------------------------------------------
@@ -1181,6 +1180,8 @@ class Recorder:
             parts.append(rec.input)
         if rec.stepped is not None:
             parts.append(rec.stepped)
+        if rec.unchanged is not None:
+            parts.append(rec.unchanged)
         if isinstance(scale, torch.Tensor):
             parts.append(scale.detach().reshape(-1)[:1].float())
         row = np.full((len(self.layers), N_STATS), np.nan, dtype=np.float32)
@@ -1210,6 +1211,11 @@ class Recorder:
             if rec.stepped is not None:
                 stepped = flat[k:k + len(rec.stepped)]
                 k += len(rec.stepped)
+            if rec.unchanged is not None:
+                kept = self.trace.meta.setdefault("updates_unchanged", [])
+                kept.append([int(self.step), float(flat[k])])
+                del kept[:-self.MAX_FACTORS]
+                k += 1
             if isinstance(scale, torch.Tensor):
                 g[_SCALE_COL] = flat[k]
                 if flat[k] > 0:  # the gradients of a scaled loss, back to the loss's own scale

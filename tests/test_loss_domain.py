@@ -140,8 +140,21 @@ def test_a_probability_saturates_where_its_dtype_rounds_it():
     assert torch.softmax(torch.tensor([0.0, -110.0]), 0)[1].item() == 0.0
 
 
-def test_the_origin_in_the_loss_keeps_what_the_output_reached_through_a_file(tmp_path):
+def test_the_origin_in_the_loss_keeps_what_the_output_reached_through_a_file():
     origin = NonFiniteOrigin(4, "", "loss", "x", dtype="float32", reach=(18.5, 3.0))
     assert NonFiniteOrigin.from_dict(origin.to_dict()) == origin
     assert losspath.nonfinite_op(origin, [["Mean", "Log", "Rsub", "Sigmoid", "Addmm"]]) == "Log of Sigmoid"
     assert losspath.nonfinite_op(origin, [["MseLoss", "Addmm"]]) == ""
+
+
+def test_the_spread_within_a_row_is_read_over_the_classes_not_over_time():
+    """(N, T, C) logits whose classes lie close together and whose time steps do not: a softmax over the
+    classes does not round, and the spread says so."""
+    from neuraldbg.nanhunt import reach
+    logits = torch.zeros(2, 5, 3)
+    logits[:, :, 0] = torch.arange(5.0) * 100  # 400 apart over time, 2 apart over the classes
+    logits[:, :, 1] = logits[:, :, 0] + 1.0
+    logits[:, :, 2] = logits[:, :, 0] + 2.0
+    absmax, spread = reach([logits])
+    assert absmax == 402.0 and spread == 2.0
+    assert reach([torch.tensor([[0.0, 120.0]])])[1] == 120.0

@@ -54,7 +54,8 @@ class Context:
     # layers whose output the loss reads directly, besides through the model's outputs (an activity penalty):
     # layer -> the ops from the loss to it, loss side first
     loss_terms: dict = field(default_factory=dict)
-    # sampled steps' whole gradient norm at backward end and as the optimizer steps on it (after a clip)
+    # sampled steps' whole gradient norm at backward end and as the optimizer steps on it (after a clip; a loss
+    # scaler's unscale, exactly a power of two, left out)
     grad_clip: list = field(default_factory=list)
     loss_summed: bool = False  # the loss sums over the batch (reduction="sum"): its gradient grows with the batch
     # sampled steps' share of a 16-bit model's weight entries the update left exactly as they were: [step, share]

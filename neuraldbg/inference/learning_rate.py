@@ -104,15 +104,6 @@ def _too_large(ctx: Context, large: list, unstable: list, spikes: list, nan: lis
                      facts={"update_max": top, "large": large, "jump": jump, "nan": nan, "spikes": spikes})
 
 
-def _unscaled(ratio: float) -> bool:
-    """Gradients stepped on at exactly 2**-k times their norm at backward end (k >= 1): a loss scaler the
-    session was not given (a GradScaler) divided them back to the loss's scale; no clip keeps such a share."""
-    if not 0 < ratio <= 0.5:
-        return False
-    k = -math.log2(ratio)
-    return abs(k - round(k)) < 1e-4
-
-
 def _rounded(ctx: Context, small: list[SemanticEvent], nf_step: int | None) -> list[Candidate]:
     """Weights stored in 16 bits (``model.bfloat16()``, ``model.half()``) that most updates leave exactly as
     they were: an update below half a unit in the last place of a weight (2^-9 of it in bfloat16) rounds away,
@@ -138,7 +129,7 @@ def _clipped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
     rate, sets the updates' size. Seen by comparing their norm at backward end with the one the optimizer
     steps on, on sampled steps. No failure by itself (Adam's updates barely depend on the gradients' scale):
     it needs a loss that does not come down, or barely."""
-    rows = [r for r in ctx.grad_clip if len(r) >= 2 and r[0] > 0 and not _unscaled(r[1] / r[0])]
+    rows = [r for r in ctx.grad_clip if len(r) >= 2 and r[0] > 0]
     if len(rows) < ctx.th.persist:
         return []
     ratios = sorted(r[1] / r[0] for r in rows)

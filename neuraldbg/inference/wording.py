@@ -245,9 +245,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                          "gradient is the batch size times a mean's")
         if ctx.scaled_steps == ctx.scaled_steps:
             lines.append(f"the loss is multiplied by {int(ctx.scaled_steps)} (2^{round(math.log2(ctx.scaled_steps))}) "
-                         "before backward (a GradScaler's "
-                         "scale(loss)) and the optimizer steps on those gradients as they are: nothing divides them "
-                         "back")
+                         "before backward (a GradScaler's scale(loss)) and the optimizer steps on those gradients as "
+                         "they are: nothing divides them back")
         jump = f.get("jump")
         if jump is not None:
             lines.append(f"the learning rate rises from {fmt(jump.values.get('lr_before', math.nan))} to "
@@ -269,7 +268,7 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "rounded":
-        ulp = "2^-9" if f["dtype"] == "bfloat16" else "2^-12"
+        ulp = "2^-8" if f["dtype"] == "bfloat16" else "2^-11"  # half of finfo(dtype).eps
         return [f"the weights are stored in {f['dtype']}: {percent(f['unchanged'])} of their entries come out of an "
                 f"update exactly as they went in (typical of {f['samples']} sampled steps)",
                 f"an update below half a unit in the last place of a weight (~{ulp} of it in {f['dtype']}) rounds "
