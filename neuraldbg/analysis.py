@@ -118,6 +118,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   cleared=_cleared(trace.meta.get("steps_cleared")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   loss_nonfinite_op=losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths")),
+                  loss_unbounded=losspath.unbounded_form(trace.meta.get("loss_paths")),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),
                   through_time=dict(trace.meta.get("through_time") or {}),

@@ -94,6 +94,10 @@ _OFF_CLASSES = "@off_classes"   # marks a (log-)softmax over another dimension t
 _SUM = "@sum"                   # marks a loss function that sums over its elements (reduction="sum")
 _SUM_REDUCTION = 2              # the value of an autograd node's ``_saved_reduction`` for reduction="sum"
 _WEIGHTED = "@weighted"         # marks a loss function given weights per class or sample
+_TARGET = "@target"             # marks a loss function reached through its target argument (the second)
+# loss functions whose target argument is differentiable (a with-logits loss given the model's output there
+# has its arguments swapped)
+_TARGETED = frozenset({"BinaryCrossEntropy", "BinaryCrossEntropyWithLogits"})
 
 
 def _name(fn) -> str:
@@ -142,9 +146,10 @@ def paths(loss_fn, outputs: list) -> list[list[str]]:
         if id(fn) in targets:
             found.append(trail)
             continue
-        for nxt, _ in getattr(fn, "next_functions", ()):
+        targeted = trail[:-1] + [trail[-1] + _TARGET] if op_name(fn) in _TARGETED else trail
+        for k, (nxt, _) in enumerate(getattr(fn, "next_functions", ())):
             if nxt is not None and type(nxt).__name__ != "AccumulateGrad":
-                stack.append((nxt, trail))
+                stack.append((nxt, targeted if k else trail))
     return found
 
 
@@ -198,7 +203,7 @@ def layer_terms(loss_fn, outputs: list, layers: dict[int, int]) -> list[tuple[in
 def summed(recorded: list[list[str]] | None) -> bool:
     """The loss sums over the batch rather than averaging: a loss function with reduction="sum", or a sum
     as the loss's last operation (``per_sample_loss.sum()``). Its gradient grows with the batch size."""
-    return any(path and (path[0] == "Sum" or any(op.endswith(_SUM) for op in path)) for path in recorded or [])
+    return any(path and (path[0] == "Sum" or any(_SUM in op for op in path)) for path in recorded or [])
 
 
 def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
@@ -214,6 +219,57 @@ def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
             if found is not None:
                 return found
     return None
+
+
+# library losses that cannot be negative for targets in their range
+_NON_NEGATIVE = frozenset(_NLL) | _REGRESSION | {"BinaryCrossEntropy", "BinaryCrossEntropyWithLogits"}
+# log-probabilities: a log-(soft)max, or a log taken of a probability
+_LOG_PROBABILITIES = frozenset({"LogSoftmax", "LogSigmoid"})
+_NEGATING = frozenset({"Neg"})
+# what a loss may do to a criterion or a log-probability on its way to one number: reduce it, pick the
+# targets' entries, scale it
+_REDUCING = frozenset({"Mean", "Sum", "Gather", "Mul", "Div", "IndexSelect", "Diagonal"})
+
+
+def unbounded_form(recorded: list[list[str]] | None) -> str:
+    """How the loss's own code makes it unbounded below, read when it falls below zero without end: "negated"
+    (a minus sign before a loss that cannot be negative: ``-F.cross_entropy(...)``), "swapped" (the model's
+    output given as a with-logits loss's target: its arguments swapped), "nll_not_log" (nll_loss
+    of outputs that are not log-probabilities: ``-output[target]`` has no floor), "log_likelihood" (a
+    log-probability of the targets minimised as it is, without its minus sign); "": none of these (a
+    library loss of outputs it expects: targets outside its range). Only ops that reduce, pick or scale are
+    followed from the loss to its criterion; anything else on the way says nothing."""
+    for path in recorded or []:
+        if any(op.split("@")[0] in _TARGETED and _TARGET in op for op in path):
+            return "swapped"
+        ops = [op.split("@")[0] for op in path]
+        ops = [op for op in ops if op not in SHAPE_OPS]
+        flips = 0
+        for i, op in enumerate(ops):
+            if op in _NEGATING:
+                flips += 1
+                continue
+            nxt = ops[i + 1] if i + 1 < len(ops) else ""
+            if op in _NLL and nxt not in _LOG_PROBABILITIES and not (nxt == "Log" and _probability_next(ops, i + 1)):
+                return "nll_not_log"
+            if op in _NON_NEGATIVE:
+                if flips % 2:
+                    return "negated"
+                break
+            if op in _LOG_PROBABILITIES or op == "Log" and _probability_next(ops, i):
+                if not flips % 2:
+                    return "log_likelihood"
+                break
+            if op not in _REDUCING:
+                break
+    return ""
+
+
+def _probability_next(ops: list[str], i: int) -> bool:
+    """The op after ``ops[i]`` (a log), past a pick of the targets' entries, is a softmax or sigmoid: a
+    log-probability."""
+    rest = [op for op in ops[i + 1:] if op != "Gather"]
+    return bool(rest) and rest[0] in _PROBABILITIES
 
 
 # operations that can turn finite values into NaN/Inf: out of their domain (log, sqrt, a division by 0) or

@@ -71,6 +71,8 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a.kind == "ordered":  # each batch pulls the outputs toward its own classes, the next one away again
         return b.cause in (C.LEARNING_RATE_TOO_HIGH, C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.DEAD_UNITS,
                            C.SATURATED_ACTIVATIONS, C.EXPLODING_GRADIENTS) and b.step >= a.since
+    if a.kind == "targets_unbounded":
+        return _unbounded(a, b, ctx)
     if a.kind == "targets_out_of_reach":  # the error, and so the gradient and the updates, scale with the targets
         return b.cause in (C.LEARNING_RATE_TOO_HIGH, C.EXPLODING_GRADIENTS) and _early(a, b, ctx) or (
             b.cause == C.NON_FINITE and _after(a, b))
@@ -168,9 +170,18 @@ def _precision(a: Candidate, b: Candidate, ctx: Context) -> bool:
     return a.kind != "near_limit" and b.cause != C.DATA and b.step > a.step
 
 
+def _unbounded(a: Candidate, b: Candidate, ctx: Context) -> bool:
+    """A loss with no floor has the model push its outputs without limit: its gradient and its updates grow,
+    the loss runs away to -Inf and NaN, units are driven out of their range."""
+    return b.cause in (C.LEARNING_RATE_TOO_HIGH, C.EXPLODING_GRADIENTS, C.NON_FINITE, C.DEAD_UNITS,
+                       C.SATURATED_ACTIVATIONS, C.VANISHING_GRADIENTS) and _after(a, b)
+
+
 def _collapse(a: Candidate, b: Candidate, ctx: Context) -> bool:
     """Weights held near zero make every update large next to them (no divergence, no NaN: just a ratio),
     pass a vanishing signal and gradient, and leave units dead; the plain plateau is the same story."""
+    if a.kind == "unbounded":
+        return _unbounded(a, b, ctx)
     if a.kind in ("not_stepped", "unreached", "cleared"):  # weights that never change: no lr or plateau says more
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":

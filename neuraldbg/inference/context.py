@@ -46,6 +46,9 @@ class Context:
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)
     loss_nonfinite_op: str = ""
+    # how the loss's code makes it unbounded below, should it fall so (see ``losspath.unbounded_form``; "": its
+    # targets would)
+    loss_unbounded: str = ""
     param_dtype: str = ""           # the dtype most of the trainable weights are stored in ("": unknown)
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]

@@ -58,13 +58,8 @@ def candidates(ctx: Context) -> list[Candidate]:
                              # the targets keep their scale: what the outputs must travel lasts beyond the first step
                              persistence=persistence(ev, ctx), lasting=True, loss_kinds=losses.ANY,
                              facts=dict(ev.values)))
-    for ev in ctx.all(Signal.TARGET, TargetState.UNBOUNDED)[:1]:
-        out.append(Candidate(Cause.DATA, "input", ev.step, "targets_unbounded", [ev],
-                             # depth in units of the loss's early scale: linear, past the threshold
-                             severity=min(max(ev.values.get("depth", 0.0) / ctx.th.loss_below_zero - 1.0, 0.0),
-                                          RATIO_CAP),
-                             # a failure by itself, not one more loss failure it explains: its own event is the loss
-                             persistence=persistence(ev, ctx), facts=dict(ev.values)))
+    if not ctx.loss_unbounded:  # (the loss's own code unbounded below, -F.cross_entropy, is the loss's)
+        out += unbounded_fall(ctx, Cause.DATA, "input", "targets_unbounded")
     mix = ctx.batch_mixing
     spread = float(mix.get("spread", 0.0))
     at = ctx.layers.get(str(mix.get("layer") or ""))
@@ -84,3 +79,13 @@ def candidates(ctx: Context) -> list[Candidate]:
                              persistence=persistence(ev, ctx), lasting=True, acting_from=ctx.first_step,
                              loss_kinds=losses.ANY | {LossState.SLOW}, facts=dict(ev.values)))
     return out
+
+
+def unbounded_fall(ctx: Context, cause: Cause, layer: str, kind: str) -> list[Candidate]:
+    """A loss that cannot be negative falling below zero without end (``TargetState.UNBOUNDED``), as ``cause``:
+    its severity is its depth in units of the loss's early scale (linear, past the threshold)."""
+    return [Candidate(cause, layer, ev.step, kind, [ev],
+                      severity=min(max(ev.values.get("depth", 0.0) / ctx.th.loss_below_zero - 1.0, 0.0), RATIO_CAP),
+                      # a failure by itself, not one more loss failure it explains: its own event is the loss
+                      persistence=persistence(ev, ctx), facts={**ev.values, "form": ctx.loss_unbounded})
+            for ev in ctx.all(Signal.TARGET, TargetState.UNBOUNDED)[:1]]

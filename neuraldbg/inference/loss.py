@@ -12,6 +12,7 @@ from ..events import SemanticEvent
 from ..losspath import LossMisuse
 from ..states import LossState, Signal, UpdateState, WeightState
 from .context import Context
+from .data import unbounded_fall
 from .evidence import Candidate, below_ratio, clip01, past_ratio, persistence
 
 _FLAT = (LossState.PLATEAU, LossState.SLOW)
@@ -32,6 +33,10 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 def candidates(ctx: Context) -> list[Candidate]:
     out = _not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx)
+    if ctx.loss_unbounded:
+        # a loss whose code has no floor (negated, an NLL of raw outputs, a log-likelihood left positive) falls
+        # below zero without end: the model is trained away from its targets, whatever the data
+        out += unbounded_fall(ctx, Cause.LOSS_PLATEAU, "", "unbounded")
     # a loss that depends on weights another optimizer moves (a discriminator, a critic) is a game's, not an
     # objective the model minimises alone: its flat stretch is no plateau
     run = [] if ctx.moving_objective else _flat_stretch(ctx)

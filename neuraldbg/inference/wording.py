@@ -144,10 +144,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the loss starts at {fmt(f.get('loss', math.nan))}, while the outputs' RMS is "
                     f"{fmt(f.get('output_rms', math.nan))}: the targets are ~{fmt(target)}, "
                     f"{fmt(f.get('reach', math.nan))}x out of the outputs' reach"]
-        return [f"the loss starts at {fmt(f.get('start', math.nan))} and falls below zero, down to "
-                f"{fmt(f.get('lowest', math.nan))}" + (", still falling as fast" if f.get("still_falling") else ""),
-                "a cross-entropy, a binary cross-entropy or a squared error cannot be negative: targets outside the "
-                "loss's range make it unbounded below, and the model learns to push its outputs without limit"]
+        return [_falls(f), "a cross-entropy, a binary cross-entropy or a squared error cannot be negative: targets "
+                "outside the loss's range make it unbounded below, and the model learns to push its outputs without "
+                "limit"]
     if c.cause == Cause.DEAD_UNITS:
         lines = [f"{f['fraction']:.0%} of the units of `{c.layer}` are dead: they output 0 for every input from step "
                  f"{c.step}"]
@@ -289,6 +288,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the weights never changed: {f['passes']} backward passes ran and the optimizer did not step once"]
     if c.cause == Cause.LOSS_PLATEAU and k == "on_probabilities":
         return [_ON_PROBABILITIES[f["misuse"]]]
+    if c.cause == Cause.LOSS_PLATEAU and k == "unbounded":
+        return [_falls(f), _UNBOUNDED[f["form"]]]
     if c.cause == Cause.LOSS_PLATEAU and k == "unreached":
         return [f"the weights never learned: the optimizer stepped {f['steps']} times, and no backward pass from the "
                 "loss reached the model before those steps (the loss does not depend on the model's weights)"]
@@ -615,6 +616,34 @@ def _loss_op_fix(op: str) -> str:
             "F.binary_cross_entropy_with_logits)")
 
 
+def _falls(f: dict) -> str:
+    return (f"the loss starts at {fmt(f.get('start', math.nan))} and falls below zero, down to "
+            f"{fmt(f.get('lowest', math.nan))}" + (", still falling as fast" if f.get("still_falling") else ""))
+
+
+_UNBOUNDED = {
+    "negated": "a minus sign stands before a loss that cannot be negative (-F.cross_entropy, -F.mse_loss ...): "
+               "minimising it maximises the error, and the model pushes its outputs away from the targets without "
+               "limit",
+    "swapped": "the model's output is given to the loss as its target and the targets as its input (the arguments "
+               "swapped): the loss is linear in the output, with no floor, and the model pushes it without limit",
+    "nll_not_log": "nll_loss is given outputs that are not log-probabilities (no log_softmax before it): it reads "
+                   "-output[target], which has no floor, and the model pushes the targets' outputs up without limit",
+    "log_likelihood": "the loss is the log-probability of the targets, minimised as it is (its minus sign missing): "
+                      "log p falls without limit as the model makes the targets ever less likely",
+}
+_UNBOUNDED_FIX = {
+    "negated": "remove the minus sign before the loss: minimise the loss itself (to maximise a score, negate the "
+               "score, not a loss)",
+    "swapped": "give the loss the model's output first and the targets second: "
+               "F.binary_cross_entropy_with_logits(logits, targets) (nn.BCEWithLogitsLoss()(logits, targets))",
+    "nll_not_log": "give nll_loss log-probabilities: F.nll_loss(F.log_softmax(logits, dim=1), y), or "
+                   "F.cross_entropy(logits, y) on the raw outputs",
+    "log_likelihood": "negate the log-likelihood: loss = -log_probs.gather(1, y[:, None]).mean() (or "
+                      "F.nll_loss(log_probs, y), or F.cross_entropy(logits, y) on the raw outputs)",
+}
+
+
 _ON_PROBABILITIES = {
     LossMisuse.SOFTMAX_TWICE: "the loss applies a log-softmax to the output of a softmax (cross_entropy on "
                               "probabilities: a softmax applied twice): it cannot reach its minimum, and its "
@@ -885,6 +914,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "model.parameters())")
     if k == "on_probabilities":
         return _ON_PROBABILITIES_FIX[f["misuse"]]
+    if k == "unbounded":
+        return _UNBOUNDED_FIX[f["form"]]
     if k == "unreached":
         return ("compute the loss from the model's output as a tensor, without .detach(), .item(), torch.no_grad() "
                 "or a round trip through numpy / torch.tensor(...), and call loss.backward() before optimizer.step()")

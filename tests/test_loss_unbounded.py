@@ -1,0 +1,122 @@
+"""A loss whose own code has no floor: a minus sign before a cross-entropy, nll_loss of raw outputs, a
+log-likelihood minimised without its minus sign. The loss falls below zero without end (and, under SGD, on to
+-Inf and NaN). Named as the loss's (not the targets', not the learning rate's), with a fix on the loss's code,
+where targets outside a library loss's range stay the data's and the same losses written right stay quiet."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from faultgen.score import contradictions
+from neuraldbg import losspath
+from zoo import Run, teacher_classes, train
+
+CONFIDENT = 0.5
+
+
+def _mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def negated(out, y):
+    return -F.cross_entropy(out, y)
+
+
+def nll_of_logits(out, y):
+    return F.nll_loss(out, y)
+
+
+def log_likelihood(out, y):
+    return F.log_softmax(out, dim=1).gather(1, y[:, None]).mean()
+
+
+def swapped(out, y):
+    return F.binary_cross_entropy_with_logits((y == 0).float(), out[:, 0])
+
+
+def nll(out, y):
+    return F.nll_loss(F.log_softmax(out, dim=1), y)
+
+
+def neg_log_likelihood(out, y):
+    return -F.log_softmax(out, dim=1).gather(1, y[:, None]).mean()
+
+
+def bce_targets_out_of_range(out, y):
+    return F.binary_cross_entropy_with_logits(out[:, 0], 5.0 * (y == 0).float())
+
+
+def _run(loss, seed: int = 0, sgd: bool = True, steps: int = 300):
+    model = _mlp(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05) if sgd else torch.optim.Adam(model.parameters(), lr=1e-3)
+    return train(Run(model, opt, teacher_classes(16, 4, seed=seed), loss=loss, steps=steps))
+
+
+@pytest.mark.parametrize("loss, fix", [(negated, "minus sign"), (nll_of_logits, "log_softmax"),
+                                       (log_likelihood, "-log_probs"), (swapped, "(logits, targets)")])
+@pytest.mark.parametrize("seed, sgd", [(0, True), (1, False)])
+def test_a_loss_without_a_floor_is_named_with_its_fix_on_the_loss(loss, fix, seed, sgd):
+    """Under SGD the fall runs on to -Inf and NaN, with updates and gradients that grow with the outputs: the
+    learning rate, the growing gradients and the NaN are in its chain, not verdicts of their own."""
+    hs = _run(loss, seed, sgd).explain()
+    assert hs, "the loss fell without end: a verdict was expected"
+    top = hs[0]
+    assert (top.cause, top.layer) == ("loss_plateau", "")
+    assert top.step < 10  # from where the fall begins
+    assert top.confidence >= CONFIDENT
+    assert fix in top.suggestion
+    if sgd:  # the NaN it runs into is in its chain
+        assert any("non_finite" in line for line in top.chain)
+    assert not [h for h in hs if h.confidence >= CONFIDENT and h is not top]
+    assert not contradictions(hs)
+
+
+@pytest.mark.parametrize("loss", [nll, neg_log_likelihood])
+def test_the_same_losses_written_right_stay_quiet(loss):
+    hs = _run(loss).explain()
+    assert not [h for h in hs if h.confidence >= CONFIDENT]
+
+
+def test_targets_outside_a_library_losss_range_stay_the_datas():
+    """A with-logits loss against targets of 5: unbounded below by its targets, not by its code. Named the
+    data's, above the learning rate (whose divergence it produces)."""
+    hs = _run(bce_targets_out_of_range).explain()
+    assert (hs[0].cause, hs[0].layer) == ("data", "input")
+    assert "targets" in hs[0].suggestion
+    assert not [h for h in hs if h.confidence >= CONFIDENT and h.cause == "learning_rate_too_high"]
+
+
+@pytest.mark.parametrize("path, expected", [
+    (["Neg", "NllLoss", "LogSoftmax", "Addmm"], "negated"),
+    (["Neg", "Mean", "MseLoss", "Addmm"], "negated"),
+    (["NllLoss", "Addmm"], "nll_not_log"),
+    (["NllLoss", "View", "Addmm"], "nll_not_log"),
+    (["Mean", "Gather", "LogSoftmax", "Addmm"], "log_likelihood"),
+    (["Mean", "Log", "Gather", "Softmax", "Addmm"], "log_likelihood"),  # log of the targets' probabilities
+    (["Mean", "Log", "Mul", "Softmax", "Addmm"], ""),  # a product between: not read as a log-probability
+    (["Mean", "Log", "Softmax", "Addmm"], "log_likelihood"),
+    (["NllLoss", "LogSoftmax", "Addmm"], ""),
+    (["Neg", "Mean", "Gather", "LogSoftmax", "Addmm"], ""),
+    (["BinaryCrossEntropyWithLogits", "Select", "Addmm"], ""),
+    (["BinaryCrossEntropyWithLogits@target", "Select", "Addmm"], "swapped"),
+    (["BinaryCrossEntropyWithLogits@weighted@target", "Addmm"], "swapped"),
+    # a Gaussian NLL: a log of a variance, not of a probability, with other terms added: says nothing
+    (["Mean", "Add", "Log", "Exp", "Addmm"], ""),
+    (["Neg", "Add", "NllLoss", "LogSoftmax", "Addmm"], ""),
+])
+def test_the_form_that_has_no_floor_is_read_from_the_path(path, expected):
+    assert losspath.unbounded_form([path]) == expected
+
+
+def test_a_with_logits_loss_reached_through_its_target_is_marked():
+    out = torch.randn(8, requires_grad=True)
+    y = torch.rand(8)
+    right = F.binary_cross_entropy_with_logits(out * 1, y)
+    assert losspath.paths(right.grad_fn, [right.grad_fn.next_functions[0][0]]) == [
+        ["BinaryCrossEntropyWithLogits", "Mul"]]
+    wrong = F.binary_cross_entropy_with_logits(y, out * 1)
+    found = losspath.paths(wrong.grad_fn, [wrong.grad_fn.next_functions[1][0]])
+    assert found == [["BinaryCrossEntropyWithLogits@target", "Mul"]]
