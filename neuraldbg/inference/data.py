@@ -7,7 +7,7 @@ from .. import mixing
 from ..causes import Cause
 from ..layers import Kind
 from ..losspath import LossMisuse
-from ..states import GradState, InputState, LossState, Signal, TargetState
+from ..states import GradState, InputState, LossState, Signal, TargetState, UpdateState
 from . import losses
 from .context import Context
 from .evidence import RATIO_CAP, Candidate, past_ratio, persistence
@@ -23,6 +23,18 @@ def candidates(ctx: Context) -> list[Candidate]:
     elif nf is not None and nf.phase == "loss" and not ctx.loss_nonfinite_op:  # (else the loss's own op)
         out.append(Candidate(Cause.DATA, "input", nf.step, "loss_nonfinite", [], severity=1.0, persistence=1.0,
                              certain=True, loss_kinds=losses.ANY | losses.NONFINITE))
+    elif nf is None and ctx.overflow is None:
+        # the loss is NaN while no gradient of the step is (they are checked every step), and the updates stop
+        # with it: a mean over no element, 0/0 with a gradient of 0 (every target ignored). (A loss that
+        # overflows to Inf keeps large, finite gradients: no update stops.)
+        for ev in ctx.all(Signal.LOSS, LossState.NONFINITE)[:1]:
+            later = [s for s in ctx.sampled if s >= ev.step]
+            if not any(u.step <= (later[0] if later else ev.step) and (u.end is None or u.end > ev.step)
+                       for u in ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE)):
+                continue
+            out.append(Candidate(Cause.DATA, "input", ev.step, "loss_empty", [ev], severity=1.0,
+                                 persistence=persistence(ev, ctx), certain=True,
+                                 loss_kinds=losses.ANY | losses.NONFINITE))
     unscaled = ctx.all(Signal.INPUT, InputState.UNSCALED)
     if unscaled:
         ev = unscaled[0]

@@ -99,6 +99,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "input_nonfinite":
             return [f"the input batch at step {c.step} contains NaN/Inf",
                     "every layer downstream computes NaN/Inf (non_finite)", "the loss and all gradients become NaN"]
+        if k == "loss_empty":
+            return [f"the loss is NaN from step {c.step}, while the gradients it sends back are finite: the NaN "
+                    "never reaches the model",
+                    "a loss averaged over no element is 0/0 with a gradient of 0 (every target equal to "
+                    "ignore_index, an empty mask or batch): the weights get no update"]
         if k == "loss_nonfinite":
             return [f"the model output is finite at step {c.step}",
                     "the loss (or its gradient) is NaN/Inf: NaN in the targets, or a loss undefined for them",
@@ -707,6 +712,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "input_nonfinite":
             return (f"the batch at step {c.step} carries NaN/Inf in the input: find it in the data pipeline "
                     "(assert torch.isfinite(x).all()), then drop or impute those samples")
+        if k == "loss_empty":
+            return ("check that the batches hold targets the loss counts: with ignore_index (-100 by default), "
+                    "padding or masking must leave some real targets in every batch (a label shift or a "
+                    "tokeniser that maps every label to -100 leaves none); skip an empty batch or mask before "
+                    "taking the mean")
         if k == "loss_nonfinite":
             return (f"check the targets of the batch at step {c.step} (assert torch.isfinite(y).all()) and that they "
                     "are in the loss's domain (class indices in range, probabilities in [0, 1]); mask or drop samples "
