@@ -309,9 +309,11 @@ def activation_leaves(model: nn.Module) -> set[int]:
 
 
 class NonFiniteWatch(TorchFunctionMode):
-    """For the NaN hunt's replay: the operations whose finite inputs give a NaN/Inf output, attributed, in
-    order (the first ``limit``). An Inf that a module absorbs (x / exp(t) with exp(t) = Inf is 0) is no
-    origin by itself: the replay takes the first one left when a module's output is not finite."""
+    """For the NaN hunt's replay: the operations whose finite inputs give a NaN/Inf output, or whose inputs
+    free of NaN give a NaN (Inf - Inf, 0 * Inf, a softmax of a row masked to -Inf everywhere: a fill of -Inf
+    is no origin, what turns it into NaN is), attributed, in order (the first ``limit``). An Inf that a
+    module absorbs (x / exp(t) with exp(t) = Inf is 0) is no origin by itself: the replay takes the first
+    one left when a module's output is not finite."""
 
     def __init__(self, tracker: ModuleTracker, leaves: dict[str, Kind], limit: int = 16):
         super().__init__()
@@ -341,7 +343,10 @@ class NonFiniteWatch(TorchFunctionMode):
         if not ins:
             return out
         with torch.no_grad():
-            if all(bool(torch.isfinite(o).all()) for o in outs) or not all(bool(torch.isfinite(t).all()) for t in ins):
+            if all(bool(torch.isfinite(o).all()) for o in outs):
+                return out
+            if not all(bool(torch.isfinite(t).all()) for t in ins) and (
+                    any(bool(torch.isnan(t).any()) for t in ins) or not any(bool(torch.isnan(o).any()) for o in outs)):
                 return out
         spec = OPS.get(func)
         owner, rel = self.tracker.attribute(spec.role if spec else Role.NUMERIC, first_tensor(args, kwargs))

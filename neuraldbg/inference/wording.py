@@ -11,6 +11,7 @@ import math
 from ..causes import Cause
 from ..events import SemanticEvent
 from ..formatting import number, percent
+from ..layers import Kind
 from ..losspath import LossMisuse
 from ..states import LossState, Signal, TargetState
 from .context import Context
@@ -609,6 +610,10 @@ _LOSS_OP_FIX = {
 }
 
 
+# operations whose NaN, made of finite or -Inf scores, is a row of scores masked everywhere
+_MASKED_OPS = frozenset({"F.softmax", "F.scaled_dot_product_attention", "F.multi_head_attention_forward"})
+
+
 def _loss_op_fix(op: str) -> str:
     if op in _LOSS_OP_FIX:
         return _LOSS_OP_FIX[op]
@@ -807,8 +812,17 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         op = origin.op if origin is not None else ""
         if k == "loss_op":
             return _loss_op_fix(f["op"])
+        where = f"`{c.layer}`" if c.layer else "the model's own forward"
+        info = ctx.layers.get(c.layer)
+        if k == "forward" and (op in _MASKED_OPS or not op and info is not None and info.kind == Kind.ATTENTION):
+            # a softmax cannot make NaN of finite scores: a row of scores all -Inf can (every key masked)
+            return (f"check the attention mask in {where}: a query whose keys are all masked gets a softmax of only "
+                    "-inf, which is NaN. key_padding_mask and a bool attn_mask mark with True what is ignored (a "
+                    "mask made as tokens != pad must be inverted: tokens == pad), and no row may be masked "
+                    "everywhere (a sequence that is all padding); fill with torch.finfo(scores.dtype).min instead "
+                    "of -inf to keep such rows finite")
         if k == "forward":
-            text = (f"guard {'the ' + op if op else 'the operation'} in `{c.layer}` that leaves its domain: add an eps "
+            text = (f"guard {'the ' + op if op else 'the operation'} in {where} that leaves its domain: add an eps "
                     "to a denominator "
                     "(x / (d + 1e-8)), clamp before sqrt/log (torch.sqrt(x.clamp_min(1e-12)), "
                     "torch.log(x.clamp_min(1e-12))), or use a stable form (torch.logsumexp, F.softmax / F.log_softmax "
