@@ -45,6 +45,24 @@ def _lr(trace: Trace) -> tuple[float, float, float]:
     return float(known[-1]), float(known[0]), float(known.max())
 
 
+def _lr_rising(trace: Trace, th: Thresholds) -> float:
+    """How many times over the schedule has raised the learning rate since the first sample, when it is still
+    raising it at the end of the run: the last sample is its peak, past ``lr_steady`` above the rate a quarter
+    of the run earlier, and ``lr_jump`` times above the first (a warm-up that never ends, a growth factor above
+    1). NaN otherwise (a warm-up that reached its peak and held, a decay)."""
+    if trace.globals.n < 3:
+        return math.nan
+    lr, steps = trace.global_column("lr"), trace.globals.steps
+    ok = np.isfinite(lr) & (lr > 0)
+    lr, steps = lr[ok], steps[ok]
+    if len(lr) < 3 or lr[-1] < lr.max():
+        return math.nan
+    earlier = lr[steps <= steps[-1] - (steps[-1] - steps[0]) / 4]
+    if not len(earlier) or lr[-1] < (1 + th.lr_steady) * earlier[-1] or lr[-1] < th.lr_jump * lr[0]:
+        return math.nan
+    return float(lr[-1] / lr[0])
+
+
 def _cleared(counts) -> tuple[int, int]:
     """(steps checked, steps whose gradients were cleared before the optimizer stepped)."""
     return (int(counts[0]), int(counts[1])) if counts else (0, 0)
@@ -110,7 +128,9 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
     scaled = _loss_scaled(trace.meta, thresholds, summed)
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
-                  lr_peak=lr_peak, th=thresholds, has_loss=trace.loss.n > 0, ranks=ranks,
+                  lr_peak=lr_peak, lr_rising=_lr_rising(trace, thresholds), th=thresholds,
+                  lr_rows=tuple(zip(trace.globals.steps.tolist(), trace.global_column("lr").tolist()))
+                  if trace.globals.n else (), has_loss=trace.loss.n > 0, ranks=ranks,
                   sampled=tuple(int(s) for s in table.steps),
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
                   carried=_carried(trace.meta.get("gradients_carried")),

@@ -49,6 +49,9 @@ class Context:
     # how the loss's code makes it unbounded below, should it fall so (see ``losspath.unbounded_form``; "": its
     # targets would)
     loss_unbounded: str = ""
+    # how many times over a schedule still raising the learning rate at the end of the run has raised it (NaN: not)
+    lr_rising: float = math.nan
+    lr_rows: tuple = ()             # (step, learning rate) at each sample
     param_dtype: str = ""           # the dtype most of the trainable weights are stored in ("": unknown)
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
@@ -141,6 +144,11 @@ class Context:
         """The learning rate started at less than half of its largest value (a warm-up, or a schedule that
         raised it); unknown learning rates count as warmed up."""
         return not (self.lr_first == self.lr_first and self.lr_peak > 0 and self.lr_first >= 0.5 * self.lr_peak)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate at the last sample at or before ``step`` (NaN: unknown)."""
+        known = [lr for s, lr in self.lr_rows if s <= step and lr == lr]
+        return known[-1] if known else math.nan
 
     def lr_text(self) -> tuple[str, str]:
         """The current learning rate and a tenth of it, as text."""

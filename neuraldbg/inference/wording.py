@@ -252,6 +252,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             lines.append(f"the loss is multiplied by {int(ctx.scaled_steps)} (2^{round(math.log2(ctx.scaled_steps))}) "
                          "before backward (a GradScaler's scale(loss)) and the optimizer steps on those gradients as "
                          "they are: nothing divides them back")
+        if ctx.lr_rising == ctx.lr_rising:
+            lines.append(f"the schedule keeps raising the learning rate: from {fmt(ctx.lr_first)} at the start to "
+                         f"{fmt(ctx.lr)} ({fmt(ctx.lr_rising)}x), still rising at the end of the run")
         jump = f.get("jump")
         if jump is not None:
             lines.append(f"the learning rate rises from {fmt(jump.values.get('lr_before', math.nan))} to "
@@ -775,6 +778,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "nn.LeakyReLU(0.01)" if prev else f"replace `{c.layer}` by nn.LeakyReLU(0.01)")
         if not ctx.from_start(c.step) and may_lower:
             text += f"; if the units died during training, lower the learning rate from {lr} to ~{lr10}"
+            if ctx.lr_rising == ctx.lr_rising:
+                text += f" (the schedule keeps raising it: x{fmt(ctx.lr_rising)} so far; cap it)"
         return text
     if c.cause == Cause.SATURATED_ACTIVATIONS:
         prev = f.get("previous")
@@ -887,6 +892,12 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("average the loss over the batch (reduction='mean', or divide the summed loss by the batch size): "
                 "summed, its gradient and so every step grow with the batch size; or lower the learning rate from "
                 f"{lr} by as many times as the batch has samples")
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.lr_rising == ctx.lr_rising:
+        at = ctx.lr_at(c.step)
+        below = f"; keep its peak below ~{fmt(at / 3)} (it was {fmt(at)} when the failure began)" if at == at else ""
+        return (f"stop the schedule raising the learning rate (x{fmt(ctx.lr_rising)} so far, {lr} now): a warm-up "
+                "ends at its peak (LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup_steps))), an ExponentialLR "
+                f"needs gamma < 1{below}; clip gradients at max_norm=1.0")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
         text = (f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")
         if f.get("spikes"):

@@ -1,0 +1,45 @@
+"""A schedule that keeps raising the learning rate (a warm-up written without its cap, an ExponentialLR with
+gamma > 1): the run diverges once the rate is too high, and the fix is the schedule's, not a lower starting
+rate. A warm-up that reaches its peak and holds is no such schedule, at any peak."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from zoo import Run, teacher_classes, train
+
+CONFIDENT = 0.5
+
+
+def _run(factor, lr: float = 0.05, steps: int = 300, seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def schedule(step, opt):
+        for group in opt.param_groups:
+            group["lr"] = lr * factor(step)
+    return train(Run(model, opt, teacher_classes(16, 4, seed=seed), steps=steps, before_step=schedule))
+
+
+@pytest.mark.parametrize("factor", [lambda s: 1 + s, lambda s: 1.05 ** s], ids=["uncapped_warmup", "gamma_above_1"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_schedule_still_raising_the_rate_gets_the_schedules_fix(factor, seed):
+    hs = _run(factor, seed=seed).explain()
+    top = hs[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("stop the schedule raising the learning rate")
+    assert any("keeps raising the learning rate" in line for line in top.chain)
+
+
+def test_a_warmup_that_reaches_a_peak_too_high_and_holds_gets_the_usual_fix():
+    hs = _run(lambda s: min(1.0, (s + 1) / 40), lr=3.0).explain()
+    top = hs[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("lower the learning rate")
+
+
+def test_a_warmup_to_a_usual_peak_stays_quiet():
+    hs = _run(lambda s: min(1.0, (s + 1) / 40)).explain()
+    assert not [h for h in hs if h.confidence >= CONFIDENT]
