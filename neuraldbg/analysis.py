@@ -143,6 +143,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   moving_objective=bool(trace.meta.get("loss_moving")),
                   through_time=dict(trace.meta.get("through_time") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
+                  optimizer_momentum=float(trace.meta.get("optimizer_momentum", math.nan)),
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
                   grad_clip=_clip_rows(trace.meta),
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],

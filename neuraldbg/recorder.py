@@ -126,8 +126,9 @@ class _StepRecord:
 
 
 def _precision_meta(params: list, optimizer) -> dict:
-    """The dtype most of the watched weights are stored in, and the optimizer's ``eps`` (what an update in that
-    dtype divides by), when it has one."""
+    """The dtype most of the watched weights are stored in, the optimizer's ``eps`` (what an update in that
+    dtype divides by) and its ``momentum`` (SGD's, RMSprop's: a step sums ~1 / (1 - momentum) gradients),
+    when it has them."""
     out: dict = {}
     sizes: dict[str, int] = {}
     for p in params:
@@ -139,6 +140,9 @@ def _precision_meta(params: list, optimizer) -> dict:
     eps = getattr(optimizer, "defaults", {}).get("eps") if optimizer is not None else None
     if isinstance(eps, (int, float)) and not isinstance(eps, bool):
         out["optimizer_eps"] = float(eps)
+    momentum = getattr(optimizer, "defaults", {}).get("momentum") if optimizer is not None else None
+    if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
+        out["optimizer_momentum"] = float(momentum)
     return out
 
 class Recorder:

@@ -57,6 +57,7 @@ class Context:
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
     through_time: dict = field(default_factory=dict)
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
+    optimizer_momentum: float = math.nan  # its momentum (SGD, RMSprop), when it has one
     # layers whose output the loss reads directly, besides through the model's outputs (an activity penalty):
     # layer -> the ops from the loss to it, loss side first
     loss_terms: dict = field(default_factory=dict)

@@ -252,6 +252,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             lines.append(f"the loss is multiplied by {int(ctx.scaled_steps)} (2^{round(math.log2(ctx.scaled_steps))}) "
                          "before backward (a GradScaler's scale(loss)) and the optimizer steps on those gradients as "
                          "they are: nothing divides them back")
+        if ctx.optimizer_momentum >= ctx.th.momentum_high:
+            lines.append(f"the optimizer's momentum is {fmt(ctx.optimizer_momentum)}: a step carries the gradients of "
+                         "the steps before it, and at a steady gradient moves "
+                         + (f"~{fmt(1 / (1 - ctx.optimizer_momentum))}x" if ctx.optimizer_momentum < 1 else
+                            "ever more than") + " the learning rate times the gradient")
         if ctx.lr_rising == ctx.lr_rising:
             lines.append(f"the schedule keeps raising the learning rate: from {fmt(ctx.lr_first)} at the start to "
                          f"{fmt(ctx.lr)} ({fmt(ctx.lr_rising)}x), still rising at the end of the run")
@@ -898,6 +903,13 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"stop the schedule raising the learning rate (x{fmt(ctx.lr_rising)} so far, {lr} now): a warm-up "
                 "ends at its peak (LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup_steps))), an ExponentialLR "
                 f"needs gamma < 1{below}; clip gradients at max_norm=1.0")
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.optimizer_momentum >= ctx.th.momentum_high:
+        # a step sums ~1 / (1 - momentum) gradients: the momentum multiplies the learning rate by as much
+        mu = ctx.optimizer_momentum
+        times = f"~{fmt(1 / (1 - mu))}x" if mu < 1 else "without bound"
+        return (f"lower the momentum from {fmt(mu)} to 0.9: each step adds up the gradients of the steps before, "
+                f"{times} the learning rate ({lr}) at a steady gradient; or lower the learning rate by as much; clip "
+                "gradients at max_norm=1.0")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
         text = (f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")
         if f.get("spikes"):
@@ -929,6 +941,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         target = lrv * 1e3 if lrv == lrv and lrv > 0 else math.nan
         text = (f"raise the learning rate from {fmt(lrv)} to ~{fmt(target)} (updates of ~1e-3 x the weights per step "
                 "are typical; 1e-3 is a usual start for Adam)" if target == target else
+                "set a learning rate above 0 (1e-3 is a usual start for Adam, 1e-2 to 1e-1 for SGD): the optimizer "
+                "steps with lr=0" if lrv == 0 else
                 "raise the learning rate until updates are ~1e-3 x the weights per step")
         if lrv == lrv and lrv >= ctx.th.usual_lr:
             text = (f"the learning rate ({fmt(lrv)}) is not small, the gradient reaching the optimizer is: check for a "

@@ -1,6 +1,7 @@
-"""A schedule that keeps raising the learning rate (a warm-up written without its cap, an ExponentialLR with
-gamma > 1): the run diverges once the rate is too high, and the fix is the schedule's, not a lower starting
-rate. A warm-up that reaches its peak and holds is no such schedule, at any peak."""
+"""Learning-rate settings whose fix is not the starting rate: a schedule that keeps raising the rate (a warm-up
+written without its cap, an ExponentialLR with gamma > 1), where the fix is the schedule's (a warm-up that
+reaches its peak and holds is no such schedule, at any peak); a momentum near one, which multiplies the step;
+a learning rate of zero."""
 from __future__ import annotations
 
 import pytest
@@ -43,3 +44,24 @@ def test_a_warmup_that_reaches_a_peak_too_high_and_holds_gets_the_usual_fix():
 def test_a_warmup_to_a_usual_peak_stays_quiet():
     hs = _run(lambda s: min(1.0, (s + 1) / 40)).explain()
     assert not [h for h in hs if h.confidence >= CONFIDENT]
+
+
+def test_a_momentum_near_one_is_named_in_the_fix_and_a_usual_one_is_not():
+    def run(momentum):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05 if momentum > 0.99 else 5.0, momentum=momentum)
+        return train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()[0]
+    high = run(0.999)
+    assert high.cause == "learning_rate_too_high" and high.confidence >= CONFIDENT
+    assert high.suggestion.startswith("lower the momentum from 0.999")
+    assert any("momentum is 0.999" in line for line in high.chain)
+    usual = run(0.9)
+    assert usual.cause == "learning_rate_too_high"
+    assert "momentum" not in usual.suggestion
+
+
+def test_a_learning_rate_of_zero_is_said_so():
+    top = _run(lambda s: 0.0).explain()[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert "lr=0" in top.suggestion
