@@ -13,6 +13,7 @@ from functools import lru_cache
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from faultgen.score import RAISE_LR, contradictions
 from regressions import (functional_cnn_adam, lstm_recurrent_too_large, postln_transformer_adamw,
@@ -548,7 +549,7 @@ class _Encoded(torch.nn.Module):
             self.enc.requires_grad_(False)
 
     def forward(self, x):
-        h = self.enc(x)
+        h = self.enc(x) if self.cut != "checkpoint" else None
         if self.cut == "detach":
             h = h.detach()
         elif self.cut == "numpy":
@@ -556,6 +557,8 @@ class _Encoded(torch.nn.Module):
         elif self.cut == "no_grad":
             with torch.no_grad():
                 h = h * 1.0
+        elif self.cut == "checkpoint":  # reentrant: inputs that need no gradient give an output that needs none
+            h = torch.utils.checkpoint.checkpoint(self.enc, x, use_reentrant=True)
         return self.head(h)
 
 
@@ -563,14 +566,16 @@ def _encoded_run(model, steps: int = 300):
     return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(20, 5), steps=steps))
 
 
-@pytest.mark.parametrize("cut", ["detach", "numpy", "no_grad"])
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")
+@pytest.mark.parametrize("cut", ["detach", "numpy", "no_grad", "checkpoint"])
 def test_an_encoder_cut_from_the_graph_in_the_forward_is_named_where_the_cut_is(cut):
     """The encoder runs and is trainable, but the forward cuts the graph after it: only the head learns. Was a
     plateau asking for a larger learning rate."""
     dbg = _encoded_run(_Encoded(cut))
     top = dbg.explain()[0]
     assert (top.cause, top.layer) == ("vanishing_gradients", "enc.2") and top.confidence >= CONFIDENT, dbg.report()
-    assert ".detach()" in top.suggestion and "learning rate" not in top.suggestion
+    assert ".detach()" in top.suggestion and "use_reentrant=False" in top.suggestion
+    assert "learning rate" not in top.suggestion
     assert not [h for h in dbg.explain() if h.cause in ("loss_plateau", "learning_rate_too_low")
                 and h.confidence >= CONFIDENT]
 

@@ -875,8 +875,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "backpropagation) or give the model a path over time (attention, skip connections across steps)")
     if c.cause == Cause.VANISHING_GRADIENTS and k == "unreached":
         return (f"find what cuts the graph after `{c.layer}` in the forward pass: a .detach(), .data, a round trip "
-                "through .item(), .numpy() or torch.tensor(...), or a torch.no_grad() block; if it is meant to stay "
-                "fixed, freeze it (requires_grad_(False) on its parameters)")
+                "through .item(), .numpy() or torch.tensor(...), a torch.no_grad() block, or torch.utils.checkpoint "
+                "with use_reentrant=True on inputs that need no gradient (pass use_reentrant=False); if it is meant "
+                "to stay fixed, freeze it (requires_grad_(False) on its parameters)")
     if c.cause == Cause.VANISHING_GRADIENTS:
         bounded = sorted({n for n, l in ctx.layers.items() if str(l.kind) == "bounded" and n in ctx.rank},
                          key=ctx.rank.__getitem__)
