@@ -19,6 +19,7 @@ from .health import LayerHealth
 from .hypothesis import CausalHypothesis
 from .patterns import Link
 from .inference import Context, infer
+from .stats import Stat
 from .thresholds import Thresholds
 from .trace import Trace
 
@@ -61,6 +62,31 @@ def _lr_rising(trace: Trace, th: Thresholds) -> float:
     if not len(earlier) or lr[-1] < (1 + th.lr_steady) * earlier[-1] or lr[-1] < th.lr_jump * lr[0]:
         return math.nan
     return float(lr[-1] / lr[0])
+
+
+def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
+    """The trainable layers whose weights hold a gradient and never move, at every sampled step where updates
+    were read and another layer's weights did move (at least ``persist`` of them), in forward order: no
+    optimizer steps them (left out of the optimizer's parameters, a module added after it was made, a
+    group whose learning rate is 0)."""
+    st = trace.stats
+    if st.n == 0:
+        return ()
+    up, grad = st.data[:, :, int(Stat.W_UPDATE_NORM)], st.data[:, :, int(Stat.W_GRAD_NORM)]
+    trainable = [i for i, layer in enumerate(trace.layers) if layer.n_trainable > 0]
+    if len(trainable) < 2:
+        return ()
+    with np.errstate(invalid="ignore"):
+        moved = (up[:, trainable] > 0).sum(axis=1)
+    out = []
+    for i in trainable:
+        with np.errstate(invalid="ignore"):
+            rows = np.isfinite(up[:, i]) & (moved - (up[:, i] > 0) > 0)  # read, and another layer moved
+        if rows.sum() >= th.persist and bool(np.all(up[rows, i] == 0) and np.all(grad[rows, i] > 0)):
+            out.append(i)
+    layers = trace.layers
+    out.sort(key=lambda i: (layers[i].order is None, layers[i].order or 0))
+    return tuple(layers[i].name for i in out)
 
 
 def _cleared(counts) -> tuple[int, int]:
@@ -134,7 +160,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   sampled=tuple(int(s) for s in table.steps),
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
                   carried=_carried(trace.meta.get("gradients_carried")),
-                  unreached=int(trace.meta.get("steps_unreached", 0)),
+                  unreached=int(trace.meta.get("steps_unreached", 0)), unupdated=_unupdated(trace, thresholds),
                   cleared=_cleared(trace.meta.get("steps_cleared")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   loss_nonfinite_op=losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths")),

@@ -182,7 +182,8 @@ def _collapse(a: Candidate, b: Candidate, ctx: Context) -> bool:
     pass a vanishing signal and gradient, and leave units dead; the plain plateau is the same story."""
     if a.kind == "unbounded":
         return _unbounded(a, b, ctx)
-    if a.kind in ("not_stepped", "unreached", "cleared"):  # weights that never change: no lr or plateau says more
+    # weights that never change: no learning rate or plateau says more
+    if a.kind in ("not_stepped", "unreached", "cleared", "unoptimized"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":
         return False

@@ -42,6 +42,7 @@ class Context:
     unstepped: int = 0              # backward passes while the watched optimizer never stepped (0: it did)
     carried: float = 0.0            # share of optimizer steps after which the gradients were not zeroed
     unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
+    unupdated: tuple = ()           # layers whose weights hold a gradient and that no optimizer step moves
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)

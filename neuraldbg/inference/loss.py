@@ -32,7 +32,7 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 
 def candidates(ctx: Context) -> list[Candidate]:
-    out = _not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx)
+    out = _not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx) + _unoptimized(ctx)
     if ctx.loss_unbounded:
         # a loss whose code has no floor (negated, an NLL of raw outputs, a log-likelihood left positive) falls
         # below zero without end: the model is trained away from its targets, whatever the data
@@ -134,3 +134,16 @@ def _input_unused(ctx: Context) -> list[Candidate]:
     return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "input_unused", [], severity=1.0, persistence=1.0,
                       needs_harm=True, lasting=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW},
                       facts={"replayed": int(mix.get("step", 0))})]
+
+
+def _unoptimized(ctx: Context) -> list[Candidate]:
+    """Layers whose weights hold a gradient at every sampled step and never move while the others' do: no
+    optimizer steps them (built from part of the model, ``Adam(model.fc.parameters())``, or before a module was
+    added; a group with lr=0). A fact of the run from the first step; a failure with a loss that does not
+    improve (a probe trained on purpose over a frozen backbone learns). Named at the first of them."""
+    layers = [name for name in ctx.unupdated if name in ctx.layers]
+    if not layers or ctx.param_dtype in ("bfloat16", "float16"):  # (16-bit updates may all round away)
+        return []
+    return [Candidate(Cause.LOSS_PLATEAU, layers[0], ctx.first_step, "unoptimized", [], severity=1.0,
+                      persistence=1.0, needs_harm=True, lasting=True,
+                      loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW}, facts={"layers": layers})]

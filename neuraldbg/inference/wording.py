@@ -298,6 +298,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 f"time step {read} of {steps}",
                 f"its output there has seen {read} of the {steps} steps: what comes later cannot change the "
                 "prediction"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "unoptimized":
+        return [f"the weights of {layer_list(f['layers'])} hold a gradient at every sampled step and never change, "
+                "while the other layers' do: no optimizer steps them",
+                "only the rest of the model learns"]
     if c.cause == Cause.LOSS_PLATEAU and k == "not_stepped":
         return [f"the weights never changed: {f['passes']} backward passes ran and the optimizer did not step once"]
     if c.cause == Cause.LOSS_PLATEAU and k == "on_probabilities":
@@ -958,6 +962,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
                 "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
                 "out[:, 0] is its state after the first step only")
+    if k == "unoptimized":
+        return ("give the optimizer every parameter that should learn: torch.optim.Adam(model.parameters(), ...) made "
+                "after the model is complete (one made from model.fc.parameters(), or before a module was added, "
+                f"leaves {layer_list(f['layers'])} out), or optimizer.add_param_group(...); check that no group has "
+                "lr=0; if they are meant to stay fixed, freeze them (requires_grad_(False))")
     if k == "not_stepped":
         return ("call optimizer.step() after loss.backward() in every step (with gradient accumulation, every few "
                 "steps), on the optimizer that holds these parameters (made after the model, from "
