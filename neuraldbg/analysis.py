@@ -89,6 +89,21 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     return tuple(layers[i].name for i in out)
 
 
+def _foreign_steps(trace: Trace) -> int:
+    """Optimizer steps on weights none of which are the model's, in a run whose own weights never changed
+    (the same norm at every sample) and that was given no optimizer of its own: the optimizer steps another
+    model's weights (one made before the model was re-created). 0 otherwise."""
+    steps = int(trace.meta.get("foreign_steps", 0))
+    if not steps or trace.meta.get("optimizer") is not None or trace.stats.n < 2:
+        return 0
+    norms = trace.stats.data[:, [i for i, layer in enumerate(trace.layers) if layer.n_trainable > 0],
+                             int(Stat.W_NORM)]
+    known = np.isfinite(norms).all(axis=0)
+    if not known.any() or not np.all(norms[:, known] == norms[0, known]):
+        return 0
+    return steps
+
+
 def _cleared(counts) -> tuple[int, int]:
     """(steps checked, steps whose gradients were cleared before the optimizer stepped)."""
     return (int(counts[0]), int(counts[1])) if counts else (0, 0)
@@ -161,6 +176,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
                   carried=_carried(trace.meta.get("gradients_carried")),
                   unreached=int(trace.meta.get("steps_unreached", 0)), unupdated=_unupdated(trace, thresholds),
+                  foreign_steps=_foreign_steps(trace),
                   cleared=_cleared(trace.meta.get("steps_cleared")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   loss_nonfinite_op=losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths")),

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
 from . import distributed, losspath, mixing, nanhunt
@@ -332,6 +333,26 @@ class Recorder:
         if self.optimizer is not None:
             self._opt_handles.append(self.optimizer.register_step_pre_hook(self._on_optimizer_pre))
             self._opt_handles.append(self.optimizer.register_step_post_hook(self._on_optimizer_post))
+        else:  # none given: the first one that steps on the model's weights, once it does
+            self._opt_handles.append(register_optimizer_step_pre_hook(self._adopt))
+
+    _adopted_step = False  # the step an optimizer was adopted at: its pass was counted at its backward end
+
+    def _adopt(self, optimizer, args, kwargs):
+        """No optimizer was given (a training cell that makes its own): the first optimizer that steps on the
+        model's trainable weights is watched from its next step on, as if it had been given (updates, the
+        learning rate, steps counted by it). The step it is found at was already counted at its backward end."""
+        if self.optimizer is not None or not self.attached:
+            return None
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if not any(id(p) in owned and p.requires_grad for p in self.inner.parameters()):
+            # an optimizer of other weights (one made for a model since re-created): counted
+            self.trace.meta["foreign_steps"] = self.trace.meta.get("foreign_steps", 0) + 1
+            return None
+        self.set_optimizer(optimizer)
+        self.trace.meta["optimizer_adopted"] = True
+        self._adopted_step = True
+        return None
 
     def set_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Count steps by ``optimizer`` from now on, in place of any optimizer given before (one that a
@@ -1070,6 +1091,8 @@ class Recorder:
         self._out_leaves = []
 
     def _on_optimizer_pre(self, optimizer, args, kwargs):
+        if self._adopted_step:
+            return None
         self._step_depth += 1
         if self._step_depth > 1:  # a subclass's step calling its parent's, both hooked: one step
             return None
@@ -1091,6 +1114,9 @@ class Recorder:
         return None
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
+        if self._adopted_step:
+            self._adopted_step = False
+            return
         self._step_depth = max(self._step_depth - 1, 0)
         if self._step_depth:
             return

@@ -187,15 +187,20 @@ def test_a_generator_loss_read_through_a_trained_discriminator_is_a_moving_objec
     assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()
 
 
-@pytest.mark.parametrize("case", ["frozen", "same_optimizer", "no_watched_optimizer"])
+@pytest.mark.parametrize("case", ["frozen", "same_optimizer"])
 def test_weights_outside_the_model_that_do_not_move_against_it_keep_the_loss_an_objective(case):
     """A discriminator nobody trains (a fixed feature net left requires_grad=True), or one the watched
-    optimizer steps with the model: the loss is an objective, and its plateau is read as one. Without a
-    watched optimizer nothing says who steps what: no moving objective either."""
-    dbg = _game(steps=120, d_trained=case == "no_watched_optimizer", d_in_g_optimizer=case == "same_optimizer",
-                watch_optimizer=case != "no_watched_optimizer")
+    optimizer steps with the model: the loss is an objective, and its plateau is read as one."""
+    dbg = _game(steps=120, d_trained=False, d_in_g_optimizer=case == "same_optimizer")
     assert not dbg.trace.meta.get("loss_moving")
     assert case != "frozen" or dbg.trace.meta.get("loss_outside", 0) > 0
+
+
+def test_a_game_whose_optimizers_the_loop_makes_is_a_moving_objective_too():
+    """No optimizer given: the generator's, the first to step on its weights, is found; the discriminator's
+    steps on other weights beside it, so the loss is a game's as when the optimizer is given."""
+    dbg = _game(steps=120, watch_optimizer=False)
+    assert dbg.trace.meta.get("optimizer_adopted") and dbg.trace.meta.get("loss_moving")
 
 
 def test_a_broken_generator_is_still_named_in_a_game():

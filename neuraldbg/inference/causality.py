@@ -183,7 +183,7 @@ def _collapse(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a.kind == "unbounded":
         return _unbounded(a, b, ctx)
     # weights that never change: no learning rate or plateau says more
-    if a.kind in ("not_stepped", "unreached", "cleared", "unoptimized"):
+    if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":
         return False

@@ -43,6 +43,7 @@ class Context:
     carried: float = 0.0            # share of optimizer steps after which the gradients were not zeroed
     unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
     unupdated: tuple = ()           # layers whose weights hold a gradient and that no optimizer step moves
+    foreign_steps: int = 0          # optimizer steps on other weights while the model's never changed
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)

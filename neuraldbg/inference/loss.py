@@ -82,7 +82,8 @@ def _on_probabilities(ctx: Context) -> list[Candidate]:
 
 def _not_stepped(ctx: Context) -> list[Candidate]:
     """The weights cannot learn, whatever the learning rate: backward passes ran and the watched optimizer never
-    stepped (``optimizer.step()`` not called, or called on another optimizer), or the optimizer stepped on the
+    stepped (``optimizer.step()`` not called, or called on another optimizer), or, none given, the only optimizer
+    that stepped holds none of the model's weights (made for a model since re-created), or the optimizer stepped on the
     model's weights and most of its steps had no gradient from the loss on those weights: no backward pass
     through the model before them (a loss computed from a detached output: ``.detach()``, ``.item()``,
     ``torch.no_grad()``, a tensor rebuilt from numpy), or one whose gradients were cleared before the step."""
@@ -90,6 +91,9 @@ def _not_stepped(ctx: Context) -> list[Candidate]:
     if ctx.unstepped >= ctx.th.persist:
         return [Candidate(Cause.LOSS_PLATEAU, "", 0, "not_stepped", [], severity=1.0, persistence=1.0, lasting=True,
                           loss_kinds=kinds, facts={"passes": ctx.unstepped})]
+    if ctx.foreign_steps >= ctx.th.persist:  # an optimizer stepped, on other weights: the model's never changed
+        return [Candidate(Cause.LOSS_PLATEAU, "", 0, "foreign", [], severity=1.0, persistence=1.0, lasting=True,
+                          loss_kinds=kinds, facts={"steps": ctx.foreign_steps})]
     checked, cleared = ctx.cleared
     for kind, count, steps in (("unreached", ctx.unreached, ctx.last_step + 1), ("cleared", cleared, checked)):
         if count >= ctx.th.persist and 2 * count >= steps:

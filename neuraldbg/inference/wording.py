@@ -302,6 +302,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the weights of {layer_list(f['layers'])} hold a gradient at every sampled step and never change, "
                 "while the other layers' do: no optimizer steps them",
                 "only the rest of the model learns"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "foreign":
+        return [f"the weights never changed: an optimizer stepped {f['steps']} times, on weights none of which are "
+                "this model's"]
     if c.cause == Cause.LOSS_PLATEAU and k == "not_stepped":
         return [f"the weights never changed: {f['passes']} backward passes ran and the optimizer did not step once"]
     if c.cause == Cause.LOSS_PLATEAU and k == "on_probabilities":
@@ -967,6 +970,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "after the model is complete (one made from model.fc.parameters(), or before a module was added, "
                 f"leaves {layer_list(f['layers'])} out), or optimizer.add_param_group(...); check that no group has "
                 "lr=0; if they are meant to stay fixed, freeze them (requires_grad_(False))")
+    if k == "foreign":
+        return ("make the optimizer again from this model's parameters (optimizer = "
+                "torch.optim.Adam(model.parameters(), ...)) after the model is built: the one stepping holds another "
+                "model's weights (a cell that "
+                "re-creates the model leaves an optimizer made before it stepping the old weights)")
     if k == "not_stepped":
         return ("call optimizer.step() after loss.backward() in every step (with gradient accumulation, every few "
                 "steps), on the optimizer that holds these parameters (made after the model, from "

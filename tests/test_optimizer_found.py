@@ -1,0 +1,91 @@
+"""A session given no optimizer (a training cell that makes its own): the first optimizer that steps on the
+model's weights is watched from then on, as if it had been given, with every step counted once. An optimizer
+that holds none of the model's weights (made for a model since re-created, a cell re-run out of order) is
+named: the model's weights never change."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from jupyter_cells import ip  # noqa: F401 - a fixture
+from neuraldbg import NeuralDbg
+from zoo import teacher_classes
+
+CONFIDENT = 0.5
+
+
+def _mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def _loop(model, make_opt, steps: int = 200, given=None):
+    data = teacher_classes(16, 4)
+    with NeuralDbg(model, optimizer=given) as dbg:
+        opt = make_opt()
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_the_optimizer_a_loop_makes_is_watched_as_if_given():
+    found = _mlp()
+    dbg = _loop(found, lambda: torch.optim.SGD(found.parameters(), lr=1e-6))
+    given_model = _mlp()
+    opt = torch.optim.SGD(given_model.parameters(), lr=1e-6)
+    given = _loop(given_model, lambda: opt, given=opt)
+    assert dbg.trace.meta["optimizer"] == "SGD" and dbg.trace.meta.get("optimizer_adopted")
+    assert dbg.step == given.step == 200  # every step counted once
+    assert list(dbg.trace.loss.steps) == list(given.trace.loss.steps)
+    top, ref = dbg.explain()[0], given.explain()[0]
+    assert top.cause == ref.cause == "learning_rate_too_low"
+    assert "raise the learning rate from 1" in top.suggestion
+
+
+def test_an_optimizer_of_another_model_is_named():
+    model, old = _mlp(), _mlp(seed=1)  # the model re-created after its optimizer was made
+    dbg = _loop(model, lambda: torch.optim.Adam(old.parameters(), lr=1e-3))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("loss_plateau", "", 0) and top.confidence >= CONFIDENT
+    assert "model.parameters()" in top.suggestion and "learning rate" not in top.suggestion
+
+
+def test_a_second_optimizer_of_other_weights_beside_the_models_own_is_no_fault():
+    """A GAN's discriminator optimizer steps too: the generator's own optimizer is the one found."""
+    model, critic = _mlp(), _mlp(seed=1)
+    data = teacher_classes(16, 4)
+    with NeuralDbg(model) as dbg:
+        opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for step in range(200):
+            x, y = data(step)
+            opt_c.zero_grad()
+            F.cross_entropy(critic(x), y).backward()
+            opt_c.step()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert dbg.trace.meta["optimizer"] == "Adam"
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def test_the_magic_watches_an_optimizer_made_in_the_cell(ip):  # noqa: F811 - the fixture
+    ip.run_cell("import torch, torch.nn as nn\ntorch.manual_seed(0)\n"
+                "model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))\n")
+    cell = ("opt = torch.optim.SGD(model.parameters(), lr=1e-6)\n"
+            "g = torch.Generator().manual_seed(0); w = torch.randn(16, 4, generator=g)\n"
+            "for step in range(200):\n"
+            "    x = torch.randn(64, 16, generator=g); y = (x @ w).argmax(1)\n"
+            "    opt.zero_grad(); loss = nn.functional.cross_entropy(model(x), y); loss.backward(); opt.step()\n")
+    ip.run_cell_magic("neuraldbg", "model --no-live", cell)
+    dbg = ip.user_ns["_ndbg"]
+    assert dbg.trace.meta["optimizer"] == "SGD" and dbg.step == 200
+    assert dbg.explain()[0].cause == "learning_rate_too_low"
