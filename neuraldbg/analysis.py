@@ -104,6 +104,23 @@ def _foreign_steps(trace: Trace) -> int:
     return steps
 
 
+def _grad_rms(trace: Trace) -> float:
+    """The median over sampled steps of the trainable layers' median gradient RMS per weight entry (what an
+    adaptive optimizer's second moment holds the square of); NaN when unknown."""
+    st = trace.stats
+    idx = [i for i, layer in enumerate(trace.layers) if layer.n_trainable > 0]
+    if st.n == 0 or not idx:
+        return math.nan
+    size = np.sqrt(np.array([trace.layers[i].n_trainable for i in idx], dtype=np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rms = st.data[:, idx, int(Stat.W_GRAD_NORM)].astype(np.float64) / size
+    rms = np.where(np.isfinite(rms) & (rms > 0), rms, np.nan)
+    per_step = rms[np.isfinite(rms).any(axis=1)]
+    if not len(per_step):
+        return math.nan
+    return float(np.median(np.nanmedian(per_step, axis=1)))
+
+
 def _cleared(counts) -> tuple[int, int]:
     """(steps checked, steps whose gradients were cleared before the optimizer stepped)."""
     return (int(counts[0]), int(counts[1])) if counts else (0, 0)
@@ -186,6 +203,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   through_time=dict(trace.meta.get("through_time") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   optimizer_momentum=float(trace.meta.get("optimizer_momentum", math.nan)),
+                  optimizer=str(trace.meta.get("optimizer") or ""), grad_rms=_grad_rms(trace),
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
                   grad_clip=_clip_rows(trace.meta),
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],

@@ -167,6 +167,9 @@ class Thresholds:
     usual_lr: float = _f(1e-2, "usual lr", "log", 1e-6, 10.0,
                          "a learning rate at least this large is not what makes updates negligible: the gradient is",
                          slider=False)
+    eps_damps: float = _f(10.0, "eps over gradient", "log", 1.0, 1e6,
+                          "an adaptive optimizer's eps at least this many times the gradients' RMS per entry "
+                          "divides the updates by eps rather than by the gradient's scale", slider=False)
     momentum_high: float = _f(0.99, "high momentum", "linear", 0.5, 1.0,
                               "an optimizer momentum at least this high (a step summing ~100 gradients or more; 0.9 is "
                               "usual) is named in a learning rate too high's fix", slider=False)

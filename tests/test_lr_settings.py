@@ -1,7 +1,7 @@
 """Learning-rate settings whose fix is not the starting rate: a schedule that keeps raising the rate (a warm-up
 written without its cap, an ExponentialLR with gamma > 1), where the fix is the schedule's (a warm-up that
 reaches its peak and holds is no such schedule, at any peak); a momentum near one, which multiplies the step;
-a learning rate of zero."""
+an adaptive optimizer's eps far above the gradients, which divides it; a learning rate of zero."""
 from __future__ import annotations
 
 import pytest
@@ -65,3 +65,25 @@ def test_a_learning_rate_of_zero_is_said_so():
     top = _run(lambda s: 0.0).explain()[0]
     assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
     assert "lr=0" in top.suggestion
+
+
+def _adam(eps: float, lr: float = 1e-3):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=lr, eps=eps), teacher_classes(16, 4),
+                     steps=300)).explain()
+
+
+def test_an_adam_eps_far_above_the_gradients_is_named_in_place_of_the_learning_rate():
+    """eps=1.0 (a TensorFlow setting) divides every update by 1 rather than by the gradient's RMS (~1e-3):
+    Adam at 1e-3 barely moves. The fix is eps, not the learning rate."""
+    top = _adam(1.0)[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("lower the optimizer's eps from 1")
+    assert "eps is 1" in top.chain[0]
+
+
+def test_an_adam_eps_that_still_learns_and_the_default_stay_quiet():
+    """At lr 1.0 the same eps gives steps of ~gradient: it learns. The default eps is no finding."""
+    for eps, lr in ((1.0, 1.0), (1e-8, 1e-3)):
+        assert not [h for h in _adam(eps, lr) if h.confidence >= CONFIDENT], (eps, lr)

@@ -60,6 +60,8 @@ class Context:
     through_time: dict = field(default_factory=dict)
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
     optimizer_momentum: float = math.nan  # its momentum (SGD, RMSprop), when it has one
+    optimizer: str = ""             # the watched optimizer's class name ("": none)
+    grad_rms: float = math.nan      # the typical gradient RMS per weight entry (median over layers and samples)
     # layers whose output the loss reads directly, besides through the model's outputs (an activity penalty):
     # layer -> the ops from the loss to it, loss side first
     loss_terms: dict = field(default_factory=dict)

@@ -60,7 +60,7 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     if nf_step is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the learning rate
         small = [e for e in small if e.step < nf_step]
     decayed = _decayed(ctx, small)
-    out += decayed + _clipped(ctx, small) + _rounded(ctx, small, nf_step)
+    out += decayed + _clipped(ctx, small) + _rounded(ctx, small, nf_step) + _damped(ctx, small)
     if decayed:  # updates made negligible by the decay are its consequence, in its chain
         small = [e for e in small if not any(e in c.events for c in decayed)]
     if small:
@@ -166,3 +166,21 @@ def _decayed(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
                              facts={"lr_peak": peak, "lr_low": low, "factor": factor,
                                     "negligible_from": follows[0].step if follows else None}))
     return out
+
+
+# optimizers that divide each update by the root of a running mean of squared gradients plus eps
+_ADAPTIVE = frozenset({"Adam", "AdamW", "NAdam", "RAdam", "Adamax", "RMSprop", "Adagrad", "SparseAdam"})
+
+
+def _damped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
+    """An adaptive optimizer (Adam, RMSprop ...) whose ``eps`` is ``eps_damps`` times the gradients' typical RMS
+    per entry or more: each update is lr x gradient / eps instead of ~lr, as small as the gradient is next to
+    eps (``Adam(..., eps=1.0)``, a TensorFlow setting). No failure by itself: it needs a loss that does not
+    come down, or barely."""
+    eps, rms = ctx.optimizer_eps, ctx.grad_rms
+    if ctx.optimizer not in _ADAPTIVE or not (eps == eps and rms == rms and rms > 0) or eps < ctx.th.eps_damps * rms:
+        return []
+    return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "eps", [],
+                      severity=past_ratio(eps / rms, ctx.th.eps_damps), persistence=1.0, needs_harm=True,
+                      lasting=True, symptoms=list(small), loss_kinds=losses.FLAT | {LossState.SLOW},
+                      facts={"eps": eps, "grad_rms": rms})]

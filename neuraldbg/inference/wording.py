@@ -280,6 +280,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return lines + (spike_lines + large_lines if first_spike else large_lines + spike_lines)
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "eps":
+        return [f"the optimizer's eps is {fmt(f['eps'])}, {fmt(f['eps'] / f['grad_rms'])}x the gradients' typical size "
+                f"per weight ({fmt(f['grad_rms'])})",
+                "an adaptive optimizer divides each update by the gradient's running RMS plus eps: with eps far "
+                "above it, the update is the learning rate times gradient / eps, not ~the learning rate"]
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "rounded":
         ulp = "2^-8" if f["dtype"] == "bfloat16" else "2^-11"  # half of finfo(dtype).eps
         return [f"the weights are stored in {f['dtype']}: {percent(f['unchanged'])} of their entries come out of an "
@@ -931,6 +936,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"keep the learning rate near {fmt(f['lr_peak'])} until the loss settles: a scheduler stepped every "
                 "batch with a step size meant in epochs (StepLR, ExponentialLR, MultiStepLR) decays it that fast; call "
                 "scheduler.step() once per epoch, or give the step size in batches")
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "eps":
+        return (f"lower the optimizer's eps from {fmt(f['eps'])} to its default (1e-8 for Adam): it must stay far "
+                "below the gradients' size for the update to be ~lr per step; leave the learning rate as it is")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "rounded":
         return (f"keep the weights in float32 (no model.to({f['dtype']})) and run the forward pass under "
                 f"torch.autocast(device_type, dtype=torch.{f['dtype']}): the optimizer then updates float32 "
