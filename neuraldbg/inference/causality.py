@@ -177,12 +177,13 @@ def _unbounded(a: Candidate, b: Candidate, ctx: Context) -> bool:
                        C.SATURATED_ACTIVATIONS, C.VANISHING_GRADIENTS) and _after(a, b)
 
 
-def _collapse(a: Candidate, b: Candidate, ctx: Context) -> bool:
-    """Weights held near zero make every update large next to them (no divergence, no NaN: just a ratio),
-    pass a vanishing signal and gradient, and leave units dead; the plain plateau is the same story."""
+def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
+    """A loss with no floor, see ``_unbounded``. Weights that never change (no optimizer steps them, or steps
+    on no gradient) leave no learning rate or plateau more to say. Weights held near zero make every update
+    large next to them (no divergence, no NaN: just a ratio), pass a vanishing signal and gradient, and leave
+    units dead; the plain plateau is the same story."""
     if a.kind == "unbounded":
         return _unbounded(a, b, ctx)
-    # weights that never change: no learning rate or plateau says more
     if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":
@@ -253,7 +254,7 @@ EXPLAINS: dict[Cause, Predicate] = {
     C.NON_FINITE: _nonfinite,
     C.VANISHING_GRADIENTS: _vanishing,
     C.ATTENTION_COLLAPSE: _attention,
-    C.LOSS_PLATEAU: _collapse,
+    C.LOSS_PLATEAU: _loss_family,
     C.RANK_DATA: _rank_spread,
     C.WORLD_SIZE_SCALING: _rank_spread,
 }
