@@ -121,6 +121,13 @@ def _grad_rms(trace: Trace) -> float:
     return float(np.median(np.nanmedian(per_step, axis=1)))
 
 
+def _loss_min(trace: Trace) -> float:
+    """The lowest finite loss recorded (NaN: none)."""
+    v = trace.loss.data
+    v = v[np.isfinite(v)] if len(v) else v
+    return float(v.min()) if len(v) else math.nan
+
+
 def _cleared(counts) -> tuple[int, int]:
     """(steps checked, steps whose gradients were cleared before the optimizer stepped)."""
     return (int(counts[0]), int(counts[1])) if counts else (0, 0)
@@ -198,6 +205,9 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   loss_nonfinite_op=losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths")),
                   loss_unbounded=losspath.unbounded_form(trace.meta.get("loss_paths")),
+                  bounded_output=losspath.bounded_output(trace.meta.get("loss_paths"),
+                                                         str(trace.meta.get("output_op") or "")),
+                  loss_min=_loss_min(trace),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),
                   through_time=dict(trace.meta.get("through_time") or {}),

@@ -265,6 +265,38 @@ def unbounded_form(recorded: list[list[str]] | None) -> str:
     return ""
 
 
+# activations whose outputs stay within a range, by autograd node (a hardtanh's bounds are not in its name)
+_BOUNDED_RANGE = {"Sigmoid": (0.0, 1.0), "Tanh": (-1.0, 1.0)}
+
+
+def made_by(fn) -> str:
+    """The op that made the model's output, past the shape-only ops at its end (``nn.Flatten`` after a
+    sigmoid: "Sigmoid"); "" when it is not one op."""
+    for _ in range(MAX_NODES):
+        name = op_name(fn)
+        nxt = [n for n, _ in getattr(fn, "next_functions", ()) if n is not None]
+        if name not in SHAPE_OPS or len(nxt) != 1:
+            return name if name not in SHAPE_OPS else ""
+        fn = nxt[0]
+    return ""
+
+
+def bounded_output(recorded: list[list[str]] | None, output_op: str = "") -> tuple[str, float, float] | None:
+    """A regression loss (mean squared, L1, Huber) of outputs a sigmoid or tanh bounds, directly (shape ops
+    aside; ``output_op``: the op that made the model's output, past the shape ops at its end): (the
+    activation, its low, its high); None otherwise, and for a loss summed over the batch (the bound is one
+    element's)."""
+    for path in recorded or []:
+        ops = [op for op in path if op.split("@")[0] not in SHAPE_OPS]
+        if not ops or ops[0] not in _REGRESSION:
+            continue
+        act = ops[1] if len(ops) >= 2 else output_op
+        if act in _BOUNDED_RANGE:
+            lo, hi = _BOUNDED_RANGE[act]
+            return act, lo, hi
+    return None
+
+
 def _probability_next(ops: list[str], i: int) -> bool:
     """The op after ``ops[i]`` (a log), past a pick of the targets' entries, is a softmax or sigmoid: a
     log-probability."""

@@ -382,10 +382,13 @@ class Recorder:
             self._watch_outside(losspath.outside_leaves(loss.grad_fn, self._out_fns,
                                                         {id(p) for p in self.inner.parameters()}))
             self._read_layer_terms(loss.grad_fn, self._out_fns)
+        made = losspath.made_by(self._out_fns[0]) if paths and self._out_fns else ""
         self._out_fns = ()
         self._loss_path_tries += 1
         if paths:
             self.trace.meta["loss_paths"] = paths
+            if made:
+                self.trace.meta["output_op"] = made
         # found, or not found in the first few losses (a loss that does not come from the output): not looked for
         # again, so no step pays for a walk through the graph after these
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES

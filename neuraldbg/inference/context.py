@@ -53,6 +53,9 @@ class Context:
     loss_unbounded: str = ""
     # how many times over a schedule still raising the learning rate at the end of the run has raised it (NaN: not)
     lr_rising: float = math.nan
+    # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so
+    bounded_output: tuple | None = None
+    loss_min: float = math.nan      # the lowest finite loss recorded
     lr_rows: tuple = ()             # (step, learning rate) at each sample
     param_dtype: str = ""           # the dtype most of the trainable weights are stored in ("": unknown)
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves

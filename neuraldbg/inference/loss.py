@@ -32,7 +32,8 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 
 def candidates(ctx: Context) -> list[Candidate]:
-    out = _not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx) + _unoptimized(ctx)
+    out = (_not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx) + _unoptimized(ctx)
+           + _out_of_range(ctx))
     if ctx.loss_unbounded:
         # a loss whose code has no floor (negated, an NLL of raw outputs, a log-likelihood left positive) falls
         # below zero without end: the model is trained away from its targets, whatever the data
@@ -151,3 +152,22 @@ def _unoptimized(ctx: Context) -> list[Candidate]:
     return [Candidate(Cause.LOSS_PLATEAU, layers[0], ctx.first_step, "unoptimized", [], severity=1.0,
                       persistence=1.0, needs_harm=True, lasting=True,
                       loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW}, facts={"layers": layers})]
+
+
+def _out_of_range(ctx: Context) -> list[Candidate]:
+    """A regression loss of outputs a sigmoid or tanh holds in [lo, hi] that never comes below what any target
+    in that range allows: one element's squared error is at most (hi - lo)^2, its absolute error hi - lo (a
+    Huber loss lies below both). So the targets lie outside the outputs' range (a sigmoid output for targets
+    of 0-100), and the loss cannot come down to them: a floor from the first step."""
+    found = ctx.bounded_output
+    if found is None or not ctx.loss_min == ctx.loss_min:
+        return []
+    span = found[2] - found[1]
+    bound = max(span, span * span)
+    if ctx.loss_min <= bound:
+        return []
+    return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "out_of_range", [],
+                      severity=past_ratio(ctx.loss_min, bound), persistence=1.0, needs_harm=True, lasting=True,
+                      loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW},
+                      facts={"activation": found[0], "low": found[1], "high": found[2], "loss_min": ctx.loss_min,
+                             "bound": bound})]

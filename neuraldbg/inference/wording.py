@@ -307,6 +307,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the weights of {layer_list(f['layers'])} hold a gradient at every sampled step and never change, "
                 "while the other layers' do: no optimizer steps them",
                 "only the rest of the model learns"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "out_of_range":
+        rng = f"[{fmt(f['low'])}, {fmt(f['high'])}]"
+        return [f"the loss is a regression loss of outputs a {f['activation'].lower()} holds in {rng}, and it never "
+                f"comes below {fmt(f['loss_min'])}, where targets in {rng} allow at most {fmt(f['bound'])}",
+                "the targets lie outside the outputs' range: no weights bring the outputs to them"]
     if c.cause == Cause.LOSS_PLATEAU and k == "foreign":
         return [f"the weights never changed: an optimizer stepped {f['steps']} times, on weights none of which are "
                 "this model's"]
@@ -978,6 +983,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "after the model is complete (one made from model.fc.parameters(), or before a module was added, "
                 f"leaves {layer_list(f['layers'])} out), or optimizer.add_param_group(...); check that no group has "
                 "lr=0; if they are meant to stay fixed, freeze them (requires_grad_(False))")
+    if k == "out_of_range":
+        rng = f"[{fmt(f['low'])}, {fmt(f['high'])}]"
+        return (f"remove the final {f['activation'].lower()} (a linear output for a regression), or scale the "
+                f"targets into {rng} (y = (y - y.min()) / (y.max() - y.min()) from the training set, inverted on "
+                "the predictions)")
     if k == "foreign":
         return ("make the optimizer again from this model's parameters (optimizer = "
                 "torch.optim.Adam(model.parameters(), ...)) after the model is built: the one stepping holds another "
