@@ -337,6 +337,7 @@ class Recorder:
             self._opt_handles.append(register_optimizer_step_pre_hook(self._adopt))
 
     _adopted_step = False  # the step an optimizer was adopted at: its pass was counted at its backward end
+    _foreign: frozenset = frozenset()  # ids of optimizers seen stepping on none of the model's weights
 
     def _adopt(self, optimizer, args, kwargs):
         """No optimizer was given (a training cell that makes its own): the first optimizer that steps on the
@@ -344,9 +345,13 @@ class Recorder:
         learning rate, steps counted by it). The step it is found at was already counted at its backward end."""
         if self.optimizer is not None or not self.attached:
             return None
-        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        if not any(id(p) in owned and p.requires_grad for p in self.inner.parameters()):
-            # an optimizer of other weights (one made for a model since re-created): counted
+        foreign = id(optimizer) in self._foreign  # (its parameters are looked at once, not every step)
+        if not foreign:
+            owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            foreign = not any(id(p) in owned and p.requires_grad for p in self.inner.parameters())
+            if foreign:
+                self._foreign = self._foreign | {id(optimizer)}
+        if foreign:  # an optimizer of other weights (one made for a model since re-created): counted
             self.trace.meta["foreign_steps"] = self.trace.meta.get("foreign_steps", 0) + 1
             return None
         self.set_optimizer(optimizer)

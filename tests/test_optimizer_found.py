@@ -89,3 +89,21 @@ def test_the_magic_watches_an_optimizer_made_in_the_cell(ip):  # noqa: F811 - th
     dbg = ip.user_ns["_ndbg"]
     assert dbg.trace.meta["optimizer"] == "SGD" and dbg.step == 200
     assert dbg.explain()[0].cause == "learning_rate_too_low"
+
+
+def test_a_watched_model_no_optimizer_steps_beside_a_loss_that_learns_is_no_fault():
+    """A teacher left trainable but in no optimizer, watched while a student learns from it: its weights never
+    change and another optimizer steps, but the loss recorded improves: no verdict."""
+    teacher, student = _mlp(), _mlp(seed=1)
+    data = teacher_classes(16, 4)
+    with NeuralDbg(teacher) as dbg:
+        opt = torch.optim.Adam(student.parameters(), lr=1e-3)
+        for step in range(200):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(student(x) + teacher(x).detach(), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert dbg.trace.meta.get("foreign_steps", 0) == 200
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]

@@ -93,8 +93,9 @@ def _not_stepped(ctx: Context) -> list[Candidate]:
         return [Candidate(Cause.LOSS_PLATEAU, "", 0, "not_stepped", [], severity=1.0, persistence=1.0, lasting=True,
                           loss_kinds=kinds, facts={"passes": ctx.unstepped})]
     if ctx.foreign_steps >= ctx.th.persist:  # an optimizer stepped, on other weights: the model's never changed
+        # (a failure only with a loss that fails: a loss that improves is not this model's to improve)
         return [Candidate(Cause.LOSS_PLATEAU, "", 0, "foreign", [], severity=1.0, persistence=1.0, lasting=True,
-                          loss_kinds=kinds, facts={"steps": ctx.foreign_steps})]
+                          needs_harm=True, loss_kinds=kinds, facts={"steps": ctx.foreign_steps})]
     checked, cleared = ctx.cleared
     for kind, count, steps in (("unreached", ctx.unreached, ctx.last_step + 1), ("cleared", cleared, checked)):
         if count >= ctx.th.persist and 2 * count >= steps:
