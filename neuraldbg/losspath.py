@@ -91,6 +91,7 @@ def op_name(fn) -> str:
 
 _NORMALISING = frozenset({"Softmax", "LogSoftmax"})
 _OFF_CLASSES = "@off_classes"   # marks a (log-)softmax over another dimension than a batch's classes (dim 1)
+_SINGLE = "@single"             # marks a (log-)softmax over a dimension of size 1: constant (1, its log 0)
 _SUM = "@sum"                   # marks a loss function that sums over its elements (reduction="sum")
 _SUM_REDUCTION = 2              # the value of an autograd node's ``_saved_reduction`` for reduction="sum"
 _WEIGHTED = "@weighted"         # marks a loss function given weights per class or sample
@@ -111,6 +112,8 @@ def _name(fn) -> str:
         dim = getattr(fn, "_saved_dim", None)
         if isinstance(dim, int) and dim >= 1 << 63:  # stored unsigned: a dimension counted from the end
             dim -= 1 << 64
+        if isinstance(dim, int) and _size(fn, dim) == 1:
+            return name + _SINGLE
         if isinstance(dim, int) and dim >= 0 and dim != 1:
             return name + _OFF_CLASSES
     if getattr(fn, "_saved_reduction", None) == _SUM_REDUCTION:
@@ -118,6 +121,16 @@ def _name(fn) -> str:
     if _weighted(fn):
         return name + _WEIGHTED
     return name
+
+
+def _size(fn, dim: int) -> int | None:
+    """The size along ``dim`` of the tensor an autograd node made (its shape is kept with the node after the
+    backward pass frees what it saved); None when not known."""
+    try:
+        shape = tuple(fn._input_metadata[0].shape)
+    except (AttributeError, IndexError, RuntimeError, TypeError):
+        return None
+    return int(shape[dim]) if -len(shape) <= dim < len(shape) else None
 
 
 def _weighted(fn) -> bool:
@@ -219,6 +232,26 @@ def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
             if found is not None:
                 return found
     return None
+
+
+# ops whose derivative is zero wherever it is defined: a loss reached only through them gives no gradient
+_FLAT_OPS = frozenset({"Round", "Floor", "Ceil", "Trunc", "Sign"})
+
+
+def no_gradient(recorded: list[list[str]] | None) -> str:
+    """How the loss's code gives the model's outputs no gradient, on every path from the loss to them: "single"
+    (a softmax or log-softmax over a dimension of size 1, one output where a cross-entropy wants one per
+    class: the probability is 1, the loss 0), or the op whose derivative is zero (``torch.round`` of the
+    outputs: "Round"); "": a path carries a gradient."""
+    found = ""
+    for path in recorded or []:
+        if not path:
+            continue
+        op = next((op for op in path if op.endswith(_SINGLE) or op.split("@")[0] in _FLAT_OPS), None)
+        if op is None:
+            return ""
+        found = found or ("single" if op.endswith(_SINGLE) else op.split("@")[0])
+    return found
 
 
 # library losses that cannot be negative for targets in their range

@@ -179,12 +179,12 @@ def _unbounded(a: Candidate, b: Candidate, ctx: Context) -> bool:
 
 def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
     """A loss with no floor, see ``_unbounded``. Weights that never change (no optimizer steps them, or steps
-    on no gradient) leave no learning rate or plateau more to say. Weights held near zero make every update
-    large next to them (no divergence, no NaN: just a ratio), pass a vanishing signal and gradient, and leave
-    units dead; the plain plateau is the same story."""
+    on no gradient, or the loss gives them none) leave no learning rate or plateau more to say. Weights held
+    near zero make every update large next to them (no divergence, no NaN: just a ratio), pass a vanishing
+    signal and gradient, and leave units dead; the plain plateau is the same story."""
     if a.kind == "unbounded":
         return _unbounded(a, b, ctx)
-    if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized"):
+    if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "no_gradient"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":
         return False

@@ -32,8 +32,8 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 
 def candidates(ctx: Context) -> list[Candidate]:
-    out = (_not_stepped(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx) + _unoptimized(ctx)
-           + _out_of_range(ctx))
+    out = (_not_stepped(ctx) + _no_gradient(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx)
+           + _unoptimized(ctx) + _out_of_range(ctx))
     if ctx.loss_unbounded:
         # a loss whose code has no floor (negated, an NLL of raw outputs, a log-likelihood left positive) falls
         # below zero without end: the model is trained away from its targets, whatever the data
@@ -79,6 +79,17 @@ def _on_probabilities(ctx: Context) -> list[Candidate]:
     return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "on_probabilities", [], severity=1.0, persistence=1.0,
                       certain=True, lasting=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW},
                       facts={"misuse": ctx.loss_misuse})]
+
+
+def _no_gradient(ctx: Context) -> list[Candidate]:
+    """The loss's code gives the model's outputs no gradient on any path (a cross-entropy of one output column:
+    its softmax is 1 and the loss 0 whatever the weights; a ``torch.round`` of the outputs): a fact of the code,
+    from the first step. No learning rate moves weights that get no gradient; the loss stays where it is."""
+    if not ctx.loss_no_gradient:
+        return []
+    return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "no_gradient", [], severity=1.0, persistence=1.0,
+                      certain=True, lasting=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED},
+                      facts={"op": ctx.loss_no_gradient})]
 
 
 def _not_stepped(ctx: Context) -> list[Candidate]:

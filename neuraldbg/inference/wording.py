@@ -317,6 +317,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 "this model's"]
     if c.cause == Cause.LOSS_PLATEAU and k == "not_stepped":
         return [f"the weights never changed: {f['passes']} backward passes ran and the optimizer did not step once"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "no_gradient":
+        if f["op"] == "single":
+            return ["the loss takes a softmax over a dimension of size 1 (a cross-entropy of one output per sample): "
+                    "that probability is always 1 and the loss always 0, so no gradient reaches the weights"]
+        return [f"every path from the loss to the model's output goes through torch.{f['op'].lower()}, whose "
+                "gradient is zero: no gradient reaches the weights, whatever the learning rate"]
     if c.cause == Cause.LOSS_PLATEAU and k == "on_probabilities":
         return [_ON_PROBABILITIES[f["misuse"]]]
     if c.cause == Cause.LOSS_PLATEAU and k == "unbounded":
@@ -997,6 +1003,14 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("call optimizer.step() after loss.backward() in every step (with gradient accumulation, every few "
                 "steps), on the optimizer that holds these parameters (made after the model, from "
                 "model.parameters())")
+    if k == "no_gradient":
+        if f["op"] == "single":
+            return ("give the last layer one output per class (nn.Linear(..., num_classes)) for cross_entropy; for "
+                    "two classes either 2 outputs, or 1 output with F.binary_cross_entropy_with_logits(out.squeeze(1), "
+                    "y.float())")
+        return (f"compute the loss from the raw outputs, not from torch.{f['op'].lower()} of them (apply it only to "
+                "read predictions); for a rounded or thresholded target, use a loss of the outputs that is smooth in "
+                "them (cross_entropy, binary_cross_entropy_with_logits, mse_loss)")
     if k == "on_probabilities":
         return _ON_PROBABILITIES_FIX[f["misuse"]]
     if k == "unbounded":
