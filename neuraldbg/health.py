@@ -215,6 +215,15 @@ def features(trace: Trace) -> Features:
 
 def _build_features(trace: Trace, key: tuple) -> Features:
     x = trace.stats.data
+    g = trace.globals.data
+    if len(g) == len(x):
+        # a unit is dead when no sample of the batch makes it positive: a batch of one sample repeated (or of
+        # one value) shows only which units that one input turns off
+        with np.errstate(invalid="ignore"):
+            same = g[:, GLOBAL_COLUMNS.index("input_spread")] == 0
+        if same.any():
+            x = x.copy()
+            x[same, :, int(Stat.ACT_DEAD)] = np.nan
     cols = _Columns(x)
     layers = trace.layers
     t = x.shape[0]
@@ -507,16 +516,18 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     upd_by_state[UpdateState.TOO_LARGE] = {**upd_values, "update_peak": lambda r: peak,
                                            "near_until": lambda r: float(steps[last[stretch[r]]])}
     upd_by_state[UpdateState.NEGLIGIBLE] = {**upd_values, "update_typical": lambda r: typical}
-    in_steps, (mean, sd, absmax, in_nf) = input_rows(trace, steps, [g[:, col(c)] for c in (
-        "input_mean", "input_std", "input_absmax", "input_nonfinite")])
+    in_steps, (mean, sd, absmax, in_nf, spread) = input_rows(trace, steps, [g[:, col(c)] for c in (
+        "input_mean", "input_std", "input_absmax", "input_nonfinite", "input_spread")])
     inp = np.zeros(len(in_steps), dtype=np.int8)
     with np.errstate(invalid="ignore"):
         inp[np.fmax(np.abs(mean), sd) > th.input_scale] = InputState.UNSCALED.code
         inp[np.fmax(np.abs(mean), sd) < th.input_tiny] = InputState.UNSCALED.code   # out of scale the other way
-        # no spread at all (zeros, ones, one value repeated): not a scale to normalise, nothing to learn from
-        inp[sd == 0] = InputState.CONSTANT.code
+        # no spread at all (zeros, ones, one value repeated), or every sample of the batch the same one (a
+        # dataset that ignores its index): not a scale to normalise, nothing to tell the samples apart by
+        inp[(sd == 0) | (spread == 0)] = InputState.CONSTANT.code
     inp[in_nf > 0] = InputState.NONFINITE.code
-    in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax)}
+    in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax),
+                 "input_spread": _at(spread)}
     # the weights against their start (the median trainable layer): a collapse toward zero
     with np.errstate(all="ignore"):
         shrink = row_median(np.where(f.wnu > 0, f.wnu / first_finite(f.wnu), np.nan))
@@ -533,17 +544,17 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
 
 
 def input_rows(trace: Trace, steps: np.ndarray, columns: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The input's statistics (the first ``len(columns)`` of mean, std, absmax, nonfinite) at the sampled steps
-    and at the unsampled steps whose loss spiked (read then, from the input the step still held), in step
-    order."""
+    """The input's statistics (the first ``len(columns)`` of mean, std, absmax, nonfinite, spread) at the sampled
+    steps and at the unsampled steps whose loss spiked (read then, from the input the step still held), in step
+    order (a statistic a row does not hold, from a file written before it was read, is NaN)."""
     sampled = set(int(x) for x in steps)  # a sampled step's own row comes first
-    extra = [r for r in trace.meta.get("input_at_spikes") or [] if len(r) >= 1 + len(columns)
-             and int(r[0]) not in sampled]
+    extra = [r for r in trace.meta.get("input_at_spikes") or [] if len(r) >= 5 and int(r[0]) not in sampled]
     if not extra:
         return steps, columns
     all_steps = np.concatenate([steps, np.array([r[0] for r in extra], dtype=steps.dtype)])
     order = np.argsort(all_steps, kind="stable")
-    merged = [np.concatenate([c, np.array([r[1 + i] for r in extra], dtype=np.float64)])[order]
+    merged = [np.concatenate([c, np.array([r[1 + i] if 1 + i < len(r) else np.nan for r in extra],
+                                          dtype=np.float64)])[order]
               for i, c in enumerate(columns)]
     return all_steps[order], merged
 
@@ -814,7 +825,7 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
         return []
     classes = sorted({c for r in rows for c in r[1]})
     if len(classes) < 2:
-        return []
+        return _one_class(trace, rows, th)
     col = {c: i for i, c in enumerate(classes)}
     counts = np.zeros((len(rows), len(classes)))
     for j, (_, found, n) in enumerate(rows):
@@ -835,6 +846,35 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
               "batch": lambda r: float(np.median(size))}
     steps = np.array([r[0] for r in rows], dtype=np.int64)
     return [StateSeries(Signal.TARGET, steps, state[:, None], [""], {TargetState.ORDERED: values})]
+
+
+def _one_class(trace: Trace, rows: list, th: Thresholds) -> list[StateSeries]:
+    """Every target read off the output's gradient is one class (``rows``: the sampled batches' [step, classes,
+    counts]), and the loss falls below ``one_class_fit`` of its first value: the model needs only a constant
+    to fit them (labels read as one value, a class that all but never shows). Once ``one_class_targets``
+    targets were read, the state holds from the first batch read. A contrastive loss whose positive is always
+    class 0 keeps a loss far from zero, and one sample fitted over and over (the same input at every sample)
+    has one class by design: both are left alone."""
+    if not rows or not trace.loss.n:
+        return []
+    loss = trace.loss.data
+    finite = loss[np.isfinite(loss)]
+    if not len(finite) or not finite[0] > 0 or finite.min() > th.one_class_fit * finite[0]:
+        return []
+    if trace.globals.n:  # one sample trained on over and over (a check that the model can fit it) has one class
+        mean, spread = trace.global_column("input_mean"), trace.global_column("input_spread")
+        mean = mean[np.isfinite(mean)]
+        if len(mean) and np.all(mean == mean[0]) and not np.any(spread > 0):
+            return []
+    read = np.cumsum([sum(r[2]) for r in rows])
+    if read[-1] < th.one_class_targets:
+        return []
+    state = np.full(len(rows), TargetState.ONE_CLASS.code, dtype=np.int8)  # one class from the first batch read
+    values = {"class": lambda r: float(rows[0][1][0]), "targets": lambda r: float(read[-1]),
+              "batches": lambda r: float(len(rows)), "loss_first": lambda r: float(finite[0]),
+              "loss_min": lambda r: float(finite.min())}
+    steps = np.array([r[0] for r in rows], dtype=np.int64)
+    return [StateSeries(Signal.TARGET, steps, state[:, None], [""], {TargetState.ONE_CLASS: values}, persist=1)]
 
 
 def skip_run(steps: np.ndarray) -> tuple[int, int]:

@@ -35,7 +35,8 @@ from .layers import Kind, LayerInfo, describe, watched_modules
 from .paramnorms import ParamNorms
 from .schedule import LossTurn, Schedule, SpikeWatch, Throttle
 from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
-                    dtype_max, finite_norm, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch, max_abs)
+                    dtype_max, finite_norm, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch,
+                    input_stats, max_abs)
 from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
@@ -45,6 +46,7 @@ _ATTN_COLS = [int(s) for s in ATTENTION_STATS]
 # gradient statistics that carry a GradScaler's scale (divided by it when it is known)
 _SCALED_COLS = [int(Stat.GRAD_RMS), int(Stat.W_GRAD_NORM)]
 _SCALE_COL = GLOBAL_COLUMNS.index("loss_scale")
+_SPREAD_COL = GLOBAL_COLUMNS.index("input_spread")
 # "Units never positive" is measured where a zero output means a unit that stopped learning.
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
@@ -469,7 +471,7 @@ class Recorder:
     def _input_at_spike(self, step: int) -> None:
         """The loss, known on the host, spiked at an unsampled step: the step's input is still held (for a
         replay), so its scale is read now (a batch out of scale is the usual reason), into the trace's meta
-        as [step, mean, std, absmax, nonfinite]."""
+        as [step, mean, std, absmax, nonfinite, spread]."""
         st = self.trace.stats
         if self._last_inputs is None or self._rec is not None or (st.n and int(st.steps[-1]) == step):
             return  # nothing held, or sampled (being sampled): its input is in the trace
@@ -478,7 +480,7 @@ class Recorder:
             return  # one row a step (a second micro-batch of the same step)
         x = _sample_input(self._last_inputs)
         if x is not None and len(spikes) < self.MAX_SPIKE_INPUTS:
-            spikes.append([int(step)] + [float(v) for v in forward_stats(x, None, None)[:4].tolist()])
+            spikes.append([int(step)] + [float(v) for v in input_stats(x).tolist()])
 
     def latest_loss(self) -> float | None:
         """The loss recorded last, if it is not in the trace yet (None otherwise)."""
@@ -576,7 +578,7 @@ class Recorder:
                 self._rec.grads = self._output_grads_now()
             x = _sample_input((args, kwargs))
             if x is not None:
-                self._rec.input = forward_stats(x, None, None)[:4]
+                self._rec.input = input_stats(x)
             if not self.compiled:
                 self._start_observer()
 
@@ -957,7 +959,7 @@ class Recorder:
                 # scale, the usual reason for such a spike, is read now
                 x = _sample_input(self._last_inputs) if self._last_inputs is not None else None
                 if x is not None:
-                    self._rec.input = forward_stats(x, None, None)[:4]
+                    self._rec.input = input_stats(x)
         if self._rec is not None:
             self._read_param_grads(self._rec)
             self._read_classes()
@@ -1244,7 +1246,8 @@ class Recorder:
                 k += 3 * n
             if rec.input is not None:
                 g[1:5] = flat[k:k + 4]
-                k += 4
+                g[_SPREAD_COL] = flat[k + 4]
+                k += 5
             stepped = None
             if rec.stepped is not None:
                 stepped = flat[k:k + len(rec.stepped)]

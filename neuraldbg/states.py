@@ -97,6 +97,7 @@ class TargetState(_State):
     OUT_OF_REACH = "out_of_reach"   # a first loss far beyond what the outputs' scale can reach
     UNBOUNDED = "unbounded"         # a loss that cannot be negative falls deep below zero, still falling
     ORDERED = "ordered"             # batches whose classes are far from the run's mix (data not shuffled)
+    ONE_CLASS = "one_class"         # every target read is one class, and the loss fits it to ~0
 
 
 class WeightState(_State):

@@ -129,6 +129,18 @@ def forward_stats(x: torch.Tensor, unit_dim: int | None,
     return forward_stats_batch(x.unsqueeze(0), unit_dim, bounds, dead)[0]
 
 
+def input_stats(x: torch.Tensor) -> torch.Tensor:
+    """A batch's mean, std, largest magnitude and non-finite share (``forward_stats``' first four), and how
+    far its samples lie from its first one (the largest |x[i] - x[0]|: 0 when every sample is the same; NaN
+    for a batch of one): a (5,) tensor."""
+    x = x.detach()
+    first = forward_stats(x, None, None)[:4]
+    if x.dim() < 1 or x.shape[0] < 2:
+        return torch.cat([first, first.new_full((1,), float("nan"))])
+    spread = (x[1:] - x[:1]).abs().amax().float().reshape(1).to(first.device)
+    return torch.cat([first, spread])
+
+
 def grad_stats(g: torch.Tensor, unit_dim: int | None = None) -> torch.Tensor:
     """``grad_stats_batch`` for one gradient: a (2,) tensor."""
     return grad_stats_batch(g.unsqueeze(0), unit_dim)[0]

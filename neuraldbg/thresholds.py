@@ -131,6 +131,14 @@ class Thresholds:
                             "(not shuffled)")
     batch_order_window: int = _f(5, "batch order window", "linear", 1, 50,
                                  "sampled batches whose median class order is read (fewer read, none)", slider=False)
+    one_class_targets: int = _f(300, "one-class targets", "log", 30, 100000,
+                                "targets read off the output's gradient, every one of the same class, before the data "
+                                "is named (after n of one class, the others' share is below 3/n at 95%: 1% at 300)",
+                                slider=False)
+    one_class_fit: float = _f(0.1, "one-class fit", "log", 1e-4, 0.5,
+                              "share of its first value the loss falls below when the targets hold one class: the "
+                              "model fits a constant (a contrastive loss whose positive is always class 0 stays far "
+                              "above it)", slider=False)
     # -- ranks (multi-process runs) ----------------------------------------------------------------
     replica_divergence: float = _f(1e-5, "replica divergence", "log", 1e-9, 1e-1,
                                    "relative difference of a layer's weight checksum from the other ranks' above "

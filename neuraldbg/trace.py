@@ -119,7 +119,8 @@ class BoundedSeries:
 
 # Columns of the per-step "global" series, recorded with each sampled step ("loss_scale": the
 # GradScaler's scale when one is given, the gradients recorded are divided by it; NaN otherwise).
-GLOBAL_COLUMNS = ("lr", "input_mean", "input_std", "input_absmax", "input_nonfinite", "loss_scale")
+# input_spread: the largest distance of a batch's samples from its first (0: every sample the same)
+GLOBAL_COLUMNS = ("lr", "input_mean", "input_std", "input_absmax", "input_nonfinite", "loss_scale", "input_spread")
 
 
 @dataclass

@@ -74,3 +74,37 @@ def test_a_constant_input_beside_one_that_carries_the_signal_trains_quietly():
             dbg.record_loss(loss)
     assert any(e.after == "constant" for e in dbg.analysis().events)  # seen, and not a failure
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def _repeated(seed: int):
+    """One sample repeated across the batch (a dataset whose __getitem__ ignores its index): the features
+    vary, the samples do not."""
+    data = teacher_classes(12, 4, seed=seed)
+
+    def repeat(step: int):
+        x, y = data(step)
+        return x[:1].expand_as(x).clone(), y
+    return repeat
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_sample_the_same_is_the_datas_with_a_fix_on_the_index(seed):
+    model = _mlp(seed)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _repeated(seed), steps=200))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("data", "input", 0) and top.confidence >= CONFIDENT
+    assert "__getitem__" in top.suggestion
+    assert not [h for h in dbg.explain()[1:] if h.confidence >= CONFIDENT]
+
+
+def test_one_sample_repeated_to_overfit_it_trains_quietly():
+    """Overfitting one sample on purpose (every batch is that sample, repeated, with its target): the loss
+    falls."""
+    x, y = _repeated(0)(0)
+
+    def same_target(step: int):
+        return x, y[:1].expand_as(y).clone()
+    model = _mlp()
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), same_target, steps=200))
+    assert any(e.after == "constant" for e in dbg.analysis().events)  # seen, and not a failure
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]

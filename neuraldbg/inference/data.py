@@ -84,6 +84,11 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.DATA, str(mix.get("layer") or ""), ctx.first_step, "mixed", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
                              facts=dict(mix)))
+    for ev in ctx.all(Signal.TARGET, TargetState.ONE_CLASS)[:1]:
+        # nothing to tell apart: the loss falls to ~0 with a constant output, and the model learns nothing else
+        out.append(Candidate(Cause.DATA, "input", ev.step, "one_class", [ev], severity=1.0,
+                             persistence=persistence(ev, ctx), certain=True, lasting=True,
+                             acting_from=ctx.first_step, loss_kinds=losses.ANY, facts=dict(ev.values)))
     for ev in ctx.all(Signal.TARGET, TargetState.ORDERED)[:1]:
         # the order is the data loader's, from the first batch on; each batch pulls the model toward its classes
         out.append(Candidate(Cause.DATA, "input", ev.step, "ordered", [ev],

@@ -109,6 +109,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the model output is finite at step {c.step}",
                     "the loss (or its gradient) is NaN/Inf: NaN in the targets, or a loss undefined for them",
                     "all gradients become NaN (non_finite)"]
+        if k == "constant" and f.get("input_std", 0.0) > 0:
+            return [f"every sample of the input batch is the same one from step {c.step} (its features vary, its "
+                    "samples do not): the samples cannot be told apart",
+                    "the model can only learn one output for all of them (the targets' average, or their most "
+                    "frequent class)"]
         if k == "constant":
             return [f"every value of the input batch is {fmt(f.get('input_mean', math.nan))} from step {c.step} "
                     "(no spread at all): the samples cannot be told apart",
@@ -135,6 +140,13 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                     f"inputs, {much} (a replay of the pass at step {f.get('step', c.step)}, in eval mode){order}",
                     f"{where} mixes them: it reads the batch in another layout than it is fed (a recurrence or "
                     "attention run across the batch's samples, not along each sample's sequence)"]
+        if k == "one_class":
+            n = f.get("targets", math.nan)
+            return [f"every one of the {n:.0f} targets read in {f.get('batches', math.nan):.0f} sampled batches is "
+                    f"class {f.get('class', math.nan):.0f} (classes read off the output's gradient): any other class "
+                    f"makes up less than {fmt(100 * 3 / n)}% of the data",
+                    f"the loss falls from {fmt(f.get('loss_first', math.nan))} to {fmt(f.get('loss_min', math.nan))}: "
+                    "the model fits a constant output and learns nothing of its input"]
         if k == "ordered":
             return [f"the sampled batches hold {f.get('batch_classes', math.nan):.1f} of the run's "
                     f"{f.get('classes', math.nan):.0f} classes on average, where batches of "
@@ -757,6 +769,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return (f"check the targets of the batch at step {c.step} (assert torch.isfinite(y).all()) and that they "
                     "are in the loss's domain (class indices in range, probabilities in [0, 1]); mask or drop samples "
                     "with NaN targets")
+        if k == "constant" and f.get("input_std", 0.0) > 0:
+            return ("check that the dataset's __getitem__ uses its index (return self.x[idx], not self.x[0] or a "
+                    "sample kept from an earlier call) and that the batch is not one sample repeated (x[0].expand, "
+                    "x.repeat, a broadcast): assert not (x == x[:1]).all() on a batch before the model")
         if k == "constant":
             return ("find where the data pipeline replaces the input by a constant (a scale or mask that multiplies "
                     "it by 0, a normalisation by a statistic of the wrong axis, features read from an empty column, "
@@ -785,6 +801,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "nn.MultiheadAttention / nn.Transformer* take (time, batch, features) unless built with "
                     "batch_first=True, so pass batch_first=True (or x.transpose(0, 1) in and out); a reshape between "
                     "layouts needs a transpose or permute, not a view")
+        if k == "one_class":
+            return ("check the labels the loader yields (torch.bincount(y) over a few batches): a label column read as "
+                    "one value, a mapping that sends every label to 0, or a filter that kept one class; if the other "
+                    "classes are real but rare, weight them (cross_entropy's weight=, BCEWithLogits' pos_weight=) or "
+                    "oversample them (WeightedRandomSampler)")
         if k == "ordered":
             return ("shuffle the training data: DataLoader(dataset, shuffle=True) (or a sampler that draws at "
                     "random), or shuffle the arrays once per epoch (idx = torch.randperm(len(x))); a data set "
