@@ -87,3 +87,28 @@ def test_an_adam_eps_that_still_learns_and_the_default_stay_quiet():
     """At lr 1.0 the same eps gives steps of ~gradient: it learns. The default eps is no finding."""
     for eps, lr in ((1.0, 1.0), (1e-8, 1e-3)):
         assert not [h for h in _adam(eps, lr) if h.confidence >= CONFIDENT], (eps, lr)
+
+
+def test_a_plateau_under_a_schedule_that_cut_the_rate_raises_the_peak_not_the_remnant():
+    """A ReduceLROnPlateau given an accuracy in mode "min" cuts the rate at every patience, whatever the loss
+    does: the loss stays flat and the rate ends 1e4 times below where it began. The plateau's fix names the
+    schedule and the rate it started from, never the remnant it left."""
+    g = torch.Generator().manual_seed(0)
+    x_all = torch.randn(2048, 20, generator=g)
+    y_all = (x_all @ torch.randn(20, 4, generator=g) + 0.3 * torch.randn(2048, 4, generator=g)).argmax(1)
+
+    def data(step: int):
+        i = (step * 64) % 2048
+        return x_all[i:i + 64], y_all[i:i + 64]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", patience=1, factor=0.3)
+
+    def schedule(step, opt):
+        if step and step % 20 == 0:
+            plateau.step(min(1.0, step / 600))  # an accuracy that keeps rising, read as a loss that does not fall
+    top = train(Run(model, opt, data, steps=600, before_step=schedule)).explain()[0]
+    assert opt.param_groups[0]["lr"] < 0.05 / 1e4
+    assert top.cause in ("loss_plateau", "learning_rate_too_low") and top.confidence >= CONFIDENT
+    assert "from 0.05" in top.suggestion and "ReduceLROnPlateau" in top.suggestion

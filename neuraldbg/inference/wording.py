@@ -984,6 +984,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 f"clip_grad_norm_(params, max_norm=~{fmt(3 * f['norm'])}) clips only the spikes above it (a "
                 "clip_grad_value_ clamps every entry: prefer clip_grad_norm_), or remove the clip; leave the "
                 "learning rate as it is")
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and _cut_by_schedule(ctx):
+        return (f"keep the learning rate near {number(ctx.lr_peak)} while the loss still falls: "
+                + _SCHEDULE_CUT.format(peak=number(ctx.lr_peak), lr=number(ctx.lr)))
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         lrv = ctx.lr
         target = lrv * 1e3 if lrv == lrv and lrv > 0 else math.nan
@@ -1048,11 +1051,26 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
-    if lr_way != "lower":
+    if lr_way != "lower" and _cut_by_schedule(ctx):
+        # the rate at the end is a schedule's remnant: the one to raise is the one the run had at its peak
+        text += (f"; {_SCHEDULE_CUT.format(peak=number(ctx.lr_peak), lr=number(ctx.lr))}, then try a larger "
+                 f"learning rate than {number(ctx.lr_peak)} (x3)")
+    elif lr_way != "lower":
         text += f"; then try a larger learning rate than {lr} (x3) or a schedule"
     else:
         text += f"; the updates were large: try a smaller learning rate than {lr} or a warm-up"
     return text
+
+
+_SCHEDULE_CUT = ("a schedule took the learning rate from {peak} down to {lr} while the loss stayed flat: check what "
+                 "drives it (a ReduceLROnPlateau's mode must match its metric, mode='max' for an accuracy; a scheduler "
+                 "stepped every batch with a step size meant in epochs)")
+
+
+def _cut_by_schedule(ctx: Context) -> bool:
+    """The learning rate at the end is ``lr_decayed`` times below its peak or more: a schedule's remnant."""
+    peak, lr = ctx.lr_peak, ctx.lr
+    return peak == peak and lr == lr and peak > 0 and lr * ctx.th.lr_decayed <= peak
 
 
 def _init_fix(c: Candidate, ctx: Context) -> str:
