@@ -206,6 +206,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_nonfinite_op=losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths")),
                   loss_unbounded=losspath.unbounded_form(trace.meta.get("loss_paths")),
                   loss_no_gradient=losspath.no_gradient(trace.meta.get("loss_paths")),
+                  loss_non_negative=losspath.non_negative(trace.meta.get("loss_paths")),
                   bounded_output=losspath.bounded_output(trace.meta.get("loss_paths"),
                                                          str(trace.meta.get("output_op") or "")),
                   loss_min=_loss_min(trace),

@@ -298,6 +298,21 @@ def unbounded_form(recorded: list[list[str]] | None) -> str:
     return ""
 
 
+def non_negative(recorded: list[list[str]] | None) -> bool:
+    """Every path from the loss reaches, through reductions and scalings only (a mean, a sum, a weight) and no
+    minus sign, a library loss that cannot be negative for targets in its range (cross-entropy, NLL, BCE, a
+    squared or absolute error): such a loss below zero says its targets are out of that range."""
+    found = False
+    for path in recorded or []:
+        ops = [op.split("@")[0] for op in path]
+        ops = [op for op in ops if op not in SHAPE_OPS]
+        head = next((op for op in ops if op not in _REDUCING), "")
+        if head not in _NON_NEGATIVE or any(op in _TARGETED and _TARGET in raw for op, raw in zip(ops, path)):
+            return False
+        found = True
+    return found
+
+
 # activations whose outputs stay within a range, by autograd node (a hardtanh's bounds are not in its name)
 _BOUNDED_RANGE = {"Sigmoid": (0.0, 1.0), "Tanh": (-1.0, 1.0)}
 

@@ -120,3 +120,30 @@ def test_a_with_logits_loss_reached_through_its_target_is_marked():
     wrong = F.binary_cross_entropy_with_logits(y, out * 1)
     found = losspath.paths(wrong.grad_fn, [wrong.grad_fn.next_functions[1][0]])
     assert found == [["BinaryCrossEntropyWithLogits@target", "Mul"]]
+
+
+def bce_masks_0_255(out, y):
+    return F.binary_cross_entropy_with_logits(out[:, 0], 255.0 * (y == 0).float())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_library_loss_below_zero_is_its_targets_however_short_the_fall(seed):
+    """Masks of 0/255 under BCE with logits, 50 steps: the loss is barely twice its start below zero. A loss
+    that cannot be negative for targets in its range went negative: a fact of the targets, not a degree."""
+    hs = _run(bce_masks_0_255, seed, sgd=False, steps=50).explain()
+    assert (hs[0].cause, hs[0].layer) == ("data", "input") and hs[0].confidence >= CONFIDENT
+    assert "targets" in hs[0].suggestion
+
+
+@pytest.mark.parametrize("paths, expected", [
+    ([["BinaryCrossEntropyWithLogits", "Select", "Addmm"]], True),
+    ([["Mean", "MseLoss", "Addmm"]], True),
+    ([["NllLoss", "LogSoftmax", "Addmm"]], True),
+    ([["Neg", "NllLoss", "LogSoftmax", "Addmm"]], False),      # negated: the loss's own code
+    ([["BinaryCrossEntropyWithLogits@target", "Addmm"]], False),
+    ([["Mean", "Add", "Log", "Exp", "Addmm"]], False),          # a Gaussian NLL written by hand may go negative
+    ([["Add", "NllLoss", "LogSoftmax", "Addmm"], ["Add", "Mean", "Log", "Addmm"]], False),
+    (None, False),
+])
+def test_a_loss_that_cannot_be_negative_is_read_from_every_path(paths, expected):
+    assert losspath.non_negative(paths) is expected

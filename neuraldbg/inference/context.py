@@ -51,6 +51,8 @@ class Context:
     # how the loss's code makes it unbounded below, should it fall so (see ``losspath.unbounded_form``; "": its
     # targets would)
     loss_unbounded: str = ""
+    # every path from the loss reaches a library loss that cannot be negative for targets in its range
+    loss_non_negative: bool = False
     # how the loss's code gives the model's outputs no gradient (see ``losspath.no_gradient``; "": it gives one)
     loss_no_gradient: str = ""
     # how many times over a schedule still raising the learning rate at the end of the run has raised it (NaN: not)

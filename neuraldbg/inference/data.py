@@ -100,9 +100,12 @@ def candidates(ctx: Context) -> list[Candidate]:
 
 def unbounded_fall(ctx: Context, cause: Cause, layer: str, kind: str) -> list[Candidate]:
     """A loss that cannot be negative falling below zero without end (``TargetState.UNBOUNDED``), as ``cause``:
-    its severity is its depth in units of the loss's early scale (linear, past the threshold)."""
+    its severity is its depth in units of the loss's early scale (linear, past the threshold). Below zero, a
+    library loss that cannot be negative for targets in its range (the loss's graph says so) has targets out of
+    that range: a fact, whatever the depth (a likelihood written by hand may rightly go negative)."""
     return [Candidate(cause, layer, ev.step, kind, [ev],
                       severity=min(max(ev.values.get("depth", 0.0) / ctx.th.loss_below_zero - 1.0, 0.0), RATIO_CAP),
                       # a failure by itself, not one more loss failure it explains: its own event is the loss
-                      persistence=persistence(ev, ctx), facts={**ev.values, "form": ctx.loss_unbounded})
+                      persistence=persistence(ev, ctx), certain=kind == "targets_unbounded" and ctx.loss_non_negative,
+                      facts={**ev.values, "form": ctx.loss_unbounded})
             for ev in ctx.all(Signal.TARGET, TargetState.UNBOUNDED)[:1]]
