@@ -10,6 +10,7 @@ def number(v: float) -> str:
     if v != v:
         return "n/a"
     a = abs(v)
+    v = v + 0.0  # a negative zero reads as 0
     return f"{v:.3g}" if (a == 0 or 1e-3 <= a < 1e4 or math.isinf(v)) else f"{v:.2e}"
 
 
