@@ -127,8 +127,9 @@ def load(path: str | os.PathLike) -> tuple[Trace, dict]:
             stat_names = ([str(c) for c in header["stat_columns"]] if "stat_columns" in header else
                           _V1_COLUMNS if version == 1 and n_stats == len(_V1_COLUMNS) else None)
             global_names = [str(c) for c in header["global_columns"]]
+            # (a global column this version does not know, from a newer writer, is dropped like a statistic)
             if (stat_names is None or len(stat_names) != n_stats or len(set(stat_names)) != n_stats
-                    or not set(global_names) <= set(GLOBAL_COLUMNS)):
+                    or len(set(global_names)) != len(global_names)):
                 _fail(path, "statistics columns differ from this version's")
             n = len(arrays["stats_steps"])
             if (arrays["stats"].shape != (n, len(layers), n_stats)

@@ -25,6 +25,7 @@ import weakref
 import numpy as np
 
 from .layers import GRADIENT_KINDS, Kind, LayerInfo
+from .mixing import TINY as MIXING_TINY
 from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, LrState, RangeState,
                      ScalerState, Signal, SpikeState, TargetState, UpdateState, WeightState)
 from .stats import Stat
@@ -216,11 +217,13 @@ def features(trace: Trace) -> Features:
 def _build_features(trace: Trace, key: tuple) -> Features:
     x = trace.stats.data
     g = trace.globals.data
-    if len(g) == len(x):
-        # a unit is dead when no sample of the batch makes it positive: a batch of one sample repeated (or of
-        # one value) shows only which units that one input turns off
+    mixed = float((trace.meta.get("batch_mixing") or {}).get("spread", 0.0)) > MIXING_TINY
+    if len(g) == len(x) and not mixed:
+        # a unit is dead when no sample of the batch makes it positive: a batch of one sample repeated shows
+        # only which units that one input turns off. Not an input of one value (ones for featureless nodes,
+        # usually meant), nor a model found mixing its samples (a graph's messages), where units still see many
         with np.errstate(invalid="ignore"):
-            same = g[:, GLOBAL_COLUMNS.index("input_spread")] == 0
+            same = (g[:, GLOBAL_COLUMNS.index("input_spread")] == 0) & (g[:, GLOBAL_COLUMNS.index("input_std")] > 0)
         if same.any():
             x = x.copy()
             x[same, :, int(Stat.ACT_DEAD)] = np.nan
@@ -848,14 +851,20 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     return [StateSeries(Signal.TARGET, steps, state[:, None], [""], {TargetState.ORDERED: values})]
 
 
+# ops that make an output with a learned offset (a linear or convolutional layer with its bias): the offset alone
+# fits targets of one class; logits made of similarities (a contrastive loss's, divided by a temperature) have none
+_AFFINE_HEADS = frozenset({"Addmm", "Linear", "Convolution", "ConvolutionOverrideable", "MkldnnConvolution"})
+
+
 def _one_class(trace: Trace, rows: list, th: Thresholds) -> list[StateSeries]:
     """Every target read off the output's gradient is one class (``rows``: the sampled batches' [step, classes,
     counts]), and the loss falls below ``one_class_fit`` of its first value: the model needs only a constant
-    to fit them (labels read as one value, a class that all but never shows). Once ``one_class_targets``
+    to fit them (labels read as one value, a class that all but never shows), through the offset of a
+    linear or convolutional head (``output_op``). Once ``one_class_targets``
     targets were read, the state holds from the first batch read. A contrastive loss whose positive is always
     class 0 keeps a loss far from zero, and one sample fitted over and over (the same input at every sample)
     has one class by design: both are left alone."""
-    if not rows or not trace.loss.n:
+    if not rows or not trace.loss.n or str(trace.meta.get("output_op") or "") not in _AFFINE_HEADS:
         return []
     loss = trace.loss.data
     finite = loss[np.isfinite(loss)]

@@ -104,9 +104,10 @@ _TARGETED = frozenset({"BinaryCrossEntropy", "BinaryCrossEntropyWithLogits"})
 def _name(fn) -> str:
     """The op's name; a softmax or log-softmax over a dimension given as 0, or as 2 and more, is marked: a
     batch's classes are on dimension 1, where NLL reads them (a sequence model's transposes come between, and
-    say so). A dimension counted from the end (-1) is not marked: the graph, once used, no longer holds the
-    shape it would be read against. (A lone sample's classes are on dimension 0: a 1-D input to NLL would be
-    marked; batches are what training loops feed.)"""
+    say so). A dimension counted from the end (-1) is not marked as another dimension: the classes of a
+    sequence's outputs are on the last one. A (log-)softmax over a dimension of size 1 (read from the shape
+    the node keeps) is marked as such: it is 1 (its log 0) whatever its input. (A lone sample's classes are on
+    dimension 0: a 1-D input to NLL would be marked; batches are what training loops feed.)"""
     name = op_name(fn)
     if name in _NORMALISING:
         dim = getattr(fn, "_saved_dim", None)
@@ -242,7 +243,9 @@ def no_gradient(recorded: list[list[str]] | None) -> str:
     """How the loss's code gives the model's outputs no gradient, on every path from the loss to them: "single"
     (a softmax or log-softmax over a dimension of size 1, one output where a cross-entropy wants one per
     class: the probability is 1, the loss 0), or the op whose derivative is zero (``torch.round`` of the
-    outputs: "Round"); "": a path carries a gradient."""
+    outputs: "Round"); "": a path carries a gradient, or the walk stopped at ``MAX_PATHS`` (one not read may)."""
+    if recorded is not None and len(recorded) >= MAX_PATHS:
+        return ""
     found = ""
     for path in recorded or []:
         if not path:
@@ -259,6 +262,7 @@ _NON_NEGATIVE = frozenset(_NLL) | _REGRESSION | {"BinaryCrossEntropy", "BinaryCr
 # log-probabilities: a log-(soft)max, or a log taken of a probability
 _LOG_PROBABILITIES = frozenset({"LogSoftmax", "LogSigmoid"})
 _NEGATING = frozenset({"Neg"})
+_FACTORS = frozenset({"Mul", "Div"})
 # what a loss may do to a criterion or a log-probability on its way to one number: reduce it, pick the
 # targets' entries, scale it
 _REDUCING = frozenset({"Mean", "Sum", "Gather", "Mul", "Div", "IndexSelect", "Diagonal"})
@@ -269,15 +273,17 @@ def unbounded_form(recorded: list[list[str]] | None) -> str:
     (a minus sign before a loss that cannot be negative: ``-F.cross_entropy(...)``), "swapped" (the model's
     output given as a with-logits loss's target: its arguments swapped), "nll_not_log" (nll_loss
     of outputs that are not log-probabilities: ``-output[target]`` has no floor), "log_likelihood" (a
-    log-probability of the targets minimised as it is, without its minus sign); "": none of these (a
-    library loss of outputs it expects: targets outside its range). Only ops that reduce, pick or scale are
-    followed from the loss to its criterion; anything else on the way says nothing."""
+    log-probability of the targets minimised as it is, without its minus sign), "scaled" (a factor between
+    the loss and a criterion that no target takes below zero, a cross-entropy of class indices or a squared or
+    absolute error: ``loss * -1``, a per-sample loss weighted by advantages); "": none of these (a library
+    loss of outputs it expects: targets outside its range). Only ops that reduce, pick or scale are followed
+    from the loss to its criterion; anything else on the way says nothing."""
     for path in recorded or []:
         if any(op.split("@")[0] in _TARGETED and _TARGET in op for op in path):
             return "swapped"
         ops = [op.split("@")[0] for op in path]
         ops = [op for op in ops if op not in SHAPE_OPS]
-        flips = 0
+        flips, scaled = 0, False
         for i, op in enumerate(ops):
             if op in _NEGATING:
                 flips += 1
@@ -288,7 +294,10 @@ def unbounded_form(recorded: list[list[str]] | None) -> str:
             if op in _NON_NEGATIVE:
                 if flips % 2:
                     return "negated"
+                if scaled and op not in _TARGETED:  # no target takes it below zero: the factor does
+                    return "scaled"
                 break
+            scaled = scaled or op in _FACTORS
             if op in _LOG_PROBABILITIES or op == "Log" and _probability_next(ops, i):
                 if not flips % 2:
                     return "log_likelihood"
@@ -298,16 +307,22 @@ def unbounded_form(recorded: list[list[str]] | None) -> str:
     return ""
 
 
+_MEANS = frozenset({"Mean", "Sum"})
+
+
 def non_negative(recorded: list[list[str]] | None) -> bool:
-    """Every path from the loss reaches, through reductions and scalings only (a mean, a sum, a weight) and no
-    minus sign, a library loss that cannot be negative for targets in its range (cross-entropy, NLL, BCE, a
-    squared or absolute error): such a loss below zero says its targets are out of that range."""
+    """Every path from the loss reaches, through means and sums only, a library loss that cannot be negative
+    for targets in its range (cross-entropy, NLL, BCE, a squared or absolute error), reached through its input:
+    such a loss below zero says its targets are out of that range. A factor between (``loss * w``, whose sign
+    the graph no longer holds after the backward pass) says nothing."""
     found = False
     for path in recorded or []:
+        if any(_TARGET in op for op in path):
+            return False
         ops = [op.split("@")[0] for op in path]
         ops = [op for op in ops if op not in SHAPE_OPS]
-        head = next((op for op in ops if op not in _REDUCING), "")
-        if head not in _NON_NEGATIVE or any(op in _TARGETED and _TARGET in raw for op, raw in zip(ops, path)):
+        head = next((op for op in ops if op not in _MEANS), "")
+        if head not in _NON_NEGATIVE:
             return False
         found = True
     return found

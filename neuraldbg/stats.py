@@ -131,13 +131,14 @@ def forward_stats(x: torch.Tensor, unit_dim: int | None,
 
 def input_stats(x: torch.Tensor) -> torch.Tensor:
     """A batch's mean, std, largest magnitude and non-finite share (``forward_stats``' first four), and how
-    far its samples lie from its first one (the largest |x[i] - x[0]|: 0 when every sample is the same; NaN
-    for a batch of one): a (5,) tensor."""
+    far its samples lie apart (the largest range of a feature over the batch: 0 when every sample is the
+    same; NaN for a batch of one): a (5,) tensor. The range needs memory of one sample's size, no more."""
     x = x.detach()
     first = forward_stats(x, None, None)[:4]
-    if x.dim() < 1 or x.shape[0] < 2:
+    if x.dim() < 1 or x.shape[0] < 2 or not x[0].numel():
         return torch.cat([first, first.new_full((1,), float("nan"))])
-    spread = (x[1:] - x[:1]).abs().amax().float().reshape(1).to(first.device)
+    flat = x.reshape(x.shape[0], -1)
+    spread = (flat.amax(dim=0).float() - flat.amin(dim=0).float()).amax().reshape(1).to(first.device)
     return torch.cat([first, spread])
 
 

@@ -96,3 +96,9 @@ def test_the_walk_marks_a_softmax_over_one_entry():
 ])
 def test_no_gradient_is_read_from_every_path(paths, expected):
     assert losspath.no_gradient(paths) == expected
+
+
+def test_paths_cut_short_by_the_walk_say_nothing():
+    """The walk keeps at most MAX_PATHS paths: one it did not keep may carry the gradient."""
+    paths = [["MseLoss", "Round", "Addmm"]] * losspath.MAX_PATHS
+    assert losspath.no_gradient(paths) == ""

@@ -106,6 +106,10 @@ def test_targets_outside_a_library_losss_range_stay_the_datas():
     # a Gaussian NLL: a log of a variance, not of a probability, with other terms added: says nothing
     (["Mean", "Add", "Log", "Exp", "Addmm"], ""),
     (["Neg", "Add", "NllLoss", "LogSoftmax", "Addmm"], ""),
+    # a factor before a criterion no target takes below zero (loss * -1, a loss weighted by advantages)
+    (["Mul", "NllLoss", "LogSoftmax", "Addmm"], "scaled"),
+    (["Mean", "Mul", "MseLoss", "Addmm"], "scaled"),
+    (["Mean", "Mul", "BinaryCrossEntropyWithLogits", "Addmm"], ""),  # targets out of [0, 1] could do it too
 ])
 def test_the_form_that_has_no_floor_is_read_from_the_path(path, expected):
     assert losspath.unbounded_form([path]) == expected
@@ -140,6 +144,8 @@ def test_a_library_loss_below_zero_is_its_targets_however_short_the_fall(seed):
     ([["Mean", "MseLoss", "Addmm"]], True),
     ([["NllLoss", "LogSoftmax", "Addmm"]], True),
     ([["Neg", "NllLoss", "LogSoftmax", "Addmm"]], False),      # negated: the loss's own code
+    ([["Mul", "NllLoss", "LogSoftmax", "Addmm"]], False),      # a factor whose sign the graph no longer holds
+    ([["Mean", "Mul", "BinaryCrossEntropyWithLogits", "Addmm"]], False),
     ([["BinaryCrossEntropyWithLogits@target", "Addmm"]], False),
     ([["Mean", "Add", "Log", "Exp", "Addmm"]], False),          # a Gaussian NLL written by hand may go negative
     ([["Add", "NllLoss", "LogSoftmax", "Addmm"], ["Add", "Mean", "Log", "Addmm"]], False),
@@ -147,3 +153,17 @@ def test_a_library_loss_below_zero_is_its_targets_however_short_the_fall(seed):
 ])
 def test_a_loss_that_cannot_be_negative_is_read_from_every_path(paths, expected):
     assert losspath.non_negative(paths) is expected
+
+
+def times_minus_one(out, y):
+    return F.cross_entropy(out, y) * -1.0
+
+
+def test_a_loss_times_a_negative_factor_is_the_losss_own_not_its_targets():
+    """``loss * -1.0`` records a product, not a negation: no target takes a cross-entropy of class indices
+    below zero, so the factor does, and the fix is on it (never "check the targets' range")."""
+    hs = _run(times_minus_one, 0, sgd=False).explain()
+    top = hs[0]
+    assert (top.cause, top.layer) == ("loss_plateau", "") and top.confidence >= CONFIDENT
+    assert "sign of the factor" in top.suggestion
+    assert not [h for h in hs if h.cause == "data" and h.confidence >= CONFIDENT]

@@ -112,3 +112,12 @@ def test_a_plateau_under_a_schedule_that_cut_the_rate_raises_the_peak_not_the_re
     assert opt.param_groups[0]["lr"] < 0.05 / 1e4
     assert top.cause in ("loss_plateau", "learning_rate_too_low") and top.confidence >= CONFIDENT
     assert "from 0.05" in top.suggestion and "ReduceLROnPlateau" in top.suggestion
+
+
+def test_updates_negligible_at_the_peak_raise_the_peak_under_a_decay():
+    """A rate too low from the start (1e-6) that a schedule then decays 1e4-fold: the fix raises the rate
+    from its peak, not from the remnant, and never asks to keep a rate that was already too low."""
+    hs = _run(lambda s: 1e-4 ** (s / 299), lr=1e-6).explain()
+    low = [h for h in hs if h.cause == "learning_rate_too_low"]
+    assert low and low[0].confidence >= CONFIDENT
+    assert low[0].suggestion.startswith("raise the learning rate from 1.00e-06 (its peak")

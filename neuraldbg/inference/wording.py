@@ -13,7 +13,7 @@ from ..events import SemanticEvent
 from ..formatting import number, percent
 from ..layers import Kind
 from ..losspath import LossMisuse
-from ..states import LossState, Signal, TargetState
+from ..states import LossState, LrState, Signal, TargetState
 from .context import Context
 from .evidence import Candidate
 
@@ -684,6 +684,8 @@ _UNBOUNDED = {
                    "-output[target], which has no floor, and the model pushes the targets' outputs up without limit",
     "log_likelihood": "the loss is the log-probability of the targets, minimised as it is (its minus sign missing): "
                       "log p falls without limit as the model makes the targets ever less likely",
+    "scaled": "the loss is a cross-entropy or an error that no target takes below zero, multiplied by a factor (a "
+              "weight of -1, an advantage or a reward): the factor makes it negative, and nothing bounds it below",
 }
 _UNBOUNDED_FIX = {
     "negated": "remove the minus sign before the loss: minimise the loss itself (to maximise a score, negate the "
@@ -694,6 +696,9 @@ _UNBOUNDED_FIX = {
                    "F.cross_entropy(logits, y) on the raw outputs",
     "log_likelihood": "negate the log-likelihood: loss = -log_probs.gather(1, y[:, None]).mean() (or "
                       "F.nll_loss(log_probs, y), or F.cross_entropy(logits, y) on the raw outputs)",
+    "scaled": "check the sign of the factor that multiplies the loss: a loss to minimise needs a non-negative "
+              "weight (for a policy gradient weighted by advantages, a value that falls without end is no sign "
+              "of progress: normalise the advantages and watch the return)",
 }
 
 
@@ -984,9 +989,15 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 f"clip_grad_norm_(params, max_norm=~{fmt(3 * f['norm'])}) clips only the spikes above it (a "
                 "clip_grad_value_ clamps every entry: prefer clip_grad_norm_), or remove the clip; leave the "
                 "learning rate as it is")
-    if c.cause == Cause.LEARNING_RATE_TOO_LOW and _cut_by_schedule(ctx):
-        return (f"keep the learning rate near {number(ctx.lr_peak)} while the loss still falls: "
-                + _SCHEDULE_CUT.format(peak=number(ctx.lr_peak), lr=number(ctx.lr)))
+    cut = _cut_by_schedule(ctx)
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and cut is not None:
+        peak = ctx.lr_peak
+        if c.step >= cut:  # negligible once the schedule had cut the rate: the schedule's doing
+            return (f"keep the learning rate near {number(peak)} while the loss still falls: "
+                    + _SCHEDULE_CUT.format(peak=number(peak), lr=number(ctx.lr)))
+        # negligible already at the peak: the peak is what to raise, not the remnant the schedule left
+        return (f"raise the learning rate from {number(peak)} (its peak, before a schedule cut it to "
+                f"{number(ctx.lr)}) to ~{number(peak * 1e3)} (updates of ~1e-3 x the weights per step are typical)")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         lrv = ctx.lr
         target = lrv * 1e3 if lrv == lrv and lrv > 0 else math.nan
@@ -1051,10 +1062,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
-    if lr_way != "lower" and _cut_by_schedule(ctx):
+    if lr_way != "lower" and _cut_by_schedule(ctx) is not None:
         # the rate at the end is a schedule's remnant: the one to raise is the one the run had at its peak
-        text += (f"; {_SCHEDULE_CUT.format(peak=number(ctx.lr_peak), lr=number(ctx.lr))}, then try a larger "
-                 f"learning rate than {number(ctx.lr_peak)} (x3)")
+        text += (f"; the loss stayed flat and {_SCHEDULE_CUT.format(peak=number(ctx.lr_peak), lr=number(ctx.lr))}, "
+                 f"then try a larger learning rate than {number(ctx.lr_peak)} (x3)")
     elif lr_way != "lower":
         text += f"; then try a larger learning rate than {lr} (x3) or a schedule"
     else:
@@ -1062,15 +1073,20 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     return text
 
 
-_SCHEDULE_CUT = ("a schedule took the learning rate from {peak} down to {lr} while the loss stayed flat: check what "
-                 "drives it (a ReduceLROnPlateau's mode must match its metric, mode='max' for an accuracy; a scheduler "
-                 "stepped every batch with a step size meant in epochs)")
+_SCHEDULE_CUT = ("a schedule took the learning rate from {peak} down to {lr}: check what drives it (a "
+                 "ReduceLROnPlateau's mode must match its metric, mode='max' for an accuracy; a scheduler stepped "
+                 "every batch with a step size meant in epochs)")
 
 
-def _cut_by_schedule(ctx: Context) -> bool:
-    """The learning rate at the end is ``lr_decayed`` times below its peak or more: a schedule's remnant."""
+def _cut_by_schedule(ctx: Context) -> int | None:
+    """The step from which a schedule's decline took the learning rate ``lr_decayed`` times below its peak
+    (the rate's state, as its events have it), when the rate is still that low at the end: a schedule's
+    remnant. None otherwise."""
     peak, lr = ctx.lr_peak, ctx.lr
-    return peak == peak and lr == lr and peak > 0 and lr * ctx.th.lr_decayed <= peak
+    if not (peak == peak and lr == lr and peak > 0 and lr * ctx.th.lr_decayed <= peak):
+        return None
+    decline = ctx.all(Signal.LR, LrState.DECAYED)
+    return decline[-1].step if decline else None
 
 
 def _init_fix(c: Candidate, ctx: Context) -> str:
