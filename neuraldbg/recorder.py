@@ -774,15 +774,16 @@ class Recorder:
 
     def _through_time(self, name: str, step: int, g: torch.Tensor, time_dim: int) -> None:
         """One row a sampled pass: [step, gradient at the first time step / the most any step gets, time
-        steps, time steps up to the last one that gets any gradient] (the output read before its end: a
-        unidirectional layer's step t reaches only its outputs from t on)."""
+        steps, time steps up to the last one that gets any gradient (the output read before its end: a
+        unidirectional layer's step t reaches only its outputs from t on), gradient at the first time step /
+        at that last one (how much it grows, or fades, back through time)]."""
         dims = [d for d in range(g.dim()) if d != time_dim]
         rms = g.detach().float().pow(2).mean(dim=dims).sqrt().tolist()  # one transfer
         rows = self.trace.meta.setdefault("through_time", {}).setdefault(name, [])
         top = max(rms)
         if top > 0 and all(math.isfinite(v) for v in rms) and len(rows) < self.MAX_TIME_SAMPLES:
             reached = max(t for t, v in enumerate(rms) if v > 0) + 1
-            rows.append([int(step), rms[0] / top, len(rms), reached])
+            rows.append([int(step), rms[0] / top, len(rms), reached, rms[0] / rms[reached - 1]])
 
     def _passes_through(self, module, args, out: torch.Tensor) -> bool:
         """The module returned its own input, unmodified (an in-place activation modifies it)."""

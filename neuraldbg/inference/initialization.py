@@ -48,16 +48,37 @@ def _symmetric(ctx: Context) -> list[Candidate]:
                       facts={"layers": layers, "values": values})]
 
 
+def _grows_through_time(ctx: Context) -> dict[str, tuple[int, float, int]]:
+    """Recurrent layers whose input's gradient, at the first pass (step 0: the weights as initialised, before
+    any update), grows ``layer_gain`` times or more back through time, from the last time step the loss
+    reaches to the first (meta ``through_time``): layer -> (step, growth, time steps). The state's scale
+    through time is what explodes it, whatever the spread of its weights (an identity x1.2 has the spread
+    of an orthogonal init)."""
+    out = {}
+    for layer, rows in ctx.through_time.items():
+        first = rows[0] if rows else []
+        if layer in ctx.layers and len(first) >= 5 and first[0] == 0 and first[4] >= ctx.th.layer_gain:
+            out[layer] = (0, float(first[4]), int(first[3]))
+    return out
+
+
 def candidates(ctx: Context) -> list[Candidate]:
     out = _symmetric(ctx)
     gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e)]
     recurrent = [e for e in gains if _recurrent_off(ctx, e)]
+    through = _grows_through_time(ctx)
     for e in recurrent:
         r = e.values["recurrent_scale"]
         sev = past_ratio(r, ctx.th.layer_gain) if r > 1 else below_ratio(r, 1 / ctx.th.layer_gain)
         out.append(Candidate(Cause.BAD_INITIALIZATION, e.layer, e.step, "recurrent", [e], severity=sev,
                              persistence=1.0, needs_harm=True, lasting=True, loss_kinds=losses.SLOWED,
-                             facts={"recurrent_scale": r}))
+                             facts={"recurrent_scale": r, "time_growth": through.pop(e.layer, (0, math.nan, 0))[1]}))
+    for layer, (step, growth, steps) in through.items():
+        scale = ctx.layers[layer].extra.get("recurrent_scale", math.nan)
+        out.append(Candidate(Cause.BAD_INITIALIZATION, layer, step, "recurrent", [],
+                             severity=past_ratio(growth, ctx.th.layer_gain), persistence=1.0, needs_harm=True,
+                             lasting=True, loss_kinds=losses.SLOWED,
+                             facts={"recurrent_scale": scale, "time_growth": growth, "steps_in_time": steps}))
     gains = [e for e in gains if e not in recurrent]
     if gains:
         amplify = [e for e in gains if e.after == GainState.AMPLIFIES]

@@ -530,6 +530,13 @@ def _init_lines(c: Candidate, ctx: Context) -> list[str]:
         if 0.0 in f["values"]:
             lines.append("zero weights pass no gradient back: the layers before them do not learn at all")
         return lines
+    if k == "recurrent" and f.get("time_growth", math.nan) >= ctx.th.layer_gain and not (
+            f["recurrent_scale"] > ctx.th.layer_gain or f["recurrent_scale"] < 1 / ctx.th.layer_gain):
+        return [f"at step {c.step}, the gradient reaching `{c.layer}`'s input grows {fmt(f['time_growth'])}x back "
+                f"through its {f.get('steps_in_time', 0)} time steps: its recurrent (hidden-to-hidden) weights, as "
+                f"initialised ({fmt(f['recurrent_scale'])}x the spread of the default init), grow the state at every "
+                "step (a spectral radius above 1)",
+                "the state and its gradient explode with the sequence's length, and the first updates with them"]
     if k == "recurrent":
         r = f["recurrent_scale"]
         return [f"at step {c.step}, `{c.layer}` starts with recurrent (hidden-to-hidden) weights {fmt(r)}x the spread "
@@ -1097,7 +1104,8 @@ def _init_fix(c: Candidate, ctx: Context) -> str:
                 "only a last layer, or a residual branch's last layer, may start at zero")
     if k == "recurrent":
         return (f"re-initialise the recurrent weights of `{c.layer}` (weight_hh_l*) with nn.init.orthogonal_, or keep "
-                "PyTorch's default init (uniform in +-1/sqrt(hidden_size))")
+                "PyTorch's default init (uniform in +-1/sqrt(hidden_size)); clip gradients at max_norm=1.0 (a "
+                "recurrent net's usual guard against a gradient that grows through time)")
     if k == "saturating":
         kinds = sorted({ctx.layers[n].type_name for n in f["saturated"] if n in ctx.layers})
         gain = "5/3, nn.init.calculate_gain('tanh')" if "Tanh" in kinds else "1"
