@@ -860,10 +860,10 @@ def _one_class(trace: Trace, rows: list, th: Thresholds) -> list[StateSeries]:
     """Every target read off the output's gradient is one class (``rows``: the sampled batches' [step, classes,
     counts]), and the loss falls below ``one_class_fit`` of its first value: the model needs only a constant
     to fit them (labels read as one value, a class that all but never shows), through the offset of a
-    linear or convolutional head (``output_op``). Once ``one_class_targets``
-    targets were read, the state holds from the first batch read. A contrastive loss whose positive is always
-    class 0 keeps a loss far from zero, and one sample fitted over and over (the same input at every sample)
-    has one class by design: both are left alone."""
+    linear or convolutional head (``output_op``). Once ``one_class_targets`` targets were read, the state
+    holds from the first batch read. A contrastive loss whose positive is always class 0 (its logits are
+    similarities, with no offset to fit it by) and one sample fitted over and over (the same input at every
+    sample: one class by design) are left alone."""
     if not rows or not trace.loss.n or str(trace.meta.get("output_op") or "") not in _AFFINE_HEADS:
         return []
     loss = trace.loss.data
