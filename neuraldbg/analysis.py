@@ -89,6 +89,19 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     return tuple(layers[i].name for i in out)
 
 
+def _unregistered(trace: Trace, th: Thresholds) -> dict | None:
+    """Weights the forward pass uses that are not the model's parameters and that stayed the same at
+    ``persist`` or more sampled steps, in a run whose own weights did move (an optimizer steps the rest): no
+    optimizer holds them, as ``model.parameters()`` does not list them (modules in a plain Python list or
+    dict, a tensor made with ``requires_grad=True``). None otherwise."""
+    info = trace.meta.get("unregistered")
+    if not isinstance(info, dict) or int(info.get("still", 0)) < th.persist or trace.stats.n == 0:
+        return None
+    with np.errstate(invalid="ignore"):
+        moved = bool(np.any(trace.stats.data[:, :, int(Stat.W_UPDATE_NORM)] > 0))
+    return dict(info) if moved else None
+
+
 def _foreign_steps(trace: Trace) -> int:
     """Optimizer steps on weights none of which are the model's, in a run whose own weights never changed
     (the same norm at every sample) and that was given no optimizer of its own: the optimizer steps another
@@ -200,7 +213,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
                   carried=_carried(trace.meta.get("gradients_carried")),
                   unreached=int(trace.meta.get("steps_unreached", 0)), unupdated=_unupdated(trace, thresholds),
-                  foreign_steps=_foreign_steps(trace),
+                  foreign_steps=_foreign_steps(trace), unregistered=_unregistered(trace, thresholds),
                   cleared=_cleared(trace.meta.get("steps_cleared")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   loss_nonfinite_op=losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths")),

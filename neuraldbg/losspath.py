@@ -23,6 +23,7 @@ import re
 from enum import Enum
 
 MAX_NODES = 256   # autograd nodes visited at most
+MAX_INNER_NODES = 4096  # autograd nodes of the forward pass visited at most, once, for weights outside the model
 MAX_PATHS = 4     # paths from the loss to an output kept at most
 TRIES = 8         # recorded losses looked at, at most, for a path to the output
 
@@ -183,6 +184,29 @@ def outside_leaves(loss_fn, outputs: list, inside: set[int]) -> list:
         leaf = getattr(fn, "variable", None)
         if leaf is not None:
             if id(leaf) not in inside:
+                found[id(leaf)] = leaf
+            continue
+        stack.extend(nxt for nxt, _ in getattr(fn, "next_functions", ()) if nxt is not None)
+    return list(found.values())
+
+
+def inner_leaves(outputs: list, inside: set[int], stop: set[int]) -> list:
+    """The trainable tensors the model's ``outputs`` (their nodes) are computed from that are not the model's
+    own parameters (ids in ``inside``) nor its input (ids of its tensors and of their nodes in ``stop``, where
+    the walk ends): weights that ``model.parameters()`` does not list (modules held in a plain Python list or
+    dict, a tensor made with ``requires_grad=True`` rather than as an ``nn.Parameter``). At most
+    ``MAX_INNER_NODES`` nodes are visited."""
+    found: dict[int, object] = {}
+    stack = list(outputs)
+    visited: set[int] = set()
+    while stack and len(visited) < MAX_INNER_NODES:
+        fn = stack.pop()
+        if fn is None or id(fn) in visited or id(fn) in stop:
+            continue
+        visited.add(id(fn))
+        leaf = getattr(fn, "variable", None)
+        if leaf is not None:
+            if id(leaf) not in inside and id(leaf) not in stop:
                 found[id(leaf)] = leaf
             continue
         stack.extend(nxt for nxt, _ in getattr(fn, "next_functions", ()) if nxt is not None)

@@ -386,8 +386,9 @@ class Recorder:
         into a loss is no module: hooks do not see it), as names, into the trace's meta."""
         paths = losspath.paths(loss.grad_fn, self._out_fns)
         if paths:
-            self._watch_outside(losspath.outside_leaves(loss.grad_fn, self._out_fns,
-                                                        {id(p) for p in self.inner.parameters()}))
+            own = {id(p) for p in self.inner.parameters()}
+            self._watch_outside(losspath.outside_leaves(loss.grad_fn, self._out_fns, own))
+            self._watch_unregistered(list(self._out_fns), own)
             self._read_layer_terms(loss.grad_fn, self._out_fns)
         made = losspath.made_by(self._out_fns[0]) if paths and self._out_fns else ""
         self._out_fns = ()
@@ -442,6 +443,49 @@ class Recorder:
             self._outside = None
         else:
             self._outside = (ref, norm, left - 1)
+
+    _unregistered: tuple | None = None  # (weak references to weights outside the model's parameters that its
+    #                                       forward uses, their norms, sampled steps left to look at them)
+    UNREGISTERED_KEPT = 8  # such weights looked at, at most (the largest)
+
+    def _watch_unregistered(self, outputs: list, own: set[int]) -> None:
+        """Once, from the first loss read: weights the forward pass computes the outputs from that are not the
+        model's parameters (``losspath.inner_leaves``: modules kept in a plain list, a tensor made with
+        ``requires_grad=True``) and that the watched optimizer does not hold. The largest are watched for a
+        change at sampled steps, ``OUTSIDE_CHECKS`` at most: one that moves is stepped by something (another
+        optimizer, a hand-written update) and ends the watch; ``meta["unregistered"]["still"]`` counts the
+        sampled steps at which none had moved."""
+        ins = [t for t in tree_flatten(self._last_inputs)[0] if isinstance(t, torch.Tensor)]
+        stop = {id(t) for t in ins} | {id(t.grad_fn) for t in ins if t.grad_fn is not None}
+        found = losspath.inner_leaves(outputs, own, stop)
+        if self.optimizer is not None:
+            held = {id(p) for g in getattr(self.optimizer, "param_groups", ()) for p in g["params"]}
+            found = [t for t in found if id(t) not in held]
+        if not found:
+            return
+        found.sort(key=lambda t: -t.numel())
+        kept = found[:self.UNREGISTERED_KEPT]
+        self._unregistered = ([weakref.ref(t) for t in kept], self._norms(kept), self.OUTSIDE_CHECKS)
+        self.trace.meta["unregistered"] = {"tensors": len(found), "numel": int(sum(t.numel() for t in found)),
+                                           "shapes": [list(t.shape) for t in found[:3]], "still": 0}
+
+    @staticmethod
+    def _norms(tensors: list) -> list[float]:
+        with torch.no_grad():
+            return torch.stack([t.detach().float().norm() for t in tensors]).cpu().tolist()
+
+    def _check_unregistered(self) -> None:
+        if self._unregistered is None:
+            return
+        refs, norms, left = self._unregistered
+        alive = [(t, n) for t, n in ((r(), n) for r, n in zip(refs, norms)) if t is not None]
+        info = self.trace.meta.get("unregistered")
+        if not alive or info is None or self._norms([t for t, _ in alive]) != [n for _, n in alive]:
+            self.trace.meta.pop("unregistered", None)  # gone (a temporary), or stepped by something
+            self._unregistered = None
+            return
+        info["still"] += 1
+        self._unregistered = (refs, norms, left - 1) if left > 1 else None
 
     def record_loss(self, loss) -> None:
         self._loss_wanted = True
@@ -547,8 +591,9 @@ class Recorder:
         self._loss_path_tries += 1
         if paths:
             self.trace.meta["loss_paths"] = paths
-            self._watch_outside(losspath.outside_leaves(loss.grad_fn, [last.grad_fn],
-                                                        {id(p) for p in self.inner.parameters()}))
+            own = {id(p) for p in self.inner.parameters()}
+            self._watch_outside(losspath.outside_leaves(loss.grad_fn, [last.grad_fn], own))
+            self._watch_unregistered([last.grad_fn], own)
             self._read_layer_terms(loss.grad_fn, [last.grad_fn])
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
@@ -1197,6 +1242,7 @@ class Recorder:
         """Move one sampled step's statistics to the host in a single transfer (with the GradScaler's
         scale, when one is given and ``scale`` is not None: the gradients are divided by it)."""
         self._check_outside()
+        self._check_unregistered()
         if scale is True:
             scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         fwd_idx, fwd_parts = self._rows(rec.fwd, rec.fwd_small,

@@ -184,7 +184,7 @@ def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
     signal and gradient, and leave units dead; the plain plateau is the same story."""
     if a.kind == "unbounded":
         return _unbounded(a, b, ctx)
-    if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "no_gradient"):
+    if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "unregistered", "no_gradient"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":
         return False

@@ -44,6 +44,9 @@ class Context:
     unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
     unupdated: tuple = ()           # layers whose weights hold a gradient and that no optimizer step moves
     foreign_steps: int = 0          # optimizer steps on other weights while the model's never changed
+    # weights the forward uses that are not the model's parameters and never changed ({"tensors", "numel",
+    # "shapes", "still"}; None: none such)
+    unregistered: dict | None = None
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)

@@ -315,6 +315,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 f"time step {read} of {steps}",
                 f"its output there has seen {read} of the {steps} steps: what comes later cannot change the "
                 "prediction"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "unregistered":
+        n = int(f["tensors"])
+        shapes = ", ".join("x".join(str(d) for d in shape) for shape in f["shapes"])
+        return [f"the forward uses {n} weight tensor{'s' if n != 1 else ''} ({shapes}{', ...' if n > 3 else ''}; "
+                f"{int(f['numel']):,} weights) that are not the model's parameters, and they stayed the same at "
+                f"{f['still']} sampled steps while the model's own weights moved: model.parameters() does not list "
+                "them, so no optimizer steps them",
+                "only the registered layers learn; the rest stay as initialised"]
     if c.cause == Cause.LOSS_PLATEAU and k == "unoptimized":
         return [f"the weights of {layer_list(f['layers'])} hold a gradient at every sampled step and never change, "
                 "while the other layers' do: no optimizer steps them",
@@ -1026,6 +1034,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
                 "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
                 "out[:, 0] is its state after the first step only")
+    if k == "unregistered":
+        return ("register them: hold sub-modules in nn.ModuleList or nn.ModuleDict (not a Python list or dict) and "
+                "weight tensors as nn.Parameter (not torch.randn(..., requires_grad=True)), then make the optimizer "
+                "again from model.parameters(); they then also move with model.to(device) and are saved in its "
+                "state_dict")
     if k == "unoptimized":
         return ("give the optimizer every parameter that should learn: torch.optim.Adam(model.parameters(), ...) made "
                 "after the model is complete (one made from model.fc.parameters(), or before a module was added, "

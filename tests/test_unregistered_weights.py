@@ -1,0 +1,152 @@
+"""Weights the forward pass uses that are not the model's parameters: sub-modules held in a plain Python list
+(not an ``nn.ModuleList``) or a tensor made with ``requires_grad=True`` (not an ``nn.Parameter``). No module
+hook sees them and ``model.parameters()`` does not list them, so the optimizer made from it never steps
+them; the autograd graph of the forward pass does hold them. Named when they never change while the loss
+fails; weights something does step (an optimizer given them, another one), the input itself and a model
+outside the watched one that computes its input are not."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+from zoo import teacher_classes
+
+CONFIDENT = 0.5
+
+
+class Blocks(nn.Module):
+    """Three hidden blocks and a head; ``registered=False`` keeps the blocks in a Python list."""
+
+    def __init__(self, registered: bool, seed: int = 0, width: int = 64):
+        super().__init__()
+        torch.manual_seed(seed)
+        blocks = [nn.Sequential(nn.Linear(16 if i == 0 else width, width), nn.ReLU()) for i in range(3)]
+        self.blocks = nn.ModuleList(blocks) if registered else blocks
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _train(model, opt, steps: int = 300, seed: int = 0, make_input=None):
+    data = teacher_classes(16, 4, seed=seed)
+    losses = []
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            x, y = data(step)
+            if make_input is not None:
+                x = make_input(x)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+            losses.append(loss.item())
+    return dbg, losses
+
+
+def _confident(dbg):
+    return [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_blocks_in_a_python_list_are_named_in_the_model(seed):
+    model = Blocks(registered=False, seed=seed)
+    dbg, losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3), seed=seed)
+    top = _confident(dbg)[0]
+    assert top.cause == "loss_plateau" and top.layer == ""
+    assert top.step <= 10  # a fact of the code from the first step, not of the loss's onset
+    assert "nn.ModuleList" in top.suggestion and "learning rate" not in top.suggestion
+    info = dbg.trace.meta["unregistered"]
+    assert info["tensors"] == 6 and info["numel"] == 16 * 64 + 64 * 64 * 2 + 3 * 64
+    assert "not the model's parameters" in " ".join(top.chain)
+    # nothing in the learning rate's family stands beside it: the updates are not what is wrong
+    assert all(h.cause not in ("learning_rate_too_low", "learning_rate_too_high") for h in _confident(dbg))
+
+
+def test_the_same_blocks_registered_train_quietly():
+    model = Blocks(registered=True)
+    dbg, losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    assert "unregistered" not in dbg.trace.meta
+    assert _confident(dbg) == []
+    assert losses[-1] < 0.5 * losses[0]
+
+
+class RawWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(16, 64)
+        self.w = (torch.randn(64, 64) / 8).requires_grad_()  # not an nn.Parameter
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.head(F.relu(F.relu(self.inp(x)) @ self.w))
+
+
+def test_a_raw_tensor_the_optimizer_is_given_is_stepped_and_not_named():
+    model = RawWeight()
+    opt = torch.optim.Adam(list(model.parameters()) + [model.w], lr=1e-3)
+    dbg, _ = _train(model, opt)
+    assert "unregistered" not in dbg.trace.meta
+    assert _confident(dbg) == []
+
+
+def test_a_raw_tensor_another_optimizer_steps_ends_the_watch():
+    model = RawWeight()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    other = torch.optim.SGD([model.w], lr=1e-2)
+    data = teacher_classes(16, 4)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(200):
+            x, y = data(step)
+            opt.zero_grad()
+            other.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            other.step()
+            dbg.record_loss(loss)
+    assert "unregistered" not in dbg.trace.meta
+    assert all(h.cause != "loss_plateau" for h in dbg.explain())
+
+
+def test_a_raw_tensor_left_alone_is_counted_whatever_the_loss_does():
+    """The hidden weights stay random features; the loss still falls through the layers that learn, so the
+    fact is read but is no confident verdict on its own."""
+    model = RawWeight()
+    dbg, _ = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    info = dbg.trace.meta["unregistered"]
+    assert info["tensors"] == 1 and info["shapes"] == [[64, 64]] and info["still"] >= 3
+
+
+def test_an_input_that_requires_grad_is_not_a_weight():
+    model = Blocks(registered=True)
+    dbg, _ = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3),
+                    make_input=lambda x: x.clone().requires_grad_())
+    assert "unregistered" not in dbg.trace.meta
+
+
+def test_a_model_outside_that_computes_the_input_is_not_walked_into():
+    """A frozen encoder run without ``no_grad`` before the watched model: its weights are in the graph behind
+    the input, never stepped, and none of the watched model's own."""
+    torch.manual_seed(0)
+    encoder = nn.Linear(16, 16)
+    model = Blocks(registered=True)
+    dbg, _ = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3), make_input=encoder)
+    assert "unregistered" not in dbg.trace.meta
+    assert _confident(dbg) == []
+
+
+def test_the_reading_survives_a_save_and_load(tmp_path):
+    model = Blocks(registered=False)
+    dbg, _ = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    dbg.save(tmp_path / "run.ndbg")
+    loaded = NeuralDbg.load(tmp_path / "run.ndbg")
+    before, after = _confident(dbg)[0], _confident(loaded)[0]
+    assert (after.cause, after.layer, after.suggestion) == (before.cause, before.layer, before.suggestion)
