@@ -171,6 +171,15 @@ def _loss_scaled(meta: dict, th: Thresholds, summed: bool) -> float:
     return typical if _power_of_two(typical, th.loss_scale) else math.nan
 
 
+def _scaler_scale(trace: Trace) -> float:
+    """The median scale of the GradScaler the session was given, over the sampled steps (NaN: none)."""
+    if not trace.globals.n:
+        return math.nan
+    scales = trace.global_column("loss_scale")
+    scales = scales[np.isfinite(scales) & (scales > 0)]
+    return float(np.median(scales)) if len(scales) else math.nan
+
+
 def _scaled_steps(meta: dict, scaled: float) -> float:
     """``scaled`` (see ``_loss_scaled``) when nothing divides the gradients back before the step
     (``optimizer.step()`` called where ``scaler.step(optimizer)`` was meant): at every sampled step read
@@ -233,6 +242,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   grad_clip=_clip_rows(trace.meta),
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
                   loss_summed=summed, loss_scaled=scaled, scaled_steps=_scaled_steps(trace.meta, scaled),
+                  scaler_scale=_scaler_scale(trace),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -646,7 +646,7 @@ def test_a_grad_scaler_the_session_was_not_given_is_no_clip():
 
 
 def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler: bool = False,
-                clip: str = ""):
+                clip: str = "", max_norm: float = 1.0):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
     opt = (torch.optim.SGD(model.parameters(), lr=0.05) if opt_kind == "sgd"
@@ -663,7 +663,7 @@ def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler:
             if clip == "unscaled":
                 scaler.unscale_(opt)
             if clip:  # "scaled": clipped while still multiplied by the scale
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             if mode == "optimizer.step":  # the scaled gradients stepped on as they are
                 opt.step()
             else:
@@ -684,17 +684,28 @@ def test_scaled_gradients_stepped_on_without_the_scaler_are_named_with_the_scale
     assert dbg.trace.meta["loss_gradient_factor"][0] == 2 ** 16
 
 
-def test_gradients_clipped_before_the_scaler_unscales_them_are_named_with_unscale():
+@pytest.mark.parametrize("give_scaler", [False, True], ids=["scaler-found", "scaler-given"])
+def test_gradients_clipped_before_the_scaler_unscales_them_are_named_with_unscale(give_scaler):
     """``clip_grad_norm_(params, 1.0)`` between ``scaler.scale(loss).backward()`` and ``scaler.step``: the clip
     acts on gradients 2**16 too large, then the scaler divides what is left: every update 1e-5 of its size.
-    Was "raise max_norm" to ~3x the scaled norm."""
-    dbg = _scaled_run("scaler.step", clip="scaled", steps=300)
+    Was "raise max_norm" to ~3x the scaled norm. With the scaler given, its scale is known: the norm the
+    optimizer steps on is 1.0 (a ``max_norm`` written by hand) only once multiplied back by it."""
+    dbg = _scaled_run("scaler.step", clip="scaled", steps=300, give_scaler=give_scaler)
     top = dbg.explain()[0]
     assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
     assert "scaler.unscale_(optimizer)" in top.suggestion and "raise" not in top.suggestion
     assert "65536" in top.chain[0]
-    assert not [h for h in _scaled_run("scaler.step", clip="unscaled", steps=300).explain()
+    assert not [h for h in _scaled_run("scaler.step", clip="unscaled", steps=300, give_scaler=give_scaler).explain()
                 if h.confidence >= CONFIDENT]
+
+
+def test_a_tiny_clip_after_the_unscale_is_the_clips_own_with_the_scaler_given():
+    """Unscaled first, then clipped to 1e-4: the clip itself is too small (the norm stepped on is the
+    ``max_norm`` as written), whatever the scaler's scale."""
+    dbg = _scaled_run("scaler.step", clip="unscaled", steps=300, give_scaler=True, max_norm=1e-4)
+    top = dbg.explain()[0]
+    assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
+    assert "max_norm" in top.suggestion and "unscale_" not in top.suggestion
 
 
 @pytest.mark.parametrize("mode, opt_kind, give_scaler", [("scaler.step", "sgd", False), ("scaler.step", "sgd", True),

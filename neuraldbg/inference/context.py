@@ -83,6 +83,8 @@ class Context:
     updates_unchanged: list = field(default_factory=list)
     # the factor a loss scaler the session was not given multiplied the loss by before backward (2**k)
     loss_scaled: float = math.nan
+    # the median scale of the GradScaler the session was given (NaN: none given, or never read)
+    scaler_scale: float = math.nan
     # the optimizer steps on the gradients of a loss a scaler multiplied (2**k), never divided back: that factor
     scaled_steps: float = math.nan
     # one replay of a pass: how far one sample's output gradient reaches the other samples' inputs (see mixing)

@@ -137,12 +137,13 @@ def _clipped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
     if typical > ctx.th.clip_ratio:
         return []
     norms = sorted(r[0] for r in rows)
+    stepped = sorted(r[1] for r in rows if r[1] <= ctx.th.clip_ratio * r[0])
     share = sum(q <= ctx.th.clip_ratio for q in ratios) / len(ratios)
     return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "clipped", [],
                       severity=below_ratio(typical, ctx.th.clip_ratio), persistence=share, needs_harm=True,
                       lasting=True, symptoms=list(small), loss_kinds=losses.FLAT | {LossState.SLOW},
                       facts={"kept": typical, "norm": norms[len(norms) // 2], "clipped": share,
-                             "samples": len(rows)})]
+                             "stepped": stepped[len(stepped) // 2], "samples": len(rows)})]
 
 
 def _decayed(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:

@@ -30,6 +30,28 @@ def _term(ops) -> str:
         ops = ops[1:]
     return " -> ".join(o.lower() for o in reversed(ops)) or "a term of its own"
 
+def _set_by_hand(x: float) -> bool:
+    """Whether ``x`` is a number of at most two significant digits (1.0, 0.5, 25, 1e-3), to 1e-3 relative:
+    a ``max_norm`` someone wrote. A norm clipped by ``clip_grad_norm_`` is its ``max_norm`` to ~1e-6."""
+    if not (x > 0 and math.isfinite(x)):
+        return False
+    unit = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return abs(x / (round(x / unit) * unit) - 1) < 1e-3
+
+
+def clipped_scaled(c, ctx) -> float:
+    """The factor a loss scaler multiplied the loss by when a clip acted on the gradients before they were
+    divided back (``clip_grad_norm_`` before ``scaler.unscale_``): the scale found in the gradients (a scaler
+    the session was not given); or the given scaler's scale where the norm the clip left is a number written
+    by hand (its ``max_norm``) only once multiplied back by that scale. NaN when neither."""
+    if ctx.loss_scaled == ctx.loss_scaled:
+        return ctx.loss_scaled
+    scale, stepped = ctx.scaler_scale, c.facts.get("stepped", math.nan)
+    if scale == scale and _set_by_hand(stepped * scale) and not _set_by_hand(stepped):
+        return scale
+    return math.nan
+
+
 def layer_list(names: list[str], limit: int = 4) -> str:
     unique = list(dict.fromkeys(n for n in names if n))
     shown = ", ".join(f"`{n}`" for n in unique[:limit])
@@ -367,8 +389,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         lines = [f"the gradients are clipped to {fmt(100 * f['kept'])}% of their norm before the optimizer steps "
                  f"(median of {f['samples']} sampled steps; their norm is ~{fmt(f['norm'])} before the clip): the "
                  f"updates are that much smaller than the learning rate ({fmt(ctx.lr)}) would make them"]
-        if ctx.loss_scaled == ctx.loss_scaled:
-            lines.insert(0, f"the loss is multiplied by {int(ctx.loss_scaled)} before backward (a GradScaler's "
+        scaled = clipped_scaled(c, ctx)
+        if scaled == scaled:
+            lines.insert(0, f"the loss is multiplied by {int(scaled)} before backward (a GradScaler's "
                             "scale(loss)): the clip acts on gradients that large, and the scaler divides what is "
                             "left by as much again")
         return lines
@@ -996,7 +1019,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 f"torch.autocast(device_type, dtype=torch.{f['dtype']}): the optimizer then updates float32 "
                 "weights and the matrix products still run in 16 bits; a larger learning rate would only move "
                 "them in coarse steps")
-    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped" and ctx.loss_scaled == ctx.loss_scaled:
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped" and clipped_scaled(c, ctx) == clipped_scaled(c, ctx):
         return ("unscale before clipping: scaler.unscale_(optimizer), then clip_grad_norm_, then "
                 "scaler.step(optimizer) (it does not unscale twice); leave max_norm and the learning rate as they are")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped":
