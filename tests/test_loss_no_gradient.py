@@ -86,10 +86,32 @@ def test_the_walk_marks_a_softmax_over_one_entry():
     assert losspath.no_gradient(losspath.paths(three.grad_fn, [out.grad_fn])) == ""
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_softmax_over_one_output_under_a_regression_loss_is_removed_not_widened(seed):
+    """``nn.Softmax(dim=-1)`` after a one-output head, then a squared error: the output is 1 whatever the
+    input, so nothing learns. The fix takes the softmax away; it is no cross-entropy that wants more columns."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1), nn.Softmax(dim=-1))
+    values = _values(seed)
+
+    def data(step: int):
+        x, y = values(step)
+        return x, y.unsqueeze(1)
+    hyps = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=F.mse_loss,
+                     steps=200)).explain()
+    top = hyps[0]
+    assert (top.cause, top.layer, top.step) == ("loss_plateau", "", 0) and top.confidence >= CONFIDENT
+    assert "remove the softmax" in top.suggestion and "nn.Linear(..., num_classes)) for cross_entropy" not in top.suggestion
+    assert all("raise the learning rate" not in h.suggestion for h in hyps)
+
+
 @pytest.mark.parametrize("paths, expected", [
     ([["MseLoss", "Round", "Addmm"]], "Round"),
     ([["MseLoss", "Sign", "View", "Addmm"]], "Sign"),
     ([["NllLoss", "LogSoftmax@single", "Addmm"]], "single"),
+    ([["NllLoss", "LogSoftmax@single", "Softmax@single", "Addmm"]], "single"),  # cross_entropy of nn.Softmax
+    ([["MseLoss", "Softmax@single", "Addmm"]], "single_softmax"),
+    ([["BinaryCrossEntropy", "Squeeze", "Softmax@single", "Addmm"]], "single_softmax"),
     ([["Add", "MseLoss", "Round", "Addmm"], ["Add", "MseLoss", "Addmm"]], ""),   # one path carries it
     ([["NllLoss", "LogSoftmax", "Addmm"]], ""),
     (None, ""),

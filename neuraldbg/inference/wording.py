@@ -363,6 +363,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if f["op"] == "single":
             return ["the loss takes a softmax over a dimension of size 1 (a cross-entropy of one output per sample): "
                     "that probability is always 1 and the loss always 0, so no gradient reaches the weights"]
+        if f["op"] == "single_softmax":
+            return ["the model's output goes through a softmax over a dimension of size 1 (one output per sample): "
+                    "it is 1 whatever its input, so the loss is the same at every step and no gradient reaches the "
+                    "weights"]
         return [f"every path from the loss to the model's output goes through torch.{f['op'].lower()}, whose "
                 "gradient is zero: no gradient reaches the weights, whatever the learning rate"]
     if c.cause == Cause.LOSS_PLATEAU and k == "on_probabilities":
@@ -1086,6 +1090,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return ("give the last layer one output per class (nn.Linear(..., num_classes)) for cross_entropy; for "
                     "two classes either 2 outputs, or 1 output with F.binary_cross_entropy_with_logits(out.squeeze(1), "
                     "y.float())")
+        if f["op"] == "single_softmax":
+            return ("remove the softmax over the single output: for a regression give the loss the raw output; for "
+                    "one probability use torch.sigmoid (better: F.binary_cross_entropy_with_logits on the raw "
+                    "output); a softmax needs one output per class (nn.Linear(..., num_classes)) and dim=-1 over them")
         return (f"compute the loss from the raw outputs, not from torch.{f['op'].lower()} of them (apply it only to "
                 "read predictions); for a rounded or thresholded target, use a loss of the outputs that is smooth in "
                 "them (cross_entropy, binary_cross_entropy_with_logits, mse_loss)")
