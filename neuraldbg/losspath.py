@@ -190,27 +190,53 @@ def outside_leaves(loss_fn, outputs: list, inside: set[int]) -> list:
     return list(found.values())
 
 
-def inner_leaves(outputs: list, inside: set[int], stop: set[int]) -> list:
-    """The trainable tensors the model's ``outputs`` (their nodes) are computed from that are not the model's
-    own parameters (ids in ``inside``) nor its input (ids of its tensors and of their nodes in ``stop``, where
-    the walk ends): weights that ``model.parameters()`` does not list (modules held in a plain Python list or
-    dict, a tensor made with ``requires_grad=True`` rather than as an ``nn.Parameter``). At most
-    ``MAX_INNER_NODES`` nodes are visited."""
+# a weight layer's own op: a matrix product with a weight, or a convolution
+_WEIGHT_OPS = frozenset({"Addmm", "Mm", "Convolution", "ConvolutionOverrideable", "MkldnnConvolution"})
+# ops whose output is affine in their inputs (shape-only ones included): a forward made of these and weight
+# ops alone is one affine map of its input, however many layers it has (a dropout mask is a diagonal map)
+_AFFINE_OPS = SHAPE_OPS | _WEIGHT_OPS | {"Add", "Sub", "Neg", "Mul", "Div", "Mean", "Sum", "Expand", "NativeDropout",
+                                         "AccumulateGrad"}
+
+
+_PRODUCTS = frozenset({"Mul", "Div", "Mm"})
+
+
+def _of_two(fn) -> bool:
+    """A product of two computed tensors (``h * h``, ``h * g(h)``: not affine in the input); one of a computed
+    tensor and a weight or a constant (``h * w``, a dropout mask, ``h * 0.5``: no node) is. A product with an
+    input that needs no gradient has no node for it either, and reads as affine."""
+    nxt = getattr(fn, "next_functions", ())
+    return sum(n is not None and op_name(n) != "AccumulateGrad" for n, _ in nxt) >= 2
+
+
+def inner_graph(outputs: list, inside: set[int], stop: set[int]) -> tuple[list, int]:
+    """The forward pass's graph behind the model's ``outputs`` (their nodes), back to its input (ids of its
+    tensors and of their nodes in ``stop``, where the walk ends); at most ``MAX_INNER_NODES`` nodes.
+
+    Returns the trainable tensors it is computed from that are not the model's own parameters (ids in
+    ``inside``): weights that ``model.parameters()`` does not list (modules held in a plain Python list or
+    dict, a tensor made with ``requires_grad=True`` rather than as an ``nn.Parameter``); and the number of
+    weight layers when every op of the whole graph is affine (``_AFFINE_OPS``: linear layers applied one after
+    another with no activation between them), else 0."""
     found: dict[int, object] = {}
     stack = list(outputs)
     visited: set[int] = set()
+    weights, affine = 0, True
     while stack and len(visited) < MAX_INNER_NODES:
         fn = stack.pop()
         if fn is None or id(fn) in visited or id(fn) in stop:
             continue
         visited.add(id(fn))
+        name = op_name(fn)
+        weights += name in _WEIGHT_OPS
+        affine = affine and name in _AFFINE_OPS and not (name in _PRODUCTS and _of_two(fn))
         leaf = getattr(fn, "variable", None)
         if leaf is not None:
             if id(leaf) not in inside and id(leaf) not in stop:
                 found[id(leaf)] = leaf
             continue
         stack.extend(nxt for nxt, _ in getattr(fn, "next_functions", ()) if nxt is not None)
-    return list(found.values())
+    return list(found.values()), weights if affine and not stack else 0
 
 
 def layer_terms(loss_fn, outputs: list, layers: dict[int, int]) -> list[tuple[int, list[str]]]:

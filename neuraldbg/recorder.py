@@ -450,14 +450,17 @@ class Recorder:
 
     def _watch_unregistered(self, outputs: list, own: set[int]) -> None:
         """Once, from the first loss read: weights the forward pass computes the outputs from that are not the
-        model's parameters (``losspath.inner_leaves``: modules kept in a plain list, a tensor made with
-        ``requires_grad=True``) and that the watched optimizer does not hold. The largest are watched for a
+        model's parameters (``losspath.inner_graph``: modules kept in a plain list, a tensor made with
+        ``requires_grad=True``) and that the watched optimizer does not hold; and whether that graph is one
+        linear map of the input (``meta["linear_maps"]``: its weight layers, two or more). The largest are watched for a
         change at sampled steps, ``OUTSIDE_CHECKS`` at most: one that moves is stepped by something (another
         optimizer, a hand-written update) and ends the watch; ``meta["unregistered"]["still"]`` counts the
         sampled steps at which none had moved."""
         ins = [t for t in tree_flatten(self._last_inputs)[0] if isinstance(t, torch.Tensor)]
         stop = {id(t) for t in ins} | {id(t.grad_fn) for t in ins if t.grad_fn is not None}
-        found = losspath.inner_leaves(outputs, own, stop)
+        found, linear = losspath.inner_graph(outputs, own, stop)
+        if linear >= 2:  # weight layers with nothing nonlinear between them: one linear map of the input
+            self.trace.meta["linear_maps"] = linear
         if self.optimizer is not None:
             held = {id(p) for g in getattr(self.optimizer, "param_groups", ()) for p in g["params"]}
             found = [t for t in found if id(t) not in held]

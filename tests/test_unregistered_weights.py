@@ -150,3 +150,65 @@ def test_the_reading_survives_a_save_and_load(tmp_path):
     loaded = NeuralDbg.load(tmp_path / "run.ndbg")
     before, after = _confident(dbg)[0], _confident(loaded)[0]
     assert (after.cause, after.layer, after.suggestion) == (before.cause, before.layer, before.suggestion)
+
+
+# -- a forward that is one linear map ------------------------------------------------------------------------------
+
+def _circles(step: int, batch: int = 64):
+    """Two classes no linear boundary separates: inside or outside a circle."""
+    x = torch.randn(batch, 2, generator=torch.Generator().manual_seed(step)) * 1.5
+    return x, ((x ** 2).sum(1) < 2.0).long()
+
+
+def _circle_run(model, steps: int = 400):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            x, y = _circles(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+class Functional(nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(2, 64), nn.Linear(64, 64), nn.Linear(64, 2)
+        self.act = act
+
+    def forward(self, x):
+        return self.fc3(self.act(self.fc2(self.act(self.fc1(x)))))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_linear_layers_with_no_activation_between_them_are_named_in_the_plateau(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(2, 64), nn.Linear(64, 64), nn.Dropout(0.1), nn.Linear(64, 64), nn.Linear(64, 2))
+    dbg = _circle_run(model)
+    assert dbg.trace.meta["linear_maps"] == 4
+    top = _confident(dbg)[0]
+    assert top.cause == "loss_plateau" and top.layer == ""
+    assert top.suggestion.startswith("add a nonlinearity") and "one linear map" in " ".join(top.chain)
+
+
+@pytest.mark.parametrize("model", [
+    lambda: nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2)),
+    lambda: Functional(F.relu),
+    lambda: Functional(torch.sin),       # any op that is not affine, not only the usual activations
+    lambda: Functional(lambda h: h * h),  # a product of two computed tensors is not affine; h * w is
+], ids=["modules", "functional", "sin", "square"])
+def test_a_nonlinearity_anywhere_leaves_the_reading_out(model):
+    dbg = _circle_run(model(), steps=200)
+    assert "linear_maps" not in dbg.trace.meta
+    assert all("nonlinearity" not in h.suggestion for h in dbg.explain())
+
+
+def test_one_linear_layer_is_a_linear_model_by_design():
+    torch.manual_seed(0)
+    dbg = _circle_run(nn.Sequential(nn.Linear(2, 2)), steps=200)
+    assert "linear_maps" not in dbg.trace.meta
+    assert all("nonlinearity" not in h.suggestion for h in dbg.explain())

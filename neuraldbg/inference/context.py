@@ -47,6 +47,8 @@ class Context:
     # weights the forward uses that are not the model's parameters and never changed ({"tensors", "numel",
     # "shapes", "still"}; None: none such)
     unregistered: dict | None = None
+    # weight layers of a forward pass that is one linear map of its input (no activation between them); 0: not
+    linear_maps: int = 0
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)

@@ -337,6 +337,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 f"time step {read} of {steps}",
                 f"its output there has seen {read} of the {steps} steps: what comes later cannot change the "
                 "prediction"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "plateau" and ctx.linear_maps >= 2:
+        return [f"the model's {ctx.linear_maps} weight layers run one after another with no activation between "
+                "them: together they compute one linear map of the input, no more than a single layer can"]
     if c.cause == Cause.LOSS_PLATEAU and k == "unregistered":
         n = int(f["tensors"])
         shapes = ", ".join("x".join(str(d) for d in shape) for shape in f["shapes"])
@@ -1113,6 +1116,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
+    if ctx.linear_maps >= 2:
+        text = ("add a nonlinearity between the linear layers (nn.ReLU() after each but the last, or F.relu in the "
+                "forward): without one they make a single linear map of the input; then " + text)
     if lr_way != "lower" and _cut_by_schedule(ctx) is not None:
         # the rate at the end is a schedule's remnant: the one to raise is the one the run had at its peak
         text += (f"; the loss stayed flat and {_SCHEDULE_CUT.format(peak=number(ctx.lr_peak), lr=number(ctx.lr))}, "
