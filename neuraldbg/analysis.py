@@ -244,6 +244,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
                   loss_summed=summed, loss_scaled=scaled, scaled_steps=_scaled_steps(trace.meta, scaled),
                   scaler_scale=_scaler_scale(trace),
-                  batch_mixing=dict(trace.meta.get("batch_mixing") or {}))
+                  batch_mixing=dict(trace.meta.get("batch_mixing") or {}),
+                  next_token=dict(trace.meta.get("next_token") or {}))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -28,7 +28,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
-from . import distributed, losspath, mixing, nanhunt
+from . import distributed, leak, losspath, mixing, nanhunt
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
@@ -1012,8 +1012,46 @@ class Recorder:
         if self._rec is not None:
             self._read_param_grads(self._rec)
             self._read_classes()
+            if self._leak_tries:
+                self._read_next_tokens()
         if self.optimizer is None:
             self._finish_step()
+
+    _leak_tries = 4   # sampled passes whose output may still be read for next-token targets
+    NEXT_TOKEN = 0.9  # share of the positions read whose target is the next input token: a next-token model
+
+    def _read_next_tokens(self) -> None:
+        """A model whose output has a row per position of a token input (batch, length, vocabulary): are the
+        targets the next input tokens (``leak.next_token_share``)? If so, once, does a position's output see
+        the tokens after it (``leak.sees_ahead``)? Into the trace's meta as ``next_token`` = {"step", "share",
+        "positions", "sees_ahead", "layer": the first module that does}. A pass driven from outside the model's
+        forward, a compiled model or a run already non-finite is not replayed; a model whose replay fails is
+        left alone."""
+        g = next((g for g in self._out_grads if g is not None and g.dim() == 3 and g.shape[-1] >= 2), None)
+        if g is None or self._last_inputs is None or self._replay_run is not None or self.compiled:
+            return
+        args, kwargs = self._last_inputs
+        ids = leak.token_input(args, kwargs, int(g.shape[0]), int(g.shape[1]))
+        if ids is None:
+            return
+        self._leak_tries -= 1
+        read = leak.next_token_share(ids, g)
+        if read is None:
+            return
+        self._leak_tries = 0
+        share, positions = read
+        if share < self.NEXT_TOKEN or self.trace.nonfinite is not None:
+            return
+        self._replaying = True
+        try:
+            ahead = leak.sees_ahead(distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
+        except Exception:  # noqa: BLE001 - a model that cannot be replayed this way: nothing is said of it
+            ahead = None
+        finally:
+            self._replaying = False
+        if ahead is not None:
+            self.trace.meta["next_token"] = {"step": int(self._pass_step), "share": share, "positions": positions,
+                                             "sees_ahead": ahead[0], "layer": ahead[1]}
 
     _class_kind: tuple = (None, None)  # (the loss paths, what they say of the targets)
     MAX_CLASS_ROWS = 512  # sampled batches whose classes are kept; past it, every other one is dropped

@@ -91,6 +91,8 @@ class Context:
     scaled_steps: float = math.nan
     # one replay of a pass: how far one sample's output gradient reaches the other samples' inputs (see mixing)
     batch_mixing: dict = field(default_factory=dict)
+    # a model trained on next tokens: whether a position's output reads the tokens after it (see ``leak``)
+    next_token: dict = field(default_factory=dict)
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

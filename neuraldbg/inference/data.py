@@ -84,6 +84,14 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.DATA, str(mix.get("layer") or ""), ctx.first_step, "mixed", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
                              facts=dict(mix)))
+    ahead = ctx.next_token
+    if ahead.get("sees_ahead"):
+        # the targets are the next tokens and each position's output reads them: a fact of the model's code from
+        # the first step, whatever the loss does (it falls the faster for it)
+        place = str(ahead.get("layer") or "")
+        out.append(Candidate(Cause.DATA, place if place in ctx.layers else "", ctx.first_step, "sees_ahead", [],
+                             severity=1.0, persistence=1.0, certain=True, lasting=True,
+                             loss_kinds=losses.ANY | {LossState.SLOW}, facts=dict(ahead)))
     for ev in ctx.all(Signal.TARGET, TargetState.ONE_CLASS)[:1]:
         # nothing to tell apart: the loss falls to ~0 with a constant output, and the model learns nothing else
         out.append(Candidate(Cause.DATA, "input", ev.step, "one_class", [ev], severity=1.0,

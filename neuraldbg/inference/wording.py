@@ -162,6 +162,15 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                     f"inputs, {much} (a replay of the pass at step {f.get('step', c.step)}, in eval mode){order}",
                     f"{where} mixes them: it reads the batch in another layout than it is fed (a recurrence or "
                     "attention run across the batch's samples, not along each sample's sequence)"]
+        if k == "sees_ahead":
+            where = (f"`{f['layer']}` is the first module whose output there changes" if f.get("layer") else
+                     "the change arises in the model's own forward (attention written as functions)")
+            return [f"the loss's targets are the next input tokens ({fmt(100 * f.get('share', math.nan))}% of the "
+                    f"{f.get('positions', 0)} positions read at step {f.get('step', c.step)})",
+                    "a position's output changes when a later token does (a replay of one sample with its last token "
+                    f"replaced, in eval mode): {where}",
+                    "each position reads the token it is asked to predict: the loss falls by copying it, and the "
+                    "model cannot generate text"]
         if k == "one_class":
             n = f.get("targets", math.nan)
             return [f"every one of the {n:.0f} targets read in {f.get('batches', math.nan):.0f} sampled batches is "
@@ -851,6 +860,12 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "nn.MultiheadAttention / nn.Transformer* take (time, batch, features) unless built with "
                     "batch_first=True, so pass batch_first=True (or x.transpose(0, 1) in and out); a reshape between "
                     "layouts needs a transpose or permute, not a view")
+        if k == "sees_ahead":
+            return ("mask the attention to later positions: a causal mask, mask=nn.Transformer."
+                    "generate_square_subsequent_mask(T) with is_causal=True for nn.TransformerEncoder / "
+                    "nn.TransformerDecoderLayer, F.scaled_dot_product_attention(q, k, v, is_causal=True), or, written "
+                    "by hand, scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')) "
+                    "before the softmax; a bidirectional model is trained on masked tokens, not the next ones")
         if k == "one_class":
             return ("check the labels the loader yields (torch.bincount(y) over a few batches): a label column read as "
                     "one value, a mapping that sends every label to 0, or a filter that kept one class; if the other "

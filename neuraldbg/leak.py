@@ -1,0 +1,147 @@
+"""Whether a next-token model sees the tokens it is asked to predict: one replay of a pass, once per run.
+
+A language model trained on next tokens (the loss's target at position ``t`` is the input's token ``t + 1``)
+must compute position ``t``'s output from tokens ``0..t`` only: a causal mask in its attention, or a
+recurrence that runs forward. Without one (a ``TransformerEncoder`` given no ``mask``, attention written
+by hand with no ``triu`` mask, ``is_causal`` left out) every position reads the next token and copies it:
+the loss falls to ~0, every layer looks healthy, and the model cannot generate. No hook sees it.
+
+Two readings, both cheap and taken at most a few times a run:
+
+- the targets, off the gradient the loss left at the output (``next_token_share``): a hard target's
+  logits get one entry pushed up, the target's; compared with the input shifted by one position;
+- a replay (``sees_ahead``) on a copy of the model without its hooks, in eval mode, of the first sample
+  alone, twice: as it is, and with its last token replaced by another token of the batch. A causal model
+  gives the same outputs at every earlier position; one that reads ahead does not.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import nanhunt
+from .mixing import EQUAL, MAX_COPY_BYTES, _sharded
+
+MIN_POSITIONS = 32   # hard targets read, at least, before the next-token share is trusted
+MAX_POSITIONS = 4096  # positions looked at, at most (the first ones of the batch): a large vocabulary's
+#                       gradient is read in a bounded memory
+
+
+def token_input(args: tuple, kwargs: dict, batch: int, length: int) -> torch.Tensor | None:
+    """The pass's tensor of token ids of shape (batch, length), when it has one."""
+    for v in list(args) + list(kwargs.values()):
+        if (isinstance(v, torch.Tensor) and v.dim() == 2 and tuple(v.shape) == (batch, length)
+                and not v.is_floating_point() and v.dtype != torch.bool):
+            return v
+    return None
+
+
+def next_token_share(ids: torch.Tensor, g: torch.Tensor) -> tuple[float, int] | None:
+    """(share of the read positions whose target is the next input token, positions read), from the
+    gradient ``g`` (batch, length, vocabulary) a cross-entropy left at the output: a position whose gradient
+    has exactly one negative entry has a hard target there. Read only where the next token differs from the
+    position's own (where they are equal, a model trained on its own tokens would read the same); the last
+    position has no next token; at most ``MAX_POSITIONS`` are looked at. None when fewer than
+    ``MIN_POSITIONS`` are read."""
+    with torch.no_grad():
+        ids = ids.to(g.device)
+        nxt, own = ids[:, 1:].reshape(-1)[:MAX_POSITIONS], ids[:, :-1].reshape(-1)[:MAX_POSITIONS]
+        g = g.detach()[:, :-1].reshape(-1, g.shape[-1])[:MAX_POSITIONS].float()
+        low, target = g.min(dim=-1)
+        hard = (low < 0) & ((g < 0).sum(dim=-1) == 1) & torch.isfinite(g).all(dim=-1) & (nxt != own)
+        read = int(hard.sum())
+        if read < MIN_POSITIONS:
+            return None
+        same = int((target == nxt)[hard].sum())
+    return same / read, read
+
+
+def _other_token(ids: torch.Tensor) -> int | None:
+    """A token of the batch that is not the first sample's last one."""
+    last = ids[0, -1]
+    others = ids[ids != last]
+    return int(others[0]) if others.numel() else None
+
+
+def _positions(t, length: int) -> torch.Tensor | None:
+    """A module output's rows per position of the one sample replayed, batch first or sequence first."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() < 2:
+        return None
+    if t.shape[0] == 1 and t.shape[1] == length:
+        return t[0]
+    if t.shape[0] == length and t.shape[1] == 1:
+        return t[:, 0]
+    return None
+
+
+def _moved(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Rows before the last differ between ``a`` and ``b`` beyond rounding."""
+    before, after = a[:-1].float(), b[:-1].float()
+    return float((after - before).abs().max()) > EQUAL * (float(before.abs().max()) or 1.0)
+
+
+def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
+               autocast: list | None = None) -> tuple[bool, str] | None:
+    """Whether the outputs of the first sample at positions before its last change when its last token does,
+    in a replay on a copy of ``model`` in eval mode, and the first module, in the order the forward runs,
+    whose output at those positions does ("" when none is found: the change arises in the model's own
+    forward). Every argument with a row per sample is cut to the first one. None when the replay does not
+    lend itself (a model too large to copy or sharded, one token only, an output without the positions, a
+    model that gives two outputs for the same input)."""
+    n, length = ids.shape
+    other = _other_token(ids)
+    if (other is None or length < 2 or _sharded(model)
+            or sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) > MAX_COPY_BYTES):
+        return None
+    changed = ids[:1].clone()
+    changed[0, -1] = other
+
+    def first(v, swap=None):
+        if v is ids:
+            return swap if swap is not None else ids[:1]
+        return v[:1] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n else v
+
+    taken: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(m, inputs, output):
+            t = _positions(next(iter(nanhunt.float_tensors(output)), None), length)
+            if t is not None and name not in taken:
+                taken[name] = t.detach()
+        return hook
+
+    def run(replica, swap=None, hooked=None):
+        taken.clear()
+        handles = [m.register_forward_hook(keep(name)) for name, m in (hooked or [])]
+        try:
+            with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
+                out = replica(*[first(a, swap) for a in args], **{k: first(v, swap) for k, v in kwargs.items()})
+        finally:
+            for h in handles:
+                h.remove()
+        return next((t[0] for t in nanhunt.float_tensors(out) if t.dim() == 3 and t.shape[:2] == (1, length)), None)
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            replica = nanhunt.copy_without_hooks(model).eval()
+            modules = [(name, m) for name, m in replica.named_modules() if name]
+            base = run(replica, hooked=modules)
+            layers = dict(taken)
+            again = run(replica)
+            moved = run(replica, changed, hooked=modules)
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    if base is None or again is None or moved is None or _moved(base, again):
+        return None  # no output per position, or not the same outputs twice: nothing to compare against
+    if not _moved(base, moved):
+        return False, ""
+    place = next((name for name, t in layers.items()  # in the order the modules finished
+                  if name in taken and taken[name].shape == t.shape and _moved(t, taken[name])), "")
+    return True, place

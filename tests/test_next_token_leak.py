@@ -1,0 +1,149 @@
+"""A model trained on next tokens whose outputs read the tokens after their position: a Transformer given no
+causal mask, attention written by hand without one, a bidirectional recurrence. Each position sees the
+token it is asked to predict, the loss falls by copying it, and every layer looks healthy. The targets are
+read off the output's gradient; one replay of a sample with its last token changed says whether earlier
+positions see it. A causal model, a forward recurrence, targets that are not the next tokens (a token
+autoencoder) stay quiet."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg, leak
+
+CONFIDENT = 0.5
+V, T = 12, 16
+
+
+def _text(seed: int, n: int = 512) -> torch.Tensor:
+    """Sequences of a random order-1 Markov chain: next tokens that can be learned."""
+    g = torch.Generator().manual_seed(seed)
+    moves = torch.softmax(torch.randn(V, V, generator=g) * 2, -1)
+    x = torch.zeros(n, T + 1, dtype=torch.long)
+    x[:, 0] = torch.randint(0, V, (n,), generator=g)
+    for t in range(1, T + 1):
+        x[:, t] = torch.multinomial(moves[x[:, t - 1]], 1, generator=g).squeeze(1)
+    return x
+
+
+class Encoder(nn.Module):
+    def __init__(self, causal: bool, seed: int = 0, d: int = 32):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb, self.pos = nn.Embedding(V, d), nn.Parameter(torch.randn(T, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, 4, 64, dropout=0.1, batch_first=True, norm_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.out, self.causal = nn.Linear(d, V), causal
+
+    def forward(self, x):
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1]) if self.causal else None
+        return self.out(self.enc(self.emb(x) + self.pos[:x.shape[1]], mask=mask, is_causal=self.causal))
+
+
+class HandWritten(nn.Module):
+    def __init__(self, causal: bool, seed: int = 0, d: int = 32):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb, self.qkv, self.proj = nn.Embedding(V, d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.norm, self.out, self.causal = nn.LayerNorm(d), nn.Linear(d, V), causal
+
+    def forward(self, x):
+        h = self.emb(x)
+        q, k, v = self.qkv(self.norm(h)).chunk(3, dim=-1)
+        scores = q @ k.transpose(1, 2) / math.sqrt(h.shape[-1])
+        if self.causal:
+            n = x.shape[1]
+            scores = scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
+        return self.out(h + self.proj(scores.softmax(-1) @ v))
+
+
+class Recurrent(nn.Module):
+    def __init__(self, bidirectional: bool, seed: int = 0, d: int = 32):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = nn.Embedding(V, d)
+        self.rnn = nn.LSTM(d, d, batch_first=True, bidirectional=bidirectional)
+        self.out = nn.Linear(d * (2 if bidirectional else 1), V)
+
+    def forward(self, x):
+        return self.out(self.rnn(self.emb(x))[0])
+
+
+def _train(model, seed: int = 0, steps: int = 60, shift: int = 1):
+    text = _text(seed)
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(steps):
+            batch = text[torch.randint(0, len(text), (16,), generator=g)]
+            x, y = batch[:, :-1], batch[:, shift:shift + T]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x).transpose(1, 2), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def _confident(dbg):
+    return [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_transformer_with_no_causal_mask_is_named_at_its_attention(seed):
+    dbg = _train(Encoder(causal=False, seed=seed), seed)
+    top = _confident(dbg)[0]
+    assert (top.cause, top.layer) == ("data", "enc.layers.0.self_attn")
+    assert top.step <= 2 and "is_causal=True" in top.suggestion
+    assert "the next input tokens" in top.chain[0]
+    assert dbg.trace.meta["next_token"]["share"] == 1.0
+
+
+def test_attention_written_by_hand_without_a_mask_is_named_with_the_mask():
+    dbg = _train(HandWritten(causal=False))
+    top = _confident(dbg)[0]
+    assert top.cause == "data" and "triu" in top.suggestion
+    assert top.layer == "proj"  # the first module after the attention written as functions
+
+
+@pytest.mark.parametrize("model", [lambda: Encoder(causal=True), lambda: HandWritten(causal=True),
+                                   lambda: Recurrent(bidirectional=False)], ids=["encoder", "hand", "lstm"])
+def test_causal_models_are_read_and_quiet(model):
+    dbg = _train(model())
+    assert dbg.trace.meta["next_token"]["sees_ahead"] is False
+    assert _confident(dbg) == []
+
+
+def test_a_bidirectional_recurrence_reads_ahead():
+    dbg = _train(Recurrent(bidirectional=True))
+    top = _confident(dbg)[0]
+    assert (top.cause, top.layer) == ("data", "rnn")
+
+
+def test_targets_that_are_the_input_itself_are_no_next_token_model():
+    """A token autoencoder predicts each position's own token: reading the whole sequence is its design."""
+    dbg = _train(Encoder(causal=False), shift=0)
+    assert "next_token" not in dbg.trace.meta
+    assert all(h.cause != "data" for h in _confident(dbg))
+
+
+def test_next_token_share_reads_hard_targets_only():
+    ids = torch.tensor([[1, 2, 3, 4, 5] * 8])
+    logits = torch.zeros(1, 40, 8, requires_grad=True)
+    targets = ids[:, 1:].clone()
+    # the last position is no one's target here; the others' targets are the next tokens
+    loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, reduction="sum")
+    loss.backward()
+    share, read = leak.next_token_share(ids, logits.grad)
+    assert (share, read) == (1.0, 39)
+    # where the next token repeats the position's own, a target says nothing of which one it is: not read
+    runs = torch.tensor([[1, 1, 2, 2, 3] * 8])
+    assert leak.next_token_share(runs, logits.grad) is None  # too few positions left to read
+    # soft labels are no hard target: nothing is read
+    logits.grad = None
+    F.cross_entropy(logits.reshape(-1, 8), torch.full((40, 8), 1 / 8)).backward()
+    assert leak.next_token_share(ids, logits.grad) is None
