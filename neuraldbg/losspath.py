@@ -293,8 +293,9 @@ def no_gradient(recorded: list[list[str]] | None) -> str:
     """How the loss's code gives the model's outputs no gradient, on every path from the loss to them: "single"
     (a log-softmax over a dimension of size 1, one output where a cross-entropy wants one per class: the
     probability is 1, the loss 0), "single_softmax" (a softmax over one output, then any loss: a constant 1
-    where a sigmoid's probability or the raw output was meant), or the op whose derivative is zero (``torch.round`` of the
-    outputs: "Round"); "": a path carries a gradient, or the walk stopped at ``MAX_PATHS`` (one not read may)."""
+    where a sigmoid's probability or the raw output was meant), or the op whose derivative is zero
+    (``torch.round`` of the outputs: "Round"); "": a path carries a gradient, or the walk stopped at
+    ``MAX_PATHS`` (one not read may)."""
     if recorded is not None and len(recorded) >= MAX_PATHS:
         return ""
     found = ""

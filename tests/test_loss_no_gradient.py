@@ -101,7 +101,8 @@ def test_a_softmax_over_one_output_under_a_regression_loss_is_removed_not_widene
                      steps=200)).explain()
     top = hyps[0]
     assert (top.cause, top.layer, top.step) == ("loss_plateau", "", 0) and top.confidence >= CONFIDENT
-    assert "remove the softmax" in top.suggestion and "nn.Linear(..., num_classes)) for cross_entropy" not in top.suggestion
+    assert "remove the softmax" in top.suggestion
+    assert "nn.Linear(..., num_classes)) for cross_entropy" not in top.suggestion
     assert all("raise the learning rate" not in h.suggestion for h in hyps)
 
 
