@@ -179,11 +179,14 @@ def _unbounded(a: Candidate, b: Candidate, ctx: Context) -> bool:
 
 def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
     """A loss with no floor, see ``_unbounded``. Weights that never change (no optimizer steps them, or steps
-    on no gradient, or the loss gives them none) leave no learning rate or plateau more to say. Weights held
+    on no gradient, or the loss gives them none) leave no learning rate or plateau more to say; weights the
+    hooks do not see (not the model's parameters) make any scale read across them no reading of its own. Weights held
     near zero make every update large next to them (no divergence, no NaN: just a ratio), pass a vanishing
     signal and gradient, and leave units dead; the plain plateau is the same story."""
     if a.kind == "unbounded":
         return _unbounded(a, b, ctx)
+    if a.kind == "unregistered" and b.cause == C.BAD_INITIALIZATION:
+        return True  # a scale read across layers the hooks do not see (they sit between the watched ones)
     if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "unregistered", "no_gradient"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":
