@@ -28,8 +28,9 @@ from . import nanhunt
 from .mixing import EQUAL, MAX_COPY_BYTES, _sharded
 
 MIN_POSITIONS = 32   # hard targets read, at least, before the next-token share is trusted
-MAX_POSITIONS = 4096  # positions looked at, at most (the first ones of the batch): a large vocabulary's
-#                       gradient is read in a bounded memory
+MAX_POSITIONS = 256  # positions looked at, at most (the first ones of the batch): a large vocabulary's
+#                      gradient is read in a bounded memory
+POOLED = 1 << 16     # a module output with no position axis kept by a replay, at most (entries)
 
 
 def token_input(args: tuple, kwargs: dict, batch: int, length: int) -> torch.Tensor | None:
@@ -49,9 +50,11 @@ def next_token_share(ids: torch.Tensor, g: torch.Tensor) -> tuple[float, int] | 
     position has no next token; at most ``MAX_POSITIONS`` are looked at. None when fewer than
     ``MIN_POSITIONS`` are read."""
     with torch.no_grad():
-        ids = ids.to(g.device)
-        nxt, own = ids[:, 1:].reshape(-1)[:MAX_POSITIONS], ids[:, :-1].reshape(-1)[:MAX_POSITIONS]
-        g = g.detach()[:, :-1].reshape(-1, g.shape[-1])[:MAX_POSITIONS].float()
+        per_row = min(g.shape[1] - 1, MAX_POSITIONS)
+        rows = -(-MAX_POSITIONS // per_row) if per_row > 0 else 0
+        ids = ids[:rows].to(g.device)  # (only the positions looked at are copied)
+        nxt, own = ids[:, 1:per_row + 1].reshape(-1), ids[:, :per_row].reshape(-1)
+        g = g.detach()[:rows, :per_row].reshape(-1, g.shape[-1])
         low, target = g.min(dim=-1)
         hard = (low < 0) & ((g < 0).sum(dim=-1) == 1) & torch.isfinite(g).all(dim=-1) & (nxt != own)
         read = int(hard.sum())
@@ -79,10 +82,17 @@ def _positions(t, length: int) -> torch.Tensor | None:
     return None
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A module output's positions before the last, as two numbers each (their sum and their norm): what a
+    replay keeps of every module, in the memory of a few values per position."""
+    rows = t[:-1].detach().float().reshape(t.shape[0] - 1, -1)
+    return torch.stack([rows.sum(dim=1), rows.norm(dim=1)])
+
+
 def _moved(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Rows before the last differ between ``a`` and ``b`` beyond rounding."""
-    before, after = a[:-1].float(), b[:-1].float()
-    return float((after - before).abs().max()) > EQUAL * (float(before.abs().max()) or 1.0)
+    """``a`` and ``b`` (kept by ``_rows``, or a pooled output) differ beyond rounding."""
+    a, b = a.float(), b.float()
+    return float((b - a).abs().max()) > EQUAL * (float(a.abs().max()) or 1.0)
 
 
 def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
@@ -90,9 +100,14 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
     """Whether the outputs of the first sample at positions before its last change when its last token does,
     in a replay on a copy of ``model`` in eval mode, and the first module, in the order the forward runs,
     whose output at those positions does ("" when none is found: the change arises in the model's own
-    forward). Every argument with a row per sample is cut to the first one. None when the replay does not
-    lend itself (a model too large to copy or sharded, one token only, an output without the positions, a
-    model that gives two outputs for the same input)."""
+    forward). Every argument with a row per sample is cut to the first one.
+
+    None when the replay does not lend itself: a model too large to copy or sharded, one token only, an
+    output without the positions, a model that gives two outputs for the same input, one that fails on one
+    sample; or when a module's output with no position axis (one vector
+    per sample: a sentence's latent, a pooled summary) changes with the last token: a model that reads the
+    whole sequence through such a summary by design (a sentence VAE's decoder) cannot be told from one that
+    reads ahead."""
     n, length = ids.shape
     other = _other_token(ids)
     if (other is None or length < 2 or _sharded(model)
@@ -104,19 +119,28 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
     def first(v, swap=None):
         if v is ids:
             return swap if swap is not None else ids[:1]
-        return v[:1] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n else v
+        if not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[0] != n:
+            return v
+        # (a square (length, length) argument is an attention mask when there are as many samples as positions)
+        return v if n == length and v.dim() == 2 and v.shape[1] == n else v[:1]
 
-    taken: dict[str, torch.Tensor] = {}
+    taken: dict[str, torch.Tensor] = {}   # per module, in the order they finish: its positions (see _rows)
+    pooled: dict[str, torch.Tensor] = {}  # per module whose output has no position axis: that output
 
     def keep(name):
         def hook(m, inputs, output):
-            t = _positions(next(iter(nanhunt.float_tensors(output)), None), length)
-            if t is not None and name not in taken:
-                taken[name] = t.detach()
+            t = next(iter(nanhunt.float_tensors(output)), None)
+            rows = _positions(t, length)
+            if rows is not None and name not in taken:
+                taken[name] = _rows(rows)
+            elif (rows is None and t is not None and t.dim() >= 1 and t.shape[0] == 1 and t.numel() <= POOLED
+                  and name not in pooled):
+                pooled[name] = t.detach().float().clone()
         return hook
 
     def run(replica, swap=None, hooked=None):
         taken.clear()
+        pooled.clear()
         handles = [m.register_forward_hook(keep(name)) for name, m in (hooked or [])]
         try:
             with torch.no_grad(), torch.random.fork_rng(), nanhunt._autocast(autocast):
@@ -124,7 +148,8 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
         finally:
             for h in handles:
                 h.remove()
-        return next((t[0] for t in nanhunt.float_tensors(out) if t.dim() == 3 and t.shape[:2] == (1, length)), None)
+        return next((_rows(t[0]) for t in nanhunt.float_tensors(out) if t.dim() == 3 and t.shape[:2] == (1, length)),
+                    None)
 
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
@@ -132,9 +157,10 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
             replica = nanhunt.copy_without_hooks(model).eval()
             modules = [(name, m) for name, m in replica.named_modules() if name]
             base = run(replica, hooked=modules)
-            layers = dict(taken)
+            layers, summaries = dict(taken), dict(pooled)
             again = run(replica)
             moved = run(replica, changed, hooked=modules)
+            del replica
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
@@ -142,6 +168,9 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
         return None  # no output per position, or not the same outputs twice: nothing to compare against
     if not _moved(base, moved):
         return False, ""
+    if any(name in pooled and pooled[name].shape == t.shape and _moved(t, pooled[name])
+           for name, t in summaries.items()):
+        return None  # the last token reaches a summary of the whole sequence: by design, or not, cannot be told
     place = next((name for name, t in layers.items()  # in the order the modules finished
                   if name in taken and taken[name].shape == t.shape and _moved(t, taken[name])), "")
     return True, place

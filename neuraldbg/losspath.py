@@ -193,20 +193,27 @@ def outside_leaves(loss_fn, outputs: list, inside: set[int]) -> list:
 # a weight layer's own op: a matrix product with a weight, or a convolution
 _WEIGHT_OPS = frozenset({"Addmm", "Mm", "Convolution", "ConvolutionOverrideable", "MkldnnConvolution"})
 # ops whose output is affine in their inputs (shape-only ones included): a forward made of these and weight
-# ops alone is one affine map of its input, however many layers it has (a dropout mask is a diagonal map)
+# ops alone is one affine map of its input, however many layers it has (a fused dropout is a diagonal map;
+# products count only with a weight, see ``_by_weight``)
 _AFFINE_OPS = SHAPE_OPS | _WEIGHT_OPS | {"Add", "Sub", "Neg", "Mul", "Div", "Mean", "Sum", "Expand", "NativeDropout",
                                          "AccumulateGrad"}
-
-
 _PRODUCTS = frozenset({"Mul", "Div", "Mm"})
 
 
-def _of_two(fn) -> bool:
-    """A product of two computed tensors (``h * h``, ``h * g(h)``: not affine in the input); one of a computed
-    tensor and a weight or a constant (``h * w``, a dropout mask, ``h * 0.5``: no node) is. A product with an
-    input that needs no gradient has no node for it either, and reads as affine."""
-    nxt = getattr(fn, "next_functions", ())
-    return sum(n is not None and op_name(n) != "AccumulateGrad" for n, _ in nxt) >= 2
+def _is_weight(fn) -> bool:
+    """The node is a trainable leaf, or reaches one through shape-only ops (a weight's transpose)."""
+    while fn is not None and op_name(fn) in SHAPE_OPS:
+        nxt = [n for n, _ in getattr(fn, "next_functions", ()) if n is not None]
+        fn = nxt[0] if len(nxt) == 1 else None
+    return fn is not None and op_name(fn) == "AccumulateGrad"
+
+
+def _by_weight(fn) -> bool:
+    """A product of a computed tensor and a weight (``h @ W.T`` without a bias, ``h * w``): affine in the
+    input. Any other (``h * h``; a tensor that needs no gradient, which has no node: a mask ``h * (h > 0)``,
+    a dropout's mask, a constant) is not read as affine: what it is cannot be told after the backward pass."""
+    nxt = [n for n, _ in getattr(fn, "next_functions", ())]
+    return len(nxt) == 2 and sum(n is not None and _is_weight(n) for n in nxt) == 1 and all(n is not None for n in nxt)
 
 
 def inner_graph(outputs: list, inside: set[int], stop: set[int]) -> tuple[list, int]:
@@ -229,7 +236,7 @@ def inner_graph(outputs: list, inside: set[int], stop: set[int]) -> tuple[list, 
         visited.add(id(fn))
         name = op_name(fn)
         weights += name in _WEIGHT_OPS
-        affine = affine and name in _AFFINE_OPS and not (name in _PRODUCTS and _of_two(fn))
+        affine = affine and name in _AFFINE_OPS and (name not in _PRODUCTS or _by_weight(fn))
         leaf = getattr(fn, "variable", None)
         if leaf is not None:
             if id(leaf) not in inside and id(leaf) not in stop:

@@ -18,8 +18,10 @@ is not measured: it is "not observed", like a module whose forward never runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
+from collections.abc import Mapping
 from typing import Callable
 
 import numpy as np
@@ -86,6 +88,20 @@ def _sample_input(inputs) -> torch.Tensor | None:
     """The input a batch's statistics are read from: its first floating tensor with more than one value (a
     scalar handed along, such as a trainer's item count, has no spread to read); None when it has none."""
     return next((t for t in nanhunt.float_tensors(inputs) if t.numel() > 1), None)
+
+
+def _input_tensors(inputs, depth: int = 3) -> list[torch.Tensor]:
+    """The tensors of a pass's arguments, also inside a mapping (a tokenizer's ``BatchEncoding``) or a
+    dataclass that the pytree does not flatten, ``depth`` levels down."""
+    out = []
+    for v in tree_flatten(inputs)[0]:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif depth and isinstance(v, Mapping):
+            out += _input_tensors(list(v.values()), depth - 1)
+        elif depth and dataclasses.is_dataclass(v) and not isinstance(v, type):
+            out += _input_tensors([getattr(v, f.name) for f in dataclasses.fields(v)], depth - 1)
+    return out
 
 
 def _queue_backward_callback(fn: Callable[[], None]) -> None:
@@ -456,7 +472,9 @@ class Recorder:
         change at sampled steps, ``OUTSIDE_CHECKS`` at most: one that moves is stepped by something (another
         optimizer, a hand-written update) and ends the watch; ``meta["unregistered"]["still"]`` counts the
         sampled steps at which none had moved."""
-        ins = [t for t in tree_flatten(self._last_inputs)[0] if isinstance(t, torch.Tensor)]
+        ins = _input_tensors(self._last_inputs)
+        if not ins or mixing._sharded(self.inner):
+            return  # where the model's graph begins is not known (an input in a container not looked into)
         stop = {id(t) for t in ins} | {id(t.grad_fn) for t in ins if t.grad_fn is not None}
         found, linear = losspath.inner_graph(outputs, own, stop)
         if linear >= 2:  # weight layers with nothing nonlinear between them: one linear map of the input
@@ -468,14 +486,18 @@ class Recorder:
             return
         found.sort(key=lambda t: -t.numel())
         kept = found[:self.UNREGISTERED_KEPT]
-        self._unregistered = ([weakref.ref(t) for t in kept], self._norms(kept), self.OUTSIDE_CHECKS)
+        try:
+            self._unregistered = ([weakref.ref(t) for t in kept], self._norms(kept), self.OUTSIDE_CHECKS)
+        except Exception:  # noqa: BLE001 - weights this way cannot be read (a sharded tensor): nothing is said
+            return
         self.trace.meta["unregistered"] = {"tensors": len(found), "numel": int(sum(t.numel() for t in found)),
                                            "shapes": [list(t.shape) for t in found[:3]], "still": 0}
 
     @staticmethod
     def _norms(tensors: list) -> list[float]:
-        with torch.no_grad():
-            return torch.stack([t.detach().float().norm() for t in tensors]).cpu().tolist()
+        with torch.no_grad():  # (in float32 without a copy of a 16-bit weight; wherever each one lives)
+            return torch.stack([torch.linalg.vector_norm(t.detach(), dtype=torch.float32).cpu()
+                                for t in tensors]).tolist()
 
     def _check_unregistered(self) -> None:
         if self._unregistered is None:
@@ -483,7 +505,11 @@ class Recorder:
         refs, norms, left = self._unregistered
         alive = [(t, n) for t, n in ((r(), n) for r, n in zip(refs, norms)) if t is not None]
         info = self.trace.meta.get("unregistered")
-        if not alive or info is None or self._norms([t for t, _ in alive]) != [n for _, n in alive]:
+        try:
+            now = self._norms([t for t, _ in alive]) if alive else []
+        except Exception:  # noqa: BLE001 - weights this way cannot be read (a sharded tensor): nothing is said
+            now = None
+        if not alive or info is None or now != [n for _, n in alive]:
             self.trace.meta.pop("unregistered", None)  # gone (a temporary), or stepped by something
             self._unregistered = None
             return
@@ -1035,7 +1061,11 @@ class Recorder:
         if ids is None:
             return
         self._leak_tries -= 1
-        read = leak.next_token_share(ids, g)
+        try:
+            read = leak.next_token_share(ids, g)
+        except Exception:  # noqa: BLE001 - a gradient this way cannot be read (a sharded vocabulary): not again
+            self._leak_tries = 0
+            return
         if read is None:
             return
         self._leak_tries = 0

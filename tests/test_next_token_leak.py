@@ -147,3 +147,30 @@ def test_next_token_share_reads_hard_targets_only():
     logits.grad = None
     F.cross_entropy(logits.reshape(-1, 8), torch.full((40, 8), 1 / 8)).backward()
     assert leak.next_token_share(ids, logits.grad) is None
+
+
+class SentenceVAE(nn.Module):
+    """A bidirectional encoder sums the sentence up into a latent; a causal decoder predicts the next tokens
+    from it: reading the whole sentence through the latent is the design."""
+
+    def __init__(self, d: int = 32, z: int = 8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(V, d)
+        self.enc = nn.GRU(d, d, batch_first=True, bidirectional=True)
+        self.mu, self.logvar, self.z2h = nn.Linear(2 * d, z), nn.Linear(2 * d, z), nn.Linear(z, d)
+        self.dec, self.out = nn.GRU(d, d, batch_first=True), nn.Linear(d, V)
+
+    def forward(self, x):
+        e = self.emb(x)
+        _, h = self.enc(e)
+        h = torch.cat([h[0], h[1]], -1)
+        mu = self.mu(h)
+        z = mu + torch.randn_like(mu) * (0.5 * self.logvar(h)).exp() if self.training else mu
+        return self.out(self.dec(e, self.z2h(z).unsqueeze(0))[0])
+
+
+def test_a_latent_that_sums_up_the_whole_sentence_is_not_read_as_a_leak():
+    dbg = _train(SentenceVAE())
+    assert "next_token" not in dbg.trace.meta
+    assert all(h.cause != "data" for h in dbg.explain())

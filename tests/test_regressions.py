@@ -646,7 +646,7 @@ def test_a_grad_scaler_the_session_was_not_given_is_no_clip():
 
 
 def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler: bool = False,
-                clip: str = "", max_norm: float = 1.0):
+                clip: str = "", max_norm: float = 1.0, reduction: str = "mean"):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
     opt = (torch.optim.SGD(model.parameters(), lr=0.05) if opt_kind == "sgd"
@@ -658,7 +658,7 @@ def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler:
         for step in range(steps):
             x, y = data(step)
             opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(model(x), y, reduction=reduction)
             scaler.scale(loss).backward()
             if clip == "unscaled":
                 scaler.unscale_(opt)
@@ -699,10 +699,13 @@ def test_gradients_clipped_before_the_scaler_unscales_them_are_named_with_unscal
                 if h.confidence >= CONFIDENT]
 
 
-def test_a_tiny_clip_after_the_unscale_is_the_clips_own_with_the_scaler_given():
-    """Unscaled first, then clipped to 1e-4: the clip itself is too small (the norm stepped on is the
-    ``max_norm`` as written), whatever the scaler's scale."""
-    dbg = _scaled_run("scaler.step", clip="unscaled", steps=300, give_scaler=True, max_norm=1e-4)
+@pytest.mark.parametrize("max_norm, reduction", [(1e-4, "mean"), (0.125, "sum")])
+def test_a_tiny_clip_after_the_unscale_is_the_clips_own_with_the_scaler_given(max_norm, reduction):
+    """Unscaled first, then clipped far below the gradients' norm: the clip itself is too small (the norm
+    stepped on is the ``max_norm`` as written), whatever the scaler's scale. 0.125 times 2**16 is 8192: a
+    power of two, not a number written by hand to the precision a clip keeps (8200 is 1e-3 away)."""
+    dbg = _scaled_run("scaler.step", clip="unscaled", steps=300, give_scaler=True, max_norm=max_norm,
+                      reduction=reduction)
     top = dbg.explain()[0]
     assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
     assert "max_norm" in top.suggestion and "unscale_" not in top.suggestion

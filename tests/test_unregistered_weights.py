@@ -189,7 +189,7 @@ class Functional(nn.Module):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_linear_layers_with_no_activation_between_them_are_named_in_the_plateau(seed):
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(2, 64), nn.Linear(64, 64), nn.Dropout(0.1), nn.Linear(64, 64), nn.Linear(64, 2))
+    model = nn.Sequential(nn.Linear(2, 64), nn.Linear(64, 64, bias=False), nn.Linear(64, 64), nn.Linear(64, 2))
     dbg = _circle_run(model)
     assert dbg.trace.meta["linear_maps"] == 4
     top = _confident(dbg)[0]
@@ -202,7 +202,8 @@ def test_linear_layers_with_no_activation_between_them_are_named_in_the_plateau(
     lambda: Functional(F.relu),
     lambda: Functional(torch.sin),       # any op that is not affine, not only the usual activations
     lambda: Functional(lambda h: h * h),  # a product of two computed tensors is not affine; h * w is
-], ids=["modules", "functional", "sin", "square"])
+    lambda: Functional(lambda h: h * (h > 0)),  # a ReLU written as a mask
+], ids=["modules", "functional", "sin", "square", "mask"])
 def test_a_nonlinearity_anywhere_leaves_the_reading_out(model):
     dbg = _circle_run(model(), steps=200)
     assert "linear_maps" not in dbg.trace.meta

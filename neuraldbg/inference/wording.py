@@ -31,12 +31,13 @@ def _term(ops) -> str:
     return " -> ".join(o.lower() for o in reversed(ops)) or "a term of its own"
 
 def _set_by_hand(x: float) -> bool:
-    """Whether ``x`` is a number of at most two significant digits (1.0, 0.5, 25, 1e-3), to 1e-3 relative:
-    a ``max_norm`` someone wrote. A norm clipped by ``clip_grad_norm_`` is its ``max_norm`` to ~1e-6."""
+    """Whether ``x`` is a number of at most three significant digits (1.0, 0.5, 0.125, 25, 1e-3), to 1e-5
+    relative: a ``max_norm`` someone wrote. A norm clipped by ``clip_grad_norm_`` is its ``max_norm`` to
+    ~1e-6 (``max_norm * norm / (norm + 1e-6)``); a power of two times a scale of 2**16 (8192) is not one."""
     if not (x > 0 and math.isfinite(x)):
         return False
-    unit = 10.0 ** (math.floor(math.log10(x)) - 1)
-    return abs(x / (round(x / unit) * unit) - 1) < 1e-3
+    unit = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return abs(x / (round(x / unit) * unit) - 1) < 1e-5
 
 
 def clipped_scaled(c, ctx) -> float:
@@ -1083,7 +1084,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("register them: hold sub-modules in nn.ModuleList or nn.ModuleDict (not a Python list or dict) and "
                 "weight tensors as nn.Parameter (not torch.randn(..., requires_grad=True)), then make the optimizer "
                 "again from model.parameters(); they then also move with model.to(device) and are saved in its "
-                "state_dict")
+                "state_dict (weights meant to stay fixed, a teacher: requires_grad_(False) or torch.no_grad())")
     if k == "unoptimized":
         return ("give the optimizer every parameter that should learn: torch.optim.Adam(model.parameters(), ...) made "
                 "after the model is complete (one made from model.fc.parameters(), or before a module was added, "
