@@ -102,6 +102,18 @@ def _unregistered(trace: Trace, th: Thresholds) -> dict | None:
     return dict(info) if moved else None
 
 
+def _remade(trace: Trace, th: Thresholds, steps: int) -> dict | None:
+    """The optimizer was made again inside the loop, at about every step (at least half the run's steps, and
+    ``persist`` times), and the ones it replaced kept a state (momentum buffers, an adaptive optimizer's
+    moments): that state starts from zero at every step. None otherwise (made again once an epoch, or an
+    optimizer with no state: nothing lost)."""
+    count, stateful = trace.meta.get("optimizer_remade") or (0, False)
+    steps = max(steps, int(trace.globals.steps[-1]) + 1 if trace.globals.n else 0)
+    if not stateful or count < th.persist or count < steps / 2:
+        return None
+    return {"made": int(count) + 1, "steps": steps, "optimizer": str(trace.meta.get("optimizer") or "")}
+
+
 def _foreign_steps(trace: Trace) -> int:
     """Optimizer steps on weights none of which are the model's, in a run whose own weights never changed
     (the same norm at every sample) and that was given no optimizer of its own: the optimizer steps another
@@ -223,7 +235,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   carried=_carried(trace.meta.get("gradients_carried")),
                   unreached=int(trace.meta.get("steps_unreached", 0)), unupdated=_unupdated(trace, thresholds),
                   foreign_steps=_foreign_steps(trace), unregistered=_unregistered(trace, thresholds),
-                  linear_maps=int(trace.meta.get("linear_maps", 0)),
+                  linear_maps=int(trace.meta.get("linear_maps", 0)), remade=_remade(trace, thresholds, steps),
                   cleared=_cleared(trace.meta.get("steps_cleared")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   loss_nonfinite_op=losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths")),

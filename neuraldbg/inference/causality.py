@@ -187,7 +187,8 @@ def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
         return _unbounded(a, b, ctx)
     if a.kind == "unregistered" and b.cause == C.BAD_INITIALIZATION:
         return True  # a scale read across layers the hooks do not see (they sit between the watched ones)
-    if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "unregistered", "no_gradient"):
+    if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "unregistered", "remade",
+                  "no_gradient"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
     if a.kind != "weights_collapse":
         return False

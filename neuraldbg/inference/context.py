@@ -49,6 +49,8 @@ class Context:
     unregistered: dict | None = None
     # weight layers of a forward pass that is one linear map of its input (no activation between them); 0: not
     linear_maps: int = 0
+    # an optimizer with a state made again at about every step ({"made", "steps", "optimizer"}; None: not)
+    remade: dict | None = None
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)

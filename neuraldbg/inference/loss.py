@@ -158,13 +158,17 @@ def _unoptimized(ctx: Context) -> list[Candidate]:
     optimizer steps them (built from part of the model, ``Adam(model.fc.parameters())``, or before a module was
     added; a group with lr=0). A fact of the run from the first step; a failure with a loss that does not
     improve (a probe trained on purpose over a frozen backbone learns). Named at the first of them. Weights the
-    forward uses outside the model's parameters that never move are the same fact, named in the model."""
+    forward uses outside the model's parameters that never move are the same fact, named in the model; so is
+    an optimizer made again at every step, whose state (momentum) never builds."""
     kinds = frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW}
     out = []
     if ctx.unregistered is not None:  # weights the forward uses that model.parameters() does not list
         out.append(Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "unregistered", [], severity=1.0,
                              persistence=1.0, needs_harm=True, lasting=True, loss_kinds=kinds,
                              facts=dict(ctx.unregistered)))
+    if ctx.remade is not None:  # its state starts from zero at every step: momentum never builds
+        out.append(Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "remade", [], severity=1.0, persistence=1.0,
+                             needs_harm=True, lasting=True, loss_kinds=kinds, facts=dict(ctx.remade)))
     layers = [name for name in ctx.unupdated if name in ctx.layers]
     if not layers or ctx.param_dtype in ("bfloat16", "float16"):  # (16-bit updates may all round away)
         return out

@@ -350,6 +350,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.LOSS_PLATEAU and k == "plateau" and ctx.linear_maps >= 2:
         return [f"the model's {ctx.linear_maps} weight layers run one after another with no activation between "
                 "them: together they compute one linear map of the input, no more than a single layer can"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "remade":
+        return [f"a new optimizer ({f['optimizer']}) was made {f['made']} times in {f['steps']} steps, and each "
+                "replaced one that kept a state: momentum buffers or moment estimates start from zero at every step",
+                "momentum never builds (SGD's momentum acts as none; every Adam step is its first, of size lr for "
+                "every weight)"]
     if c.cause == Cause.LOSS_PLATEAU and k == "unregistered":
         n = int(f["tensors"])
         shapes = ", ".join("x".join(str(d) for d in shape) for shape in f["shapes"])
@@ -1080,6 +1085,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
                 "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
                 "out[:, 0] is its state after the first step only")
+    if k == "remade":
+        return ("make the optimizer once, before the training loop (torch.optim.SGD(model.parameters(), ...) outside "
+                "the for loop, and the same one across epochs), and keep stepping that one; a function that trains "
+                "one epoch takes the optimizer as an argument")
     if k == "unregistered":
         return ("register them: hold sub-modules in nn.ModuleList or nn.ModuleDict (not a Python list or dict) and "
                 "weight tensors as nn.Parameter (not torch.randn(..., requires_grad=True)), then make the optimizer "
