@@ -104,7 +104,7 @@ def _unregistered(trace: Trace, th: Thresholds) -> dict | None:
 
 def _remade(trace: Trace, th: Thresholds, steps: int) -> dict | None:
     """The optimizer was made again inside the loop, at about every step (at least half the run's steps, and
-    ``persist`` times), and the ones it replaced kept a state (momentum buffers, an adaptive optimizer's
+    ``persist`` times), and it keeps a state from step to step (momentum buffers, an adaptive optimizer's
     moments): that state starts from zero at every step. None otherwise (made again once an epoch, or an
     optimizer with no state: nothing lost)."""
     count, stateful = trace.meta.get("optimizer_remade") or (0, False)

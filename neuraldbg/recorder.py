@@ -104,23 +104,35 @@ def _input_tensors(inputs, depth: int = 3) -> list[torch.Tensor]:
     return out
 
 
-class _Partners(weakref.WeakKeyDictionary):
-    """Optimizers seen stepping beside the watched one (weak keys); a copy of the model (an EMA) copies its
-    recorder, and none of these with it."""
-
-    def __deepcopy__(self, memo) -> "_Partners":
-        return _Partners()
-
-
 class _GlobalHook:
-    """The handle of a global optimizer hook, kept among a session's handles (removed with them)."""
+    """A global optimizer step hook that calls ``recorder._adopt`` through a weak reference (a session left
+    running and dropped does not stay alive through it: the hook removes itself), kept among the session's
+    handles and removed with them."""
 
     handle = None
+
+    def install(self, recorder: "Recorder") -> None:
+        ref = weakref.ref(recorder)
+
+        def hook(optimizer, args, kwargs):
+            owner = ref()
+            if owner is None:
+                self.remove()
+                return None
+            return owner._adopt(optimizer, args, kwargs)
+        self.handle = register_optimizer_step_pre_hook(hook)
 
     def remove(self) -> None:
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
+
+
+def _keeps_state(optimizer) -> bool:
+    """Whether ``optimizer`` carries a state from step to step: any but plain SGD without momentum."""
+    if type(optimizer) is not torch.optim.SGD:
+        return True
+    return any(g.get("momentum", 0) for g in optimizer.param_groups)
 
 
 def _queue_backward_callback(fn: Callable[[], None]) -> None:
@@ -254,9 +266,6 @@ class Recorder:
         self._handles: list = []
         self._opt_handles: list = []
         self._any_step = _GlobalHook()  # the global optimizer step hook, removed with the other handles
-        # optimizers seen stepping beside the watched one: True for one that holds other weights (not a
-        # replacement); weak keys, so that optimizers made and dropped in a loop are not kept alive
-        self._partners = _Partners()
         self._explicit = False        # a pass begun by ``begin_pass``, its forward part not yet ended
         self._replay_run: Callable | None = None  # how to replay the latest pass (None: the model's forward)
         self._next_order = 0
@@ -375,27 +384,22 @@ class Recorder:
             self._opt_handles.append(self.optimizer.register_step_pre_hook(self._on_optimizer_pre))
             self._opt_handles.append(self.optimizer.register_step_post_hook(self._on_optimizer_post))
         if not any(h is self._any_step for h in self._handles):
-            # every optimizer's steps, given one or not: the first to step on the model's weights when none was
-            # given, and one that replaces the watched optimizer (made again inside the loop)
+            # every optimizer's steps, given one or not: the first to step on the model's weights while none is
+            # watched (none given, or the one watched was dropped: made again inside the loop)
             self._handles.append(self._any_step)
-            self._any_step.handle = register_optimizer_step_pre_hook(self._adopt)
+            self._any_step.install(self)
 
     _adopted_step = False  # the step an optimizer was adopted at: its pass was counted at its backward end
     _foreign: frozenset = frozenset()  # ids of optimizers seen stepping on none of the model's weights
 
     def _adopt(self, optimizer, args, kwargs):
-        """No optimizer was given (a training cell that makes its own): the first optimizer that steps on the
-        model's trainable weights is watched from its next step on, as if it had been given (updates, the
-        learning rate, steps counted by it). The step it is found at was already counted at its backward end.
-        An optimizer that holds every weight of the model the watched one holds replaces it (one made again
-        inside the loop, at every step or every epoch): it is watched from this step on, counted in
-        ``meta["optimizer_remade"]`` = [replacements, whether the one replaced kept a state]. One that holds
-        other weights of the model (a second optimizer for another part), or steps inside the watched one's
-        step (the optimizer a wrapper drives), is left alone."""
-        if optimizer is self.optimizer or not self.attached:
-            return None
-        if self.optimizer is not None:
-            self._follow(optimizer)
+        """No optimizer is watched (a training cell that makes its own; or the one watched was dropped, the
+        optimizer being made again inside the loop): the first optimizer that steps on the model's trainable
+        weights is watched from its next step on, as if it had been given (updates, the learning rate, steps
+        counted by it). The step it is found at was already counted at its backward end. One adopted after
+        another was dropped is counted in ``meta["optimizer_remade"]`` = [times, whether it keeps a state
+        from step to step: momentum, an adaptive optimizer's moments]."""
+        if self.optimizer is not None or not self.attached:
             return None
         foreign = id(optimizer) in self._foreign  # (its parameters are looked at once, not every step)
         if not foreign:
@@ -406,29 +410,27 @@ class Recorder:
         if foreign:  # an optimizer of other weights (one made for a model since re-created): counted
             self.trace.meta["foreign_steps"] = self.trace.meta.get("foreign_steps", 0) + 1
             return None
+        if self._had_optimizer:
+            count, stateful = self.trace.meta.get("optimizer_remade", (0, False))
+            self.trace.meta["optimizer_remade"] = [count + 1, bool(stateful or _keeps_state(optimizer))]
         self.set_optimizer(optimizer)
         self.trace.meta["optimizer_adopted"] = True
         self._adopted_step = True
         return None
 
-    def _follow(self, optimizer) -> None:
-        if self._step_depth or self._adopted_step:  # inside the watched one's step: the optimizer a wrapper drives
-            self._partners[optimizer] = True
-            return
-        known = self._partners.get(optimizer)
-        if known is None:
-            owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-            mine = {id(p) for p in self.inner.parameters() if p.requires_grad}
-            watched = {id(p) for g in self.optimizer.param_groups for p in g["params"]} & mine
-            known = not (watched and watched <= owned)
-            self._partners[optimizer] = known
-        if known:  # another part's optimizer, or another model's
-            return
-        old = self.optimizer
-        kept = bool(getattr(old, "state", None))
-        self.set_optimizer(optimizer)
-        count, stateful = self.trace.meta.get("optimizer_remade", (0, False))
-        self.trace.meta["optimizer_remade"] = [count + 1, bool(stateful or kept)]
+    _opt_ref: Callable | None = None
+    _had_optimizer = False  # an optimizer was watched: one adopted later replaces it
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer watched, held by a weak reference: one the loop drops (made again at every step or
+        epoch) is no longer watched, and the next one that steps on the model's weights is adopted."""
+        return self._opt_ref() if self._opt_ref is not None else None
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
+        self._opt_ref = weakref.ref(optimizer) if optimizer is not None else None
+        self._had_optimizer = self._had_optimizer or optimizer is not None
 
     def set_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Count steps by ``optimizer`` from now on, in place of any optimizer given before (one that a
@@ -437,8 +439,6 @@ class Recorder:
         for h in self._opt_handles:
             h.remove()
         self._opt_handles.clear()
-        if self.optimizer is not None and self.optimizer is not optimizer:
-            self._partners[self.optimizer] = True  # replaced: its later steps (if any) are not followed back
         self.optimizer = optimizer
         self.trace.meta["optimizer"] = type(optimizer).__name__
         self.trace.meta.update(_precision_meta(self._params, optimizer))

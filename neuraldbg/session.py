@@ -55,7 +55,6 @@ class NeuralDbg:
         unsynced = ignored_parameters(model)  # parameters a DDP wrapper leaves to each rank on purpose
         model = unwrap(model)  # a DDP wrapper: the module inside, so that names carry no "module." prefix
         self.model: nn.Module | None = model
-        self.optimizer = optimizer
         self._analysis = None
         self._analysis_key = None
         self._warnings: list = []
@@ -82,12 +81,18 @@ class NeuralDbg:
                                                 merge_timeout=merge_timeout, checkpoint_interval=checkpoint_interval,
                                                 unsynced=unsynced)
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer whose steps are counted: the one given, set, or found stepping on the model's weights
+        (the latest, when the loop makes it again); None before one is found, and for a loaded session."""
+        rec = getattr(self, "_recorder", None)
+        return rec.optimizer if rec is not None else None
+
     @classmethod
     def _from_trace(cls, trace: Trace, thresholds: Thresholds | None = None) -> "NeuralDbg":
         self = cls.__new__(cls)
         self.thresholds = thresholds or Thresholds()
         self.model = None
-        self.optimizer = None
         self._analysis = None
         self._analysis_key = None
         self._warnings = []
@@ -164,7 +169,6 @@ class NeuralDbg:
         """Count steps by ``optimizer`` from now on, in place of the one given before, if any: for an
         optimizer created only once training begins (by a trainer). Call it before the first step."""
         self._live_recorder().set_optimizer(optimizer)
-        self.optimizer = optimizer
 
     def begin_pass(self, inputs=(), run: Callable[[nn.Module], object] | None = None) -> None:
         """A training pass starts that does not go through the model's own forward (a training step that

@@ -115,9 +115,8 @@ def test_a_watched_model_no_optimizer_steps_beside_a_loss_that_learns_is_no_faul
 def _remade_loop(model, make_opt, steps: int = 300, every: int = 1, given: bool = False):
     """A loop that makes a new optimizer every ``every`` steps (1: at every step, inside the loop)."""
     data = teacher_classes(16, 4)
-    first = make_opt()
-    with NeuralDbg(model, optimizer=first if given else None) as dbg:
-        opt = first
+    opt = make_opt()  # (the loop's own name only: rebinding it drops the optimizer before)
+    with NeuralDbg(model, optimizer=opt if given else None) as dbg:
         for step in range(steps):
             if step and step % every == 0:
                 opt = make_opt()
@@ -205,3 +204,95 @@ def test_an_optimizer_stepped_inside_a_wrapper_is_no_replacement(given):
     dbg = _loop(model, lambda: opt, given=opt if given else None)
     assert dbg.step == 200 and "optimizer_remade" not in dbg.trace.meta
     assert dbg.trace.meta["optimizer"] == "_Lookahead"
+
+
+def test_a_second_optimizer_over_the_same_weights_leaves_the_watched_one_watched():
+    """An auxiliary optimizer stepping the same weights now and then (a second loss) replaces nothing: the
+    watched one is still held by the loop."""
+    model = _mlp()
+    main, aux = torch.optim.Adam(model.parameters(), lr=1e-3), torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = teacher_classes(16, 4)
+    with NeuralDbg(model, optimizer=main) as dbg:
+        for step in range(100):
+            x, y = data(step)
+            main.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            main.step()
+            dbg.record_loss(loss)
+            if step % 10 == 9:
+                aux.zero_grad()
+                model(x).pow(2).mean().backward()
+                aux.step()
+    assert dbg.step == 100 and dbg.optimizer is main and "optimizer_remade" not in dbg.trace.meta
+
+
+class _Sam(torch.optim.Optimizer):
+    """A wrapper whose step runs the closure (a backward pass) before its inner optimizer's step."""
+
+    def __init__(self, params, inner_cls, **kw):
+        super().__init__(params, {})
+        self.inner = inner_cls(self.param_groups, **kw)
+
+    def step(self, closure=None):
+        with torch.enable_grad():
+            closure()
+        return self.inner.step()
+
+
+def test_a_wrapper_that_runs_its_closure_before_its_inner_step_stays_watched():
+    model = _mlp()
+    opt = _Sam(model.parameters(), torch.optim.SGD, lr=0.05, momentum=0.9)
+    data = teacher_classes(16, 4)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(50):
+            x, y = data(step)
+
+            def closure(x=x, y=y):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+            loss = closure()
+            opt.step(closure)
+            dbg.record_loss(loss)
+    assert dbg.optimizer is opt and "optimizer_remade" not in dbg.trace.meta
+
+
+def test_a_session_dropped_while_running_leaves_no_global_hook_and_frees_the_model():
+    import gc
+    import weakref
+
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
+    before = len(_global_optimizer_pre_hooks)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = NeuralDbg(model, optimizer=opt).start()
+    x, y = teacher_classes(16, 4)(0)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    alive = weakref.ref(model)
+    del model, opt, dbg
+    gc.collect()
+    other = nn.Linear(2, 2)
+    torch.optim.SGD(other.parameters(), lr=0.1).step()  # a hook left behind removes itself when it runs
+    assert alive() is None and len(_global_optimizer_pre_hooks) == before
+
+
+class _EqSGD(torch.optim.SGD):
+    def __eq__(self, other):  # (so, no hash)
+        return self is other
+
+
+def test_an_unhashable_optimizer_of_another_model_steps_as_usual():
+    model, other = _mlp(), _mlp(seed=1)
+    opt, other_opt = torch.optim.SGD(model.parameters(), lr=0.05), _EqSGD(other.parameters(), lr=0.05)
+    data = teacher_classes(16, 4)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(5):
+            x, y = data(step)
+            for m, o in ((model, opt), (other, other_opt)):
+                o.zero_grad()
+                F.cross_entropy(m(x), y).backward()
+                o.step()
+    assert dbg.step == 5

@@ -351,8 +351,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the model's {ctx.linear_maps} weight layers run one after another with no activation between "
                 "them: together they compute one linear map of the input, no more than a single layer can"]
     if c.cause == Cause.LOSS_PLATEAU and k == "remade":
-        return [f"a new optimizer ({f['optimizer']}) was made {f['made']} times in {f['steps']} steps, and each "
-                "replaced one that kept a state: momentum buffers or moment estimates start from zero at every step",
+        return [f"a new optimizer ({f['optimizer']}) was made {f['made']} times in {f['steps']} steps, and it keeps a "
+                "state from step to step: its momentum buffers or moment estimates start from zero at every step",
                 "momentum never builds (SGD's momentum acts as none; every Adam step is its first, of size lr for "
                 "every weight)"]
     if c.cause == Cause.LOSS_PLATEAU and k == "unregistered":
