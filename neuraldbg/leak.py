@@ -42,26 +42,30 @@ def token_input(args: tuple, kwargs: dict, batch: int, length: int) -> torch.Ten
     return None
 
 
-def next_token_share(ids: torch.Tensor, g: torch.Tensor) -> tuple[float, int] | None:
-    """(share of the read positions whose target is the next input token, positions read), from the
-    gradient ``g`` (batch, length, vocabulary) a cross-entropy left at the output: a position whose gradient
-    has exactly one negative entry has a hard target there. Read only where the next token differs from the
-    position's own (where they are equal, a model trained on its own tokens would read the same); the last
-    position has no next token; at most ``MAX_POSITIONS`` are looked at. None when fewer than
-    ``MIN_POSITIONS`` are read."""
+def next_token_share(ids: torch.Tensor, g: torch.Tensor) -> tuple[float, int, int] | None:
+    """(share of the read positions whose target is a later input token, positions read, how far ahead:
+    1, the next token; 2, the one after it: labels shifted by hand for a model that shifts them again),
+    from the gradient ``g`` (batch, length, vocabulary) a cross-entropy left at the output: a position whose
+    gradient has exactly one negative entry has a hard target there. Read only where the position's own
+    token and the two after it all differ (where two are equal, a target cannot tell which it is); at most
+    ``MAX_POSITIONS`` positions are looked at. The larger of the two shares is returned. None when fewer
+    than ``MIN_POSITIONS`` are read."""
     with torch.no_grad():
-        per_row = min(g.shape[1] - 1, MAX_POSITIONS)
-        rows = -(-MAX_POSITIONS // per_row) if per_row > 0 else 0
+        per_row = min(g.shape[1] - 2, MAX_POSITIONS)
+        if per_row < 1:
+            return None
+        rows = -(-MAX_POSITIONS // per_row)
         ids = ids[:rows].to(g.device)  # (only the positions looked at are copied)
-        nxt, own = ids[:, 1:per_row + 1].reshape(-1), ids[:, :per_row].reshape(-1)
+        own, nxt, after = (ids[:, k:per_row + k].reshape(-1) for k in range(3))
         g = g.detach()[:rows, :per_row].reshape(-1, g.shape[-1])
         low, target = g.min(dim=-1)
-        hard = (low < 0) & ((g < 0).sum(dim=-1) == 1) & torch.isfinite(g).all(dim=-1) & (nxt != own)
+        hard = ((low < 0) & ((g < 0).sum(dim=-1) == 1) & torch.isfinite(g).all(dim=-1)
+                & (nxt != own) & (after != own) & (after != nxt))
         read = int(hard.sum())
         if read < MIN_POSITIONS:
             return None
-        same = int((target == nxt)[hard].sum())
-    return same / read, read
+        first, second = int((target == nxt)[hard].sum()), int((target == after)[hard].sum())
+    return (first / read, read, 1) if first >= second else (second / read, read, 2)
 
 
 def _other_token(ids: torch.Tensor) -> int | None:
@@ -121,8 +125,10 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
             return swap if swap is not None else ids[:1]
         if not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[0] != n:
             return v
-        # (a square (length, length) argument is an attention mask when there are as many samples as positions)
-        return v if n == length and v.dim() == 2 and v.shape[1] == n else v[:1]
+        # (with as many samples as positions, a square float or boolean argument is taken for an attention
+        # mask over the positions; integer ones, labels or a tokenizer's attention_mask, have a row per sample)
+        square = n == length and v.dim() == 2 and v.shape[1] == n
+        return v if square and (v.is_floating_point() or v.dtype == torch.bool) else v[:1]
 
     taken: dict[str, torch.Tensor] = {}   # per module, in the order they finish: its positions (see _rows)
     pooled: dict[str, torch.Tensor] = {}  # per module whose output has no position axis: that output
@@ -134,7 +140,7 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
             if rows is not None and name not in taken:
                 taken[name] = _rows(rows)
             elif (rows is None and t is not None and t.dim() >= 1 and t.shape[0] == 1 and t.numel() <= POOLED
-                  and name not in pooled):
+                  and length not in t.shape[1:] and name not in pooled):  # (no axis of the positions at all)
                 pooled[name] = t.detach().float().clone()
         return hook
 

@@ -1105,7 +1105,8 @@ class Recorder:
         """A model whose output has a row per position of a token input (batch, length, vocabulary): are the
         targets the next input tokens (``leak.next_token_share``)? If so, once, does a position's output see
         the tokens after it (``leak.sees_ahead``)? Into the trace's meta as ``next_token`` = {"step", "share",
-        "positions", "sees_ahead", "layer": the first module that does}. A pass driven from outside the model's
+        "positions", "sees_ahead", "layer": the first module that does, "ahead_by": 1, or 2 when the targets
+        are the token after the next one (labels shifted twice)}. A pass driven from outside the model's
         forward, a compiled model or a run already non-finite is not replayed; a model whose replay fails is
         left alone."""
         g = next((g for g in self._out_grads if g is not None and g.dim() == 3 and g.shape[-1] >= 2), None)
@@ -1124,7 +1125,7 @@ class Recorder:
         if read is None:
             return
         self._leak_tries = 0
-        share, positions = read
+        share, positions, ahead_by = read
         if share < self.NEXT_TOKEN or self.trace.nonfinite is not None:
             return
         self._replaying = True
@@ -1134,9 +1135,10 @@ class Recorder:
             ahead = None
         finally:
             self._replaying = False
-        if ahead is not None:
+        if ahead is not None or ahead_by == 2:
+            sees, layer = ahead if ahead is not None else (False, "")
             self.trace.meta["next_token"] = {"step": int(self._pass_step), "share": share, "positions": positions,
-                                             "sees_ahead": ahead[0], "layer": ahead[1]}
+                                             "sees_ahead": sees, "layer": layer, "ahead_by": ahead_by}
 
     _class_kind: tuple = (None, None)  # (the loss paths, what they say of the targets)
     MAX_CLASS_ROWS = 512  # sampled batches whose classes are kept; past it, every other one is dropped

@@ -138,8 +138,8 @@ def test_next_token_share_reads_hard_targets_only():
     # the last position is no one's target here; the others' targets are the next tokens
     loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, reduction="sum")
     loss.backward()
-    share, read = leak.next_token_share(ids, logits.grad)
-    assert (share, read) == (1.0, 39)
+    share, read, ahead_by = leak.next_token_share(ids, logits.grad)
+    assert (share, read, ahead_by) == (1.0, 38, 1)  # the last two positions have no token two ahead
     # where the next token repeats the position's own, a target says nothing of which one it is: not read
     runs = torch.tensor([[1, 1, 2, 2, 3] * 8])
     assert leak.next_token_share(runs, logits.grad) is None  # too few positions left to read
@@ -174,3 +174,44 @@ def test_a_latent_that_sums_up_the_whole_sentence_is_not_read_as_a_leak():
     dbg = _train(SentenceVAE())
     assert "next_token" not in dbg.trace.meta
     assert all(h.cause != "data" for h in dbg.explain())
+
+
+def test_targets_two_tokens_ahead_are_told_from_the_next_ones():
+    ids = torch.tensor([[1, 2, 3, 4, 5] * 8])
+    logits = torch.zeros(1, 40, 8, requires_grad=True)
+    F.cross_entropy(logits[:, :-2].transpose(1, 2), ids[:, 2:], reduction="sum").backward()
+    share, read, ahead_by = leak.next_token_share(ids, logits.grad)
+    assert (share, ahead_by) == (1.0, 2) and read == 38
+
+
+def _gpt2(labels_shifted_by_hand: bool, steps: int = 40):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=V, n_positions=32))
+    text, g = _text(0), torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(steps):
+            batch = text[torch.randint(0, len(text), (T,), generator=g)]  # as many samples as positions
+            x = batch[:, :-1]
+            out = model(input_ids=x, labels=batch[:, 1:] if labels_shifted_by_hand else x)
+            opt.zero_grad()
+            out.loss.backward()
+            opt.step()
+            dbg.record_loss(out.loss)
+    return dbg
+
+
+def test_a_hugging_face_causal_lm_given_its_labels_as_they_are_is_read_and_quiet():
+    dbg = _gpt2(labels_shifted_by_hand=False)
+    assert dbg.trace.meta["next_token"]["sees_ahead"] is False
+    assert all(h.cause != "data" for h in _confident(dbg))
+
+
+def test_labels_shifted_by_hand_for_a_model_that_shifts_them_are_named():
+    """The model compares logits[:, :-1] with labels[:, 1:]: labels already shifted make every target the
+    token after the next. Was attention_collapse with "add a warm-up"."""
+    dbg = _gpt2(labels_shifted_by_hand=True)
+    top = _confident(dbg)[0]
+    assert (top.cause, top.layer, top.step) == ("data", "input", 0)
+    assert "labels=input_ids" in top.suggestion and "warm-up" not in top.suggestion

@@ -85,6 +85,11 @@ def candidates(ctx: Context) -> list[Candidate]:
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
                              facts=dict(mix)))
     ahead = ctx.next_token
+    if ahead.get("ahead_by") == 2:
+        # the targets are the token after the next: labels shifted by hand, and again by the model
+        out.append(Candidate(Cause.DATA, "input", ctx.first_step, "shifted_twice", [], severity=1.0,
+                             persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
+                             facts=dict(ahead)))
     if ahead.get("sees_ahead"):
         # the targets are the next tokens and each position's output reads them: a fact of the model's code from
         # the first step, whatever the loss does (it falls the faster for it)

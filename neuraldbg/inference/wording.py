@@ -166,12 +166,19 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "sees_ahead":
             where = (f"`{f['layer']}` is the first module whose output there changes" if f.get("layer") else
                      "the change arises in the model's own forward (attention written as functions)")
-            return [f"the loss's targets are the next input tokens ({fmt(100 * f.get('share', math.nan))}% of the "
+            which = "next input tokens" if f.get("ahead_by", 1) == 1 else "input tokens two positions ahead"
+            return [f"the loss's targets are the {which} ({fmt(100 * f.get('share', math.nan))}% of the "
                     f"{f.get('positions', 0)} positions read at step {f.get('step', c.step)})",
                     "a position's output changes when a later token does (a replay of one sample with its last token "
                     f"replaced, in eval mode): {where}",
                     "each position reads the token it is asked to predict: the loss falls by copying it, and the "
                     "model cannot generate text"]
+        if k == "shifted_twice":
+            return [f"the loss's targets are the input tokens two positions ahead ({fmt(100 * f.get('share', 0))}% "
+                    f"of the {f.get('positions', 0)} positions read at step {f.get('step', c.step)}): each position "
+                    "is asked for the token after the next",
+                    "labels shifted by hand, and again by a model that shifts them itself (a Hugging Face causal LM "
+                    "compares logits[:, :-1] with labels[:, 1:]): every target is one token further than meant"]
         if k == "one_class":
             n = f.get("targets", math.nan)
             return [f"every one of the {n:.0f} targets read in {f.get('batches', math.nan):.0f} sampled batches is "
@@ -872,6 +879,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "nn.TransformerDecoderLayer, F.scaled_dot_product_attention(q, k, v, is_causal=True), or, written "
                     "by hand, scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')) "
                     "before the softmax; a bidirectional model is trained on masked tokens, not the next ones")
+        if k == "shifted_twice":
+            return ("shift the labels once: give a model that shifts them itself (GPT2LMHeadModel, the *ForCausalLM "
+                    "models) labels=input_ids as they are (padding set to -100), or compare logits[:, :-1] with "
+                    "input_ids[:, 1:] yourself, not both")
         if k == "one_class":
             return ("check the labels the loader yields (torch.bincount(y) over a few batches): a label column read as "
                     "one value, a mapping that sends every label to 0, or a filter that kept one class; if the other "
