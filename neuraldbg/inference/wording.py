@@ -360,8 +360,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.LOSS_PLATEAU and k == "remade":
         return [f"a new optimizer ({f['optimizer']}) was made {f['made']} times in {f['steps']} steps, and it keeps a "
                 "state from step to step: its momentum buffers or moment estimates start from zero at every step",
-                "momentum never builds (SGD's momentum acts as none; every Adam step is its first, of size lr for "
-                "every weight)"]
+                "momentum never builds: SGD's momentum acts as none" if f["optimizer"] == "SGD" else
+                "every step is the optimizer's first (Adam's moves every weight by about lr, whatever its gradient)"]
     if c.cause == Cause.LOSS_PLATEAU and k == "unregistered":
         n = int(f["tensors"])
         shapes = ", ".join("x".join(str(d) for d in shape) for shape in f["shapes"])
