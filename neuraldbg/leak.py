@@ -108,10 +108,9 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
 
     None when the replay does not lend itself: a model too large to copy or sharded, one token only, an
     output without the positions, a model that gives two outputs for the same input, one that fails on one
-    sample; or when a module's output with no position axis (one vector
-    per sample: a sentence's latent, a pooled summary) changes with the last token: a model that reads the
-    whole sequence through such a summary by design (a sentence VAE's decoder) cannot be told from one that
-    reads ahead."""
+    sample; or when a module's output with no position axis (one vector per sample: a sentence's latent, a
+    pooled summary) changes with the last token: a model that reads the whole sequence through such a
+    summary by design (a sentence VAE's decoder) cannot be told from one that reads ahead."""
     n, length = ids.shape
     other = _other_token(ids)
     if (other is None or length < 2 or _sharded(model)

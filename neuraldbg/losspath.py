@@ -209,11 +209,12 @@ def _is_weight(fn) -> bool:
 
 
 def _by_weight(fn) -> bool:
-    """A product of a computed tensor and a weight (``h @ W.T`` without a bias, ``h * w``): affine in the
-    input. Any other (``h * h``; a tensor that needs no gradient, which has no node: a mask ``h * (h > 0)``,
-    a dropout's mask, a constant) is not read as affine: what it is cannot be told after the backward pass."""
+    """A product of exactly one weight and something else (``h @ W.T`` without a bias, ``h * w``, the input
+    itself times a weight, which needs no gradient and has no node): affine in the input. Any other (``h * h``;
+    a computed tensor times one that needs no gradient: a mask ``h * (h > 0)``, a dropout's mask, a constant,
+    which cannot be told apart after the backward pass) is not read as affine."""
     nxt = [n for n, _ in getattr(fn, "next_functions", ())]
-    return len(nxt) == 2 and sum(n is not None and _is_weight(n) for n in nxt) == 1 and all(n is not None for n in nxt)
+    return len(nxt) == 2 and sum(n is not None and _is_weight(n) for n in nxt) == 1
 
 
 def inner_graph(outputs: list, inside: set[int], stop: set[int]) -> tuple[list, int]:

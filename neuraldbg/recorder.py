@@ -128,6 +128,37 @@ class _GlobalHook:
             self.handle = None
 
 
+class _Unmoved:
+    """Tensors watched for a change on sampled steps, ``checks`` times at most, through weak references and
+    their norms (in float32 without a copy of a 16-bit tensor; wherever each lives). ``check`` says "moved"
+    (one changed: something steps it), "gone" (all freed, or no longer readable: a sharded tensor), "still",
+    or "done" (still after the last check)."""
+
+    def __init__(self, tensors: list, checks: int):
+        self.refs = [weakref.ref(t) for t in tensors]
+        self.norms = self.read(tensors)
+        self.left = checks
+
+    @staticmethod
+    def read(tensors: list) -> list[float]:
+        with torch.no_grad():
+            return torch.stack([torch.linalg.vector_norm(t.detach(), dtype=torch.float32).cpu()
+                                for t in tensors]).tolist()
+
+    def check(self) -> str:
+        alive = [(t, n) for t, n in ((r(), n) for r, n in zip(self.refs, self.norms)) if t is not None]
+        if not alive:
+            return "gone"
+        try:
+            now = self.read([t for t, _ in alive])
+        except Exception:  # noqa: BLE001 - a tensor that cannot be read this way: nothing is said of it
+            return "gone"
+        if now != [n for _, n in alive]:
+            return "moved"
+        self.left -= 1
+        return "still" if self.left > 0 else "done"
+
+
 def _keeps_state(optimizer) -> bool:
     """Whether ``optimizer`` carries a state from step to step: any but plain SGD without momentum."""
     if type(optimizer) is not torch.optim.SGD:
@@ -483,8 +514,7 @@ class Recorder:
         if terms:
             self.trace.meta["loss_terms"] = [[self.layers[idx].name] + ops for idx, ops in terms]
 
-    _outside: tuple | None = None  # (weak reference to a tensor outside the model the loss depends on, its norm,
-    #                                  sampled steps left to look at it)
+    _outside: _Unmoved | None = None  # the largest tensor outside the model the loss depends on
     OUTSIDE_CHECKS = 64  # sampled steps a tensor outside the model is looked at, at most, for a change
 
     def _watch_outside(self, leaves: list) -> None:
@@ -497,26 +527,22 @@ class Recorder:
         owned = {id(p) for g in getattr(self.optimizer, "param_groups", ()) for p in g["params"]}
         free = [t for t in leaves if id(t) not in owned and t.dim() >= 2]
         if free:
-            t = max(free, key=lambda t: t.numel())
-            self._outside = (weakref.ref(t), float(t.detach().float().norm()), self.OUTSIDE_CHECKS)
+            try:
+                self._outside = _Unmoved([max(free, key=lambda t: t.numel())], self.OUTSIDE_CHECKS)
+            except Exception:  # noqa: BLE001 - a tensor that cannot be read this way: nothing is said of it
+                return
             self.trace.meta["loss_outside"] = sum(t.numel() for t in free)
 
     def _check_outside(self) -> None:
         if self._outside is None:
             return
-        ref, norm, left = self._outside
-        t = ref()
-        if t is None or left <= 0:  # gone, or never moved: a fixed network in the loss
-            self._outside = None
-            return
-        if float(t.detach().float().norm()) != norm:
+        found = self._outside.check()
+        if found == "moved":
             self.trace.meta["loss_moving"] = True
+        if found != "still":  # moved; or gone, or never moved: a fixed network in the loss
             self._outside = None
-        else:
-            self._outside = (ref, norm, left - 1)
 
-    _unregistered: tuple | None = None  # (weak references to weights outside the model's parameters that its
-    #                                       forward uses, their norms, sampled steps left to look at them)
+    _unregistered: _Unmoved | None = None  # weights outside the model's parameters that its forward uses
     UNREGISTERED_KEPT = 8  # such weights looked at, at most (the largest)
 
     def _watch_unregistered(self, outputs: list, own: set[int]) -> None:
@@ -540,36 +566,24 @@ class Recorder:
         if not found:
             return
         found.sort(key=lambda t: -t.numel())
-        kept = found[:self.UNREGISTERED_KEPT]
         try:
-            self._unregistered = ([weakref.ref(t) for t in kept], self._norms(kept), self.OUTSIDE_CHECKS)
+            self._unregistered = _Unmoved(found[:self.UNREGISTERED_KEPT], self.OUTSIDE_CHECKS)
         except Exception:  # noqa: BLE001 - weights this way cannot be read (a sharded tensor): nothing is said
             return
         self.trace.meta["unregistered"] = {"tensors": len(found), "numel": int(sum(t.numel() for t in found)),
                                            "shapes": [list(t.shape) for t in found[:3]], "still": 0}
 
-    @staticmethod
-    def _norms(tensors: list) -> list[float]:
-        with torch.no_grad():  # (in float32 without a copy of a 16-bit weight; wherever each one lives)
-            return torch.stack([torch.linalg.vector_norm(t.detach(), dtype=torch.float32).cpu()
-                                for t in tensors]).tolist()
-
     def _check_unregistered(self) -> None:
         if self._unregistered is None:
             return
-        refs, norms, left = self._unregistered
-        alive = [(t, n) for t, n in ((r(), n) for r, n in zip(refs, norms)) if t is not None]
-        info = self.trace.meta.get("unregistered")
-        try:
-            now = self._norms([t for t, _ in alive]) if alive else []
-        except Exception:  # noqa: BLE001 - weights this way cannot be read (a sharded tensor): nothing is said
-            now = None
-        if not alive or info is None or now != [n for _, n in alive]:
-            self.trace.meta.pop("unregistered", None)  # gone (a temporary), or stepped by something
+        found, info = self._unregistered.check(), self.trace.meta.get("unregistered")
+        if found in ("moved", "gone") or info is None:
+            self.trace.meta.pop("unregistered", None)  # stepped by something, or gone (a temporary)
             self._unregistered = None
             return
         info["still"] += 1
-        self._unregistered = (refs, norms, left - 1) if left > 1 else None
+        if found == "done":
+            self._unregistered = None
 
     def record_loss(self, loss) -> None:
         self._loss_wanted = True

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
-from zoo import teacher_classes
+from zoo import Run, teacher_classes, train
 
 CONFIDENT = 0.5
 
@@ -35,19 +35,12 @@ class Blocks(nn.Module):
 
 def _train(model, opt, steps: int = 300, seed: int = 0, make_input=None):
     data = teacher_classes(16, 4, seed=seed)
-    losses = []
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(steps):
-            x, y = data(step)
-            if make_input is not None:
-                x = make_input(x)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
-            losses.append(loss.item())
-    return dbg, losses
+
+    def batch(step: int):
+        x, y = data(step)
+        return (x if make_input is None else make_input(x)), y
+    dbg = train(Run(model, opt, batch, steps=steps))
+    return dbg, dbg.trace.loss.data
 
 
 def _confident(dbg):
@@ -163,16 +156,7 @@ def _circles(step: int, batch: int = 64):
 
 
 def _circle_run(model, steps: int = 400):
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(steps):
-            x, y = _circles(step)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
-    return dbg
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _circles, steps=steps))
 
 
 class Functional(nn.Module):
@@ -189,7 +173,8 @@ class Functional(nn.Module):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_linear_layers_with_no_activation_between_them_are_named_in_the_plateau(seed):
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(2, 64), nn.Linear(64, 64, bias=False), nn.Linear(64, 64), nn.Linear(64, 2))
+    model = nn.Sequential(nn.Linear(2, 64, bias=False), nn.Linear(64, 64, bias=False), nn.Linear(64, 64),
+                          nn.Linear(64, 2))  # (a layer without a bias is a product with its weight alone)
     dbg = _circle_run(model)
     assert dbg.trace.meta["linear_maps"] == 4
     top = _confident(dbg)[0]

@@ -1058,7 +1058,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 f"torch.autocast(device_type, dtype=torch.{f['dtype']}): the optimizer then updates float32 "
                 "weights and the matrix products still run in 16 bits; a larger learning rate would only move "
                 "them in coarse steps")
-    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped" and clipped_scaled(c, ctx) == clipped_scaled(c, ctx):
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped" and not math.isnan(clipped_scaled(c, ctx)):
         return ("unscale before clipping: scaler.unscale_(optimizer), then clip_grad_norm_, then "
                 "scaler.step(optimizer) (it does not unscale twice); leave max_norm and the learning rate as they are")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "clipped":
