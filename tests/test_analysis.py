@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -234,16 +235,17 @@ def test_an_optimizer_that_never_steps_is_named_not_its_learning_rate():
     assert accumulated.step == 60 and accumulated.explain().healthy
 
 
-def _zeroing_run(zero: str) -> "neuraldbg.NeuralDbg":
-    """SGD with momentum on an MLP; ``zero``: where the loop zeroes the gradients ("before" the forward,
-    "between" forward and backward, or "never")."""
-    torch.manual_seed(0)
+def _zeroing_run(zero: str, adam: bool = False, steps: int = 120, seed: int = 0) -> "neuraldbg.NeuralDbg":
+    """SGD with momentum (or Adam, lr 1e-3) on an MLP; ``zero``: where the loop zeroes the gradients ("before"
+    the forward, "between" forward and backward, or "never")."""
+    torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(1)
+    opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if adam else
+           torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    g = torch.Generator().manual_seed(1 + seed)
     with neuraldbg.NeuralDbg(model, optimizer=opt) as dbg:
-        for _ in range(120):
+        for _ in range(steps):
             x = torch.randn(64, 20, generator=g)
             if zero == "before":
                 opt.zero_grad()
@@ -265,6 +267,20 @@ def test_gradients_never_zeroed_are_named_in_the_fix_and_the_chain():
     for where in ("before", "between"):
         hyps = _zeroing_run(where).explain()
         assert hyps.healthy and not any("zero_grad" in h.suggestion for h in hyps), (where, hyps)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_loss_that_settles_after_the_divergence_is_in_the_root_s_chain(seed):
+    """Under Adam, gradients never zeroed first train, then the summed gradients take the loss up and it settles
+    high: the flat stretch after the divergence is the divergence's, in the root's chain (in the order things
+    happened), not a plateau of its own."""
+    dbg = _zeroing_run("never", adam=True, steps=300, seed=seed)
+    hyps = dbg.explain()
+    top = hyps[0]
+    assert top.cause == Cause.LEARNING_RATE_TOO_HIGH and top.confidence >= 0.5 and "zero_grad()" in top.suggestion
+    assert not any(h.cause == Cause.LOSS_PLATEAU and h.confidence >= 0.5 for h in hyps)
+    dated = [int(m.group(1)) for m in (re.search(r"from step (\d+)", line) for line in top.chain[1:]) if m]
+    assert dated and dated == sorted(dated)
 
 
 def test_small_gains_compound_until_a_normalisation_layer():

@@ -290,17 +290,19 @@ def explained_loss(c: Candidate, ctx: Context) -> list:
 def _explains(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a is b:
         return False
+    divergence = [e for e in a.loss if e.after == LossState.DIVERGING]
+    diverged = bool(divergence) and b.step > divergence[0].step
     if b.cause == C.LOSS_PLATEAU and b.kind == "plateau":  # a flat loss that a more specific cause accounts for
-        if a.cause == C.LOSS_PLATEAU:  # a mechanism named for it (weights held at zero, a readout too early)
-            return a.kind != "plateau" and any(e in a.loss for e in b.events)
-        return any(e in a.loss for e in b.events)
+        # (or a loss that settles where a divergence left it)
+        if a.cause == C.LOSS_PLATEAU and a.kind == "plateau":
+            return False
+        return any(e in a.loss for e in b.events) or diverged
     if (b.events and all(e.signal == Signal.LOSS for e in b.events) and all(e in a.loss for e in b.events)
             and not b.facts.get("nan") and b.step >= a.since):
         return True  # a candidate made of nothing but a loss failure that ``a`` accounts for
     if b.events and b.step >= a.step and all(any(e is s for s in a.symptoms) for e in b.events):
         return True  # a candidate whose evidence is all symptoms named by ``a``'s signature
-    divergence = [e for e in a.loss if e.after == LossState.DIVERGING]
-    if divergence and b.cause not in (C.DATA, C.BAD_INITIALIZATION) and b.step > divergence[0].step:
+    if diverged and b.cause not in (C.DATA, C.BAD_INITIALIZATION):
         return True  # from the onset of a divergence on, what starts later is its symptom
     rule = EXPLAINS.get(a.cause)
     return rule is not None and rule(a, b, ctx)

@@ -805,16 +805,13 @@ _ON_PROBABILITIES_FIX = {
 def chain(root: Candidate, ctx: Context) -> list[str]:
     lines = _own(root, ctx)
     named = root.events + root.symptoms
-    for c in sorted(root.explained(), key=lambda c: (c.step, c.family)):
-        if c.events and all(any(e is n for n in named) for e in c.events):
-            continue  # the root's own lines already say it
-        line = _summary(c, ctx, root)
+    # what follows, in the order it happened: the candidates it explains and its first two loss failures
+    after = [(c.step, 0, c.family, _summary(c, ctx, root)) for c in root.explained()
+             if not (c.events and all(any(e is n for n in named) for e in c.events))]  # (else its own lines say it)
+    after += [(e.step, 1, 0, loss_text(e)) for e in sorted(root.loss, key=lambda e: e.step)[:2]]
+    for *_, line in sorted(after, key=lambda t: t[:3]):
         if line not in lines:
             lines.append(line)
-    for e in sorted(root.loss, key=lambda e: e.step)[:2]:
-        text = loss_text(e)
-        if text not in lines:
-            lines.append(text)
     return lines
 
 
