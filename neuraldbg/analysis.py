@@ -93,9 +93,11 @@ def _unregistered(trace: Trace, th: Thresholds) -> dict | None:
     """Weights the forward pass uses that are not the model's parameters and that stayed the same at
     ``persist`` or more sampled steps, in a run whose own weights did move (an optimizer steps the rest): no
     optimizer holds them, as ``model.parameters()`` does not list them (modules in a plain Python list or
-    dict, a tensor made with ``requires_grad=True``). None otherwise."""
+    dict, a tensor made with ``requires_grad=True``); or that were freed by a later sample (``renewed``: the
+    forward makes new ones at every pass, a layer created inside ``forward``). None otherwise."""
     info = trace.meta.get("unregistered")
-    if not isinstance(info, dict) or int(info.get("still", 0)) < th.persist or trace.stats.n == 0:
+    if not isinstance(info, dict) or trace.stats.n == 0 or (int(info.get("still", 0)) < th.persist
+                                                            and not info.get("renewed")):
         return None
     with np.errstate(invalid="ignore"):
         moved = bool(np.any(trace.stats.data[:, :, int(Stat.W_UPDATE_NORM)] > 0))

@@ -131,8 +131,8 @@ class _GlobalHook:
 class _Unmoved:
     """Tensors watched for a change on sampled steps, ``checks`` times at most, through weak references and
     their norms (in float32 without a copy of a 16-bit tensor; wherever each lives). ``check`` says "moved"
-    (one changed: something steps it), "gone" (all freed, or no longer readable: a sharded tensor), "still",
-    or "done" (still after the last check)."""
+    (one changed: something steps it), "freed" (all of them), "gone" (no longer readable: a sharded tensor),
+    "still", or "done" (still after the last check)."""
 
     def __init__(self, tensors: list, checks: int):
         self.refs = [weakref.ref(t) for t in tensors]
@@ -148,7 +148,7 @@ class _Unmoved:
     def check(self) -> str:
         alive = [(t, n) for t, n in ((r(), n) for r, n in zip(self.refs, self.norms)) if t is not None]
         if not alive:
-            return "gone"
+            return "freed"
         try:
             now = self.read([t for t, _ in alive])
         except Exception:  # noqa: BLE001 - a tensor that cannot be read this way: nothing is said of it
@@ -271,6 +271,7 @@ class Recorder:
                 if id(m) in index_of:
                     owner_of[id(p)] = index_of[id(m)]
         all_params = {id(p): p for p in self.inner.parameters()}
+        self._start_params = set(all_params)  # (a parameter the forward registers later is made by it)
         self._params = [all_params[k] for k in owner_of]
         self._owner_list = [owner_of[id(p)] for p in self._params]
         sparse = {i for i, o in enumerate(self._owner_list) if getattr(self.modules[o], "sparse", False)}
@@ -334,6 +335,7 @@ class Recorder:
         self._loss_turn = LossTurn(warmup=self.schedule.warmup)
         self._backward_queued = False
         self._replaying = False
+        self._own_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # inputs it made
         self.attached = False
         self._no_params = np.array([i for i, l in enumerate(self.layers) if l.n_params == 0], dtype=np.int64)
         # layers whose small outputs need no copy on a sampled pass: seen once, and nothing changed them in
@@ -548,16 +550,18 @@ class Recorder:
     def _watch_unregistered(self, outputs: list, own: set[int]) -> None:
         """Once, from the first loss read: weights the forward pass computes the outputs from that are not the
         model's parameters (``losspath.inner_graph``: modules kept in a plain list, a tensor made with
-        ``requires_grad=True``) and that the watched optimizer does not hold; and whether that graph is one
-        linear map of the input (``meta["linear_maps"]``: its weight layers, two or more). The largest are watched for a
-        change at sampled steps, ``OUTSIDE_CHECKS`` at most: one that moves is stepped by something (another
-        optimizer, a hand-written update) and ends the watch; ``meta["unregistered"]["still"]`` counts the
-        sampled steps at which none had moved."""
+        ``requires_grad=True``, a layer the forward itself makes and registers) and that the watched optimizer
+        does not hold; and whether that graph is one linear map of the input (``meta["linear_maps"]``: its weight
+        layers, two or more). The largest are watched for a change at sampled steps, ``OUTSIDE_CHECKS`` at most:
+        one that moves is stepped by something (another optimizer, a hand-written update) and ends the watch;
+        ``meta["unregistered"]["still"]`` counts the sampled steps at which none had moved, and ``renewed`` says
+        they were all freed by a later sampled step (the forward makes new ones at every pass)."""
         ins = _input_tensors(self._last_inputs)
         if not ins or mixing._sharded(self.inner):
             return  # where the model's graph begins is not known (an input in a container not looked into)
-        stop = {id(t) for t in ins} | {id(t.grad_fn) for t in ins if t.grad_fn is not None}
-        found, linear = losspath.inner_graph(outputs, own, stop)
+        stop = ({id(t) for t in ins} | {id(t.grad_fn) for t in ins if t.grad_fn is not None}
+                | set(self._own_leaves.keys()))
+        found, linear = losspath.inner_graph(outputs, own & self._start_params, stop)
         if linear >= 2:  # weight layers with nothing nonlinear between them: one linear map of the input
             self.trace.meta["linear_maps"] = linear
         if self.optimizer is not None:
@@ -571,14 +575,19 @@ class Recorder:
         except Exception:  # noqa: BLE001 - weights this way cannot be read (a sharded tensor): nothing is said
             return
         self.trace.meta["unregistered"] = {"tensors": len(found), "numel": int(sum(t.numel() for t in found)),
-                                           "shapes": [list(t.shape) for t in found[:3]], "still": 0}
+                                           "shapes": [list(t.shape) for t in found[:3]], "still": 0,
+                                           "registered": sum(id(t) in own for t in found)}
 
     def _check_unregistered(self) -> None:
         if self._unregistered is None:
             return
         found, info = self._unregistered.check(), self.trace.meta.get("unregistered")
         if found in ("moved", "gone") or info is None:
-            self.trace.meta.pop("unregistered", None)  # stepped by something, or gone (a temporary)
+            self.trace.meta.pop("unregistered", None)  # stepped by something, or no longer readable
+            self._unregistered = None
+            return
+        if found == "freed":  # the next passes use new ones
+            info["renewed"] = True
             self._unregistered = None
             return
         info["still"] += 1
@@ -909,6 +918,7 @@ class Recorder:
                 return None
             if not x.requires_grad:
                 x = x.detach().requires_grad_(True)
+                self._own_leaves[id(x)] = x  # (no weight of the model's: the graph walks stop at it)
                 args = (x, *args[1:])
             step = self.step
             x.register_hook(lambda g, step=step, t=time_dim: self._through_time(name, step, g, t))

@@ -120,6 +120,64 @@ def test_a_raw_tensor_left_alone_is_counted_whatever_the_loss_does():
     assert info["tensors"] == 1 and info["shapes"] == [[64, 64]] and info["still"] >= 3
 
 
+class HeadInForward(nn.Module):
+    """The head is made again at every pass (inside ``forward``, registered as ``self.head`` there), or once,
+    in ``__init__``, with ``once=True``."""
+
+    def __init__(self, once: bool, seed: int = 0, width: int = 64):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.width, self.once = width, once
+        self.body = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+        if once:
+            self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        if not self.once:
+            self.head = nn.Linear(self.width, 4)
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("seed, width", [(0, 64), (1, 32)])
+def test_a_layer_made_inside_forward_is_named_with_its_fix(seed, width):
+    """A new random head at every pass, which the optimizer (made from the body's parameters) never holds: the
+    body cannot learn toward a head that changes, and the loss stays at chance."""
+    model = HeadInForward(once=False, seed=seed, width=width)
+    dbg, losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3), seed=seed)
+    info = dbg.trace.meta["unregistered"]
+    assert info["renewed"] and info["registered"] == 2 and info["shapes"][0] == [4, width]
+    top = _confident(dbg)[0]
+    assert top.cause == "loss_plateau" and top.layer == "" and top.step <= 10
+    assert "__init__" in top.suggestion and "learning rate" not in top.suggestion
+    assert "new weights at every pass" in " ".join(top.chain)
+    assert all(h.cause not in ("learning_rate_too_low", "learning_rate_too_high") for h in _confident(dbg))
+
+
+def test_the_head_made_once_trains_quietly():
+    model = HeadInForward(once=True)
+    dbg, losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    assert "unregistered" not in dbg.trace.meta
+    assert _confident(dbg) == [] and losses[-1] < 0.5 * losses[0]
+
+
+def test_a_fresh_leaf_each_pass_with_a_loss_that_learns_is_no_verdict():
+    """A tensor made with ``requires_grad=True`` at every pass (an initial state nobody optimizes) is freed like
+    a layer made in forward, but the loss learns: the fact alone is no failure."""
+    class FreshState(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.inp, self.head = nn.Linear(16, 64), nn.Linear(64, 4)
+
+        def forward(self, x):
+            h0 = torch.zeros(x.shape[0], 64, requires_grad=True)
+            return self.head(F.relu(self.inp(x) + h0))
+    model = FreshState()
+    dbg, losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    assert dbg.trace.meta["unregistered"]["renewed"]
+    assert _confident(dbg) == [] and losses[-1] < 0.5 * losses[0]
+
+
 def test_an_input_that_requires_grad_is_not_a_weight():
     model = Blocks(registered=True)
     dbg, _ = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3),

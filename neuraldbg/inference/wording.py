@@ -365,6 +365,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.LOSS_PLATEAU and k == "unregistered":
         n = int(f["tensors"])
         shapes = ", ".join("x".join(str(d) for d in shape) for shape in f["shapes"])
+        if f.get("renewed"):
+            return [f"the forward makes new weights at every pass: the {n} weight tensor{'s' if n != 1 else ''} "
+                    f"({shapes}{', ...' if n > 3 else ''}) of the first pass were freed by the next sampled step, "
+                    "and no optimizer holds them (a layer created inside forward, not in __init__)",
+                    "that part of the model starts again from random at every step, so it never learns"]
         return [f"the forward uses {n} weight tensor{'s' if n != 1 else ''} ({shapes}{', ...' if n > 3 else ''}; "
                 f"{int(f['numel']):,} weights) that are not the model's parameters, and they stayed the same at "
                 f"{f['still']} sampled steps while the model's own weights moved: model.parameters() does not list "
@@ -670,7 +675,7 @@ def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
         return f"non_finite: NaN/Inf first produced in {where} ({c.facts.get('phase', 'forward')}) at step {c.step}"
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)[-1] + " (a symptom: the updates are still too large)"
-    if c.cause == Cause.LOSS_PLATEAU:
+    if c.cause == Cause.LOSS_PLATEAU and c.events:
         return loss_text(c.events[0])
     own = _own(c, ctx)
     return own[0] if own else symptom_lines(c.events, 1)[0]
@@ -1097,6 +1102,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("make the optimizer once, before the training loop (torch.optim.SGD(model.parameters(), ...) outside "
                 "the for loop, and the same one across epochs), and keep stepping that one; a function that trains "
                 "one epoch takes the optimizer as an argument")
+    if k == "unregistered" and f.get("renewed"):
+        return ("create every layer once, in __init__ (self.head = nn.Linear(...)), and make the optimizer from "
+                "model.parameters() after the model is complete; forward only applies the layers")
     if k == "unregistered":
         return ("register them: hold sub-modules in nn.ModuleList or nn.ModuleDict (not a Python list or dict) and "
                 "weight tensors as nn.Parameter (not torch.randn(..., requires_grad=True)), then make the optimizer "
