@@ -227,6 +227,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
     nonfinite = trace.nonfinite if ranks is None else ranks.nonfinite(trace.nonfinite)
     summed = losspath.summed(trace.meta.get("loss_paths"))
     scaled = _loss_scaled(trace.meta, thresholds, summed)
+    nonfinite_op = losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths"))
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
                   lr_peak=lr_peak, lr_rising=_lr_rising(trace, thresholds), th=thresholds,
@@ -240,7 +241,9 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   linear_maps=int(trace.meta.get("linear_maps", 0)), remade=_remade(trace, thresholds, steps),
                   cleared=_cleared(trace.meta.get("steps_cleared")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
-                  loss_nonfinite_op=losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths")),
+                  loss_nonfinite_op=nonfinite_op,
+                  loss_op_rescaled=bool(nonfinite_op) and losspath.transformed(trace.meta.get("loss_paths"),
+                                                                             nonfinite_op.partition(" of ")[2]),
                   loss_unbounded=losspath.unbounded_form(trace.meta.get("loss_paths")),
                   loss_no_gradient=losspath.no_gradient(trace.meta.get("loss_paths")),
                   loss_non_negative=losspath.non_negative(trace.meta.get("loss_paths")),

@@ -96,6 +96,7 @@ _SINGLE = "@single"             # marks a (log-)softmax over a dimension of size
 _SUM = "@sum"                   # marks a loss function that sums over its elements (reduction="sum")
 _SUM_REDUCTION = 2              # the value of an autograd node's ``_saved_reduction`` for reduction="sum"
 _WEIGHTED = "@weighted"         # marks a loss function given weights per class or sample
+_CONSTANT = "@constant"         # marks a division by a value with no graph (a temperature, a count of the data)
 _TARGET = "@target"             # marks a loss function reached through its target argument (the second)
 # loss functions whose target argument is differentiable (a with-logits loss given the model's output there
 # has its arguments swapped)
@@ -122,7 +123,15 @@ def _name(fn) -> str:
         return name + _SUM
     if _weighted(fn):
         return name + _WEIGHTED
+    if name == "Div" and _constant_divisor(fn):
+        return name + _CONSTANT
     return name
+
+
+def _constant_divisor(fn) -> bool:
+    """A division whose divisor has no graph: a number (a temperature), or a tensor of the data (a count)."""
+    nxt: tuple = tuple(getattr(fn, "next_functions", ()))
+    return len(nxt) == 2 and nxt[1][0] is None
 
 
 def _size(fn, dim: int) -> int | None:
@@ -441,9 +450,14 @@ def domain_op(recorded: list[list[str]] | None) -> tuple[str, str] | None:
     """The operation of the loss, nearest the model's output, that can turn finite values into NaN/Inf, with
     the probability (``Softmax``, ``Sigmoid``) it is taken of, if it is taken of one unguarded (``""`` else):
     ``torch.log(torch.sigmoid(out))`` -> ("Log", "Sigmoid"); ``torch.log(p + 1e-8)`` is no such operation.
-    None when no path from the loss to the output has one (a library loss of the outputs)."""
+    None when no path from the loss to the output has one (a library loss of the outputs). One taken of a
+    probability comes first: ``torch.log(F.softmax(out / tau))`` is a log of a softmax, its division by a
+    temperature no division by 0."""
+    found = []
     for path in recorded or []:
-        ops = [op.split("@")[0] for op in path]
+        # (a division by a value with no graph leaves the outputs' range only through that value: a
+        # temperature never does, a count of the data that is 0 is the data's)
+        ops = [op.split("@")[0] for op in path if not op.endswith(_CONSTANT)]
         ops = [op for op in ops if op not in SHAPE_OPS]
         for i in range(len(ops) - 1, -1, -1):  # from the model's side
             if ops[i] not in DOMAIN_OPS:
@@ -452,8 +466,8 @@ def domain_op(recorded: list[list[str]] | None) -> tuple[str, str] | None:
             prob = next((j for j, op in enumerate(between) if op in _PROBABILITIES), None)
             if prob is not None and any(op in _GUARDS for op in between[:prob]):
                 break  # guarded: this path's log cannot see a 0
-            return ops[i], between[prob] if prob is not None else ""
-    return None
+            found.append((ops[i], between[prob] if prob is not None else ""))
+    return next((f for f in found if f[1]), found[0] if found else None)
 
 
 def saturates(probability: str, absmax: float, spread: float, dtype: str) -> bool:
@@ -488,9 +502,21 @@ def nonfinite_op(origin, recorded: list[list[str]] | None) -> str:
         return ""
     op, probability = found
     if probability and not (len(origin.reach) == 2
-                            and saturates(probability, origin.reach[0], origin.reach[1], origin.dtype)):
+                            and (transformed(recorded, probability)
+                                 or saturates(probability, origin.reach[0], origin.reach[1], origin.dtype))):
         return ""
     return f"{op} of {probability}" if probability else op
+
+
+def transformed(recorded: list[list[str]] | None, probability: str) -> bool:
+    """Whether the loss computes something of the outputs before taking ``probability`` of it (a temperature:
+    ``softmax(out / 0.07)``, a scale): the outputs' own range then does not say what the probability sees."""
+    for path in recorded or []:
+        ops = [op.split("@")[0] for op in path]
+        ops = [op for op in ops if op not in SHAPE_OPS]
+        if probability in ops and len(ops) - ops.index(probability) > 2:  # (the last op is the output's own)
+            return True
+    return False
 
 
 # a hard target's gradient is the loss's scale times (prediction - target): over the entries the target leaves

@@ -106,6 +106,33 @@ def test_a_log_of_a_softmax_of_large_logits_is_named_with_log_softmax():
     assert "F.cross_entropy" in top.suggestion and "log_softmax" in top.suggestion
 
 
+def test_a_temperature_before_the_softmax_is_read_through():
+    """A contrastive-style loss divides the logits by a small temperature before ``torch.log(F.softmax(...))``:
+    the model's own outputs are small, but what the softmax sees is not, and it underflows at once."""
+    def tempered(out, y):
+        return -(F.one_hot(y, 4) * torch.log(F.softmax(out / 0.001, dim=1))).sum(1).mean()
+    dbg = _run(tempered, _classes(), 4, steps=20)
+    top = dbg.explain()[0]
+    assert top.cause == "non_finite" and top.confidence >= CONFIDENT and top.step == _first_nan(dbg)
+    assert "log_softmax" in top.suggestion and any("before their softmax" in line for line in top.chain)
+    assert not any(h.cause == "data" and h.confidence >= CONFIDENT for h in dbg.explain())
+
+
+def test_nan_targets_under_a_tempered_loss_with_a_guard_stay_the_datas():
+    """The same temperature with an eps inside the log cannot reach log(0): a NaN target is the data's."""
+    data = _classes()
+
+    def nan_targets(step: int):
+        x, y = data(step)
+        return x, F.one_hot(y, 4).float() * (float("nan") if step >= 5 else 1.0)
+
+    def guarded(out, t):
+        return -(t * torch.log(F.softmax(out / 0.001, dim=1) + 1e-8)).sum(1).mean()
+    dbg = _run(guarded, nan_targets, 4, steps=20, lr=1e-3)
+    top = dbg.explain()[0]
+    assert top.cause == "data" and top.step == 5
+
+
 def test_nan_targets_under_a_hand_written_loss_stay_the_datas():
     """The outputs are far from saturating the sigmoid when a NaN target arrives: the loss's log did not
     make it, the targets did."""
@@ -124,9 +151,20 @@ def test_nan_targets_under_a_hand_written_loss_stay_the_datas():
     (["Neg", "Mean", "Log", "Clamp", "Softmax", "Addmm"], None),     # log(p.clamp(eps, 1))
     (["NllLoss", "LogSoftmax", "Addmm"], None),
     (["MseLoss", "Addmm"], None),
+    (["Neg", "Mean", "Log", "Softmax", "Div@constant", "Addmm"], ("Log", "Softmax")),   # softmax(out / tau)
+    (["Mean", "Div@constant", "Addmm"], None),                                         # out / 2
 ])
 def test_the_loss_operation_that_can_leave_its_domain_is_read_from_the_path(path, expected):
     assert losspath.domain_op([path]) == expected
+
+
+@pytest.mark.parametrize("path, rescaled", [
+    (["Neg", "Mean", "Sum", "Mul", "Log", "Softmax", "Div", "Addmm"], True),    # softmax(out / tau)
+    (["NllLoss", "Log", "Softmax", "Addmm"], False),
+    (["Neg", "Mean", "Mul", "Log", "Sigmoid", "Squeeze", "Addmm"], False),     # a shape op is no scale
+])
+def test_a_scale_between_the_outputs_and_the_probability_is_seen(path, rescaled):
+    assert losspath.transformed([path], path[path.index("Log") + 1]) is rescaled
 
 
 def test_a_probability_saturates_where_its_dtype_rounds_it():

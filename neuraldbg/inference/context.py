@@ -55,6 +55,8 @@ class Context:
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)
     loss_nonfinite_op: str = ""
+    # the loss computes something of the outputs (a temperature) before the probability that op is taken of
+    loss_op_rescaled: bool = False
     # how the loss's code makes it unbounded below, should it fall so (see ``losspath.unbounded_form``; "": its
     # targets would)
     loss_unbounded: str = ""

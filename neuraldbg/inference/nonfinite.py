@@ -33,7 +33,8 @@ def candidates(ctx: Context) -> list[Candidate]:
         # made the outputs large enough (training toward confident outputs does, at any learning rate)
         return [Candidate(Cause.NON_FINITE, "", nf.step, "loss_op", ctx.all(Signal.LOSS, LossState.NONFINITE),
                           severity=1.0, persistence=1.0, certain=True, loss_kinds=losses.NONFINITE,
-                          facts={"phase": "loss", "op": ctx.loss_nonfinite_op, "origin": nf})]
+                          facts={"phase": "loss", "op": ctx.loss_nonfinite_op, "origin": nf,
+                                 "rescaled": ctx.loss_op_rescaled})]
     if (nf is None and not finite_ev) or (nf is not None and nf.phase in ("input", "loss")):
         return []  # NaN/Inf from the data or the loss: the data family's
     if nf is not None and nf.phase == "forward" and nf.dtype == "float16":

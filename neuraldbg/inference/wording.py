@@ -691,7 +691,12 @@ def _loss_op_lines(c: Candidate) -> list[str]:
     origin = c.facts["origin"]
     name, _, of = c.facts["op"].partition(" of ")
     lines = []
-    if of and len(origin.reach) == 2:
+    if of and c.facts.get("rescaled"):  # the outputs' own range says nothing of what the probability sees
+        lines.append(f"at step {c.step} the loss scales the model's outputs (a temperature, a factor) before their "
+                     f"{of.lower()}, which rounds to exactly {'0 or 1' if of == 'Sigmoid' else '0 for some classes'} "
+                     f"in {origin.dtype or 'float32'}")
+        lines.append(f"the loss takes the {name.lower()} of it: {name.lower()}(0) is -inf, and 0 x -inf is NaN")
+    elif of and len(origin.reach) == 2:
         absmax, spread = origin.reach
         size = (f"outputs up to {fmt(absmax)} in magnitude" if of == "Sigmoid" else
                 f"outputs {fmt(spread)} apart within a row")
