@@ -14,7 +14,7 @@ from ..formatting import number
 from ..layers import Kind, LayerInfo
 from ..losspath import LossMisuse
 from ..patterns import Link, LinkKind
-from ..states import FiniteState, LossState, Signal
+from ..states import FiniteState, GainState, LossState, Signal
 from ..thresholds import Thresholds
 from ..trace import NonFiniteOrigin
 
@@ -119,6 +119,17 @@ class Context:
         if isinstance(ev, int):
             return ev <= self.first_step
         return any(link.kind == LinkKind.FROM_START and link.cause is ev for link in self.links)
+
+    def input_too_small(self, ev: SemanticEvent) -> bool:
+        """A weight layer reading the model's input that amplifies it only because the input lies far below
+        unit scale (under 1 / ``layer_gain``): its weights are at their default spread and its output is in
+        scale, carried by its biases, not by the input (inputs divided by 255 twice, values in other units)."""
+        v = ev.values
+        if ev.signal != Signal.GAIN or ev.after != GainState.AMPLIFIES or not v.get("reads_input"):
+            return False
+        rms, gain, w, big = v.get("input_rms", math.nan), v.get("gain", math.nan), v.get("weight_scale", math.nan), \
+            self.th.layer_gain
+        return 0 < rms < 1 / big and 1 / big <= w <= big and gain * rms <= big
 
     def preceding(self, ev: SemanticEvent) -> list[SemanticEvent]:
         """The abnormal events the pattern stage linked as coming before ``ev`` (a critical event)."""

@@ -3,6 +3,8 @@ outside the loss's range, batches whose classes are grouped (data read in order,
 samples a module mixes (fed another layout than it expects)."""
 from __future__ import annotations
 
+import math
+
 from .. import mixing
 from ..causes import Cause
 from ..layers import Kind
@@ -53,6 +55,15 @@ def candidates(ctx: Context) -> list[Candidate]:
                              severity=sev, persistence=persistence(ev, ctx),
                              symptoms=symptoms, loss_kinds=losses.ANY,
                              facts={**v, "outlier": outlier, "until": ev.end}))
+    small = [e for e in ctx.all(Signal.GAIN) if ctx.input_too_small(e) and ctx.from_start(e)]
+    if small and not unscaled:
+        # the first layer's output is its biases: its weights must grow by its gain before the input counts
+        ev = small[0]
+        rms = ev.values["input_rms"]
+        out.append(Candidate(Cause.DATA, "input", ev.step, "input_small", [ev],
+                             severity=past_ratio(1 / rms, ctx.th.layer_gain), persistence=persistence(ev, ctx),
+                             needs_harm=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
+                             facts={"input_rms": rms, "gain": ev.values.get("gain", math.nan), "layer": ev.layer}))
     constant = ctx.all(Signal.INPUT, InputState.CONSTANT)
     if constant:
         # every sample's input the same: the outputs cannot depend on the sample, whatever the model or its

@@ -64,7 +64,8 @@ def _grows_through_time(ctx: Context) -> dict[str, tuple[int, float, int]]:
 
 def candidates(ctx: Context) -> list[Candidate]:
     out = _symmetric(ctx)
-    gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e)]
+    # (an input far below unit scale amplified by weights at their default spread is the data's)
+    gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e) and not ctx.input_too_small(e)]
     recurrent = [e for e in gains if _recurrent_off(ctx, e)]
     through = _grows_through_time(ctx)
     for e in recurrent:

@@ -150,6 +150,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the input batch at step {c.step} is out of scale (mean {fmt(f.get('input_mean', math.nan))}, "
                     f"std {fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}); "
                     f"the batches sampled before it are not, and by step {f['until']} the input is back in scale"]
+        if k == "input_small":
+            return [f"the input is far below unit scale (RMS {fmt(f['input_rms'])}): `{f['layer']}` reads it with "
+                    f"weights at their default spread, and its output, {fmt(f['gain'])}x the input's scale, is "
+                    "made by its biases, not by the input",
+                    f"the weights must grow ~{fmt(f['gain'])}x before the input counts: the model learns slowly, "
+                    "if at all"]
         if k == "unscaled":
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
@@ -860,6 +866,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return (f"find the batch of step {c.step} in the data pipeline and fix or drop its samples (a corrupt "
                     "file, values in other units); guard the loop (skip a batch whose x.abs().max() is far above the "
                     "others') and clip gradients (max_norm=1.0) so one bad batch cannot undo training")
+        if k == "input_small":
+            return (f"normalise the input per feature with the training set's mean and std, x = (x - mean) / std "
+                    f"(its RMS is now {fmt(f['input_rms'])}): check its units, and that images are divided by 255 "
+                    "only once; not a smaller weight init: the weights are at their default scale")
         if k == "unscaled":
             m, s, a = f.get("input_mean", math.nan), f.get("input_std", math.nan), f.get("input_absmax", math.nan)
             shift = f"x + {fmt(-m)}" if m < 0 else f"x - {fmt(m)}"
