@@ -124,6 +124,42 @@ def test_a_bidirectional_recurrence_reads_ahead():
     assert (top.cause, top.layer) == ("data", "rnn")
 
 
+class GivenMask(nn.Module):
+    """``nn.MultiheadAttention`` given a mask in one of PyTorch's conventions, or the other's by mistake: a bool
+    mask is True where attention is blocked, a float mask is added to the scores."""
+
+    def __init__(self, kind: str, d: int = 32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.pos = nn.Embedding(V, d), nn.Parameter(torch.randn(T, d) * 0.02)
+        self.att, self.norm, self.out, self.kind = nn.MultiheadAttention(d, 4, batch_first=True), nn.LayerNorm(d), \
+            nn.Linear(d, V), kind
+
+    def mask(self, n: int) -> torch.Tensor:
+        ones = torch.ones(n, n)
+        return {"bool": torch.triu(ones, 1).bool(), "float": torch.triu(torch.full((n, n), float("-inf")), 1),
+                "bool_tril": torch.tril(ones).bool(), "float_01": torch.tril(ones)}[self.kind]
+
+    def forward(self, x):
+        h = self.norm(self.emb(x) + self.pos[:x.shape[1]])
+        return self.out(h + self.att(h, h, h, attn_mask=self.mask(x.shape[1]), need_weights=False)[0])
+
+
+@pytest.mark.parametrize("kind", ["bool_tril", "float_01"])
+def test_a_mask_given_in_the_other_convention_reads_ahead_with_both_conventions_in_the_fix(kind):
+    dbg = _train(GivenMask(kind))
+    top = _confident(dbg)[0]
+    assert (top.cause, top.layer) == ("data", "att")
+    assert "True where attention is blocked" in top.suggestion and "not 0/1" in top.suggestion
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_mask_given_in_its_convention_is_quiet(kind):
+    dbg = _train(GivenMask(kind))
+    assert dbg.trace.meta["next_token"]["sees_ahead"] is False
+    assert _confident(dbg) == []
+
+
 def test_targets_that_are_the_input_itself_are_no_next_token_model():
     """A token autoencoder predicts each position's own token: reading the whole sequence is its design."""
     dbg = _train(Encoder(causal=False), shift=0)

@@ -895,7 +895,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "generate_square_subsequent_mask(T) with is_causal=True for nn.TransformerEncoder / "
                     "nn.TransformerDecoderLayer, F.scaled_dot_product_attention(q, k, v, is_causal=True), or, written "
                     "by hand, scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')) "
-                    "before the softmax; a bidirectional model is trained on masked tokens, not the next ones")
+                    "before the softmax; a mask already given may have the other convention: a bool attn_mask is True "
+                    "where attention is blocked (triu, not tril), a float one is added to the scores (-inf where "
+                    "blocked, not 0/1); a bidirectional model is trained on masked tokens, not the next ones")
         if k == "shifted_twice":
             return ("shift the labels once: give a model that shifts them itself (GPT2LMHeadModel, the *ForCausalLM "
                     "models) labels=input_ids as they are (padding set to -100), or compare logits[:, :-1] with "
