@@ -58,12 +58,24 @@ class OpSpec:
     bounds: tuple[float, float] | None = None
 
 
+_CLAMP = "x.clamp(min=0)"  # a ReLU written as a clamp: only when it clamps at 0 from below (see _clamps_at_zero)
+
+
+def _clamps_at_zero(args, kwargs) -> bool:
+    """``x.clamp(min=0)``, ``x.clamp(0, 6)``, ``x.clamp_min(0)``: a ReLU; any other clamp is no activation."""
+    lo = kwargs.get("min", args[1] if len(args) > 1 else None)
+    hi = kwargs.get("max", args[2] if len(args) > 2 else None)
+    return isinstance(lo, (int, float)) and lo == 0 and (hi is None or isinstance(hi, (int, float)) and hi > 0)
+
+
 def _table() -> dict[Callable, OpSpec]:
     T = torch.Tensor
     rows: list[tuple[str, Role, Kind, tuple | None, list]] = [
         ("F.relu", Role.ACTIVATION, Kind.RELU, None, [F.relu, torch.relu, T.relu, F.relu_, torch.relu_, T.relu_]),
         ("F.relu6", Role.ACTIVATION, Kind.RELU, None, [F.relu6]),
         ("F.threshold", Role.ACTIVATION, Kind.RELU, None, [F.threshold, torch.threshold]),
+        (_CLAMP, Role.ACTIVATION, Kind.RELU, None, [torch.clamp, T.clamp, T.clamp_, torch.clamp_min, T.clamp_min,
+                                                    T.clamp_min_]),
         ("torch.sigmoid", Role.ACTIVATION, Kind.BOUNDED, (0.0, 1.0), [torch.sigmoid, T.sigmoid, F.sigmoid, T.sigmoid_]),
         ("torch.tanh", Role.ACTIVATION, Kind.BOUNDED, (-1.0, 1.0), [torch.tanh, T.tanh, F.tanh, T.tanh_]),
         ("F.hardtanh", Role.ACTIVATION, Kind.BOUNDED, (-1.0, 1.0), [F.hardtanh]),
@@ -256,6 +268,8 @@ class FunctionalObserver(TorchFunctionMode):
         kwargs = kwargs or {}
         spec = OPS.get(func)
         out = func(*args, **kwargs)
+        if spec is not None and spec.label == _CLAMP and not _clamps_at_zero(args, kwargs):
+            spec = None
         if spec is None or spec.role == Role.NUMERIC:
             if self._marked:  # the logits of an attention keep their provenance through same-shape ops
                 x = first_tensor(args, kwargs)

@@ -178,6 +178,26 @@ def test_a_relu_written_as_a_function_gets_the_verdict_of_its_module_twin(seed):
         assert (f"`{act}`" in mod_chain) == (f"F.relu after `{follows}`" in fn_chain)
 
 
+@pytest.mark.parametrize("clamp", [lambda x: x.clamp(min=0), lambda x: torch.clamp_min(x, 0.0)],
+                         ids=["clamp", "clamp_min"])
+def test_a_relu_written_as_a_clamp_is_read_as_one(clamp):
+    """``x.clamp(min=0)`` is a ReLU: units after conv2 killed by its bias are dead units there, not a weight
+    scale read across them; a clamp into another range is no activation and has no row."""
+    torch.manual_seed(0)
+    model = FunctionalCNN()
+    model.acts = [clamp] * 3
+    with torch.no_grad():
+        model.conv2.bias.fill_(-40.0)
+    dbg = train(model, torch.optim.SGD(model.parameters(), lr=0.05), 60)
+    top = dbg.explain()[0]
+    assert (str(top.cause), top.layer) == ("dead_units", "conv2") and "x.clamp(min=0)" in top.chain[0]
+    torch.manual_seed(0)
+    bounded = FunctionalCNN()
+    bounded.acts = [lambda x: x.clamp(-1, 1)] * 3
+    dbg = train(bounded, torch.optim.SGD(bounded.parameters(), lr=0.05), 4, every=1)
+    assert not [l for l in dbg.trace.layers if l.is_site]
+
+
 class LogFeatures(nn.Module):
     def __init__(self):
         super().__init__()

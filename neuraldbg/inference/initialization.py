@@ -107,7 +107,9 @@ def candidates(ctx: Context) -> list[Candidate]:
         total = sum(logs)
         named = [e for e, lg in zip(group, logs) if total > 0 and lg > total / 2] or group
         layer = named[0].layer if len(named) == 1 else ""
-        biased = bool(layer) and verb == "amplifies" and named[0].values.get("offset", 0.0) > 1.0
+        # outputs that sit at an offset larger than their spread, in every layer named: the biases, not the
+        # weights, make the scale
+        biased = verb == "amplifies" and all(e.values.get("offset", 0.0) > 1.0 for e in named)
         out.append(Candidate(Cause.BAD_INITIALIZATION, layer, group[0].step, verb, group, severity=sev,
                              persistence=max(persistence(e, ctx) for e in group), needs_harm=True, lasting=True,
                              loss_kinds=losses.SLOWED,
