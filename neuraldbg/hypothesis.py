@@ -15,7 +15,7 @@ class CausalHypothesis:
     """A root cause, where and when it starts, how sure we are, why, and what to do.
 
     ``layer``: the module name as in ``model.named_modules()``; ``""`` for the model as a whole;
-    ``"input"`` for the data. ``chain``: cause to effect, in order. ``evidence``: the events behind it.
+    ``"input"`` for the data; ``"loss"`` for the loss's own arithmetic. ``chain``: cause to effect, in order. ``evidence``: the events behind it.
     ``rank``: in a multi-process run, the rank where it starts first (None: one process, or every rank
     at once).
     """
@@ -31,7 +31,7 @@ class CausalHypothesis:
 
     @property
     def where(self) -> str:
-        where = {"": "the model", "input": "the input data"}.get(self.layer, f"`{self.layer}`")
+        where = {"": "the model", "input": "the input data", "loss": "the loss"}.get(self.layer, f"`{self.layer}`")
         return where if self.rank is None else f"{where} on rank {self.rank}"
 
     def __str__(self) -> str:

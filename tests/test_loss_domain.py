@@ -81,7 +81,7 @@ def test_a_hand_written_binary_cross_entropy_is_named_by_its_log_of_a_sigmoid(se
     dbg = _run(hand_bce, _binary(seed=seed), 1, seed=seed)
     top = dbg.explain()[0]
     assert top.cause == "non_finite" and top.confidence >= CONFIDENT
-    assert top.layer == "" and top.step == _first_nan(dbg)
+    assert top.layer == "loss" and top.step == _first_nan(dbg) and "in the loss" in str(top)
     assert "binary_cross_entropy_with_logits" in top.suggestion
     assert any("sigmoid rounds to exactly 0 or 1" in line for line in top.chain)
     assert not any(h.cause == "data" and h.confidence >= CONFIDENT for h in dbg.explain())

@@ -31,7 +31,7 @@ def candidates(ctx: Context) -> list[Candidate]:
     if nf is not None and nf.phase == "loss" and ctx.loss_nonfinite_op:
         # the loss's own arithmetic (a log of a probability that rounded to 0): a fact of the code, whatever
         # made the outputs large enough (training toward confident outputs does, at any learning rate)
-        return [Candidate(Cause.NON_FINITE, "", nf.step, "loss_op", ctx.all(Signal.LOSS, LossState.NONFINITE),
+        return [Candidate(Cause.NON_FINITE, "loss", nf.step, "loss_op", ctx.all(Signal.LOSS, LossState.NONFINITE),
                           severity=1.0, persistence=1.0, certain=True, loss_kinds=losses.NONFINITE,
                           facts={"phase": "loss", "op": ctx.loss_nonfinite_op, "origin": nf,
                                  "rescaled": ctx.loss_op_rescaled})]
