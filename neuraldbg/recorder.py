@@ -576,7 +576,8 @@ class Recorder:
             return
         self.trace.meta["unregistered"] = {"tensors": len(found), "numel": int(sum(t.numel() for t in found)),
                                            "shapes": [list(t.shape) for t in found[:3]], "still": 0,
-                                           "registered": sum(id(t) in own for t in found)}
+                                           "registered": sum(id(t) in own for t in found),
+                                           "parameters": sum(isinstance(t, nn.Parameter) for t in found)}
 
     def _check_unregistered(self) -> None:
         if self._unregistered is None:
@@ -586,8 +587,11 @@ class Recorder:
             self.trace.meta.pop("unregistered", None)  # stepped by something, or no longer readable
             self._unregistered = None
             return
-        if found == "freed":  # the next passes use new ones
-            info["renewed"] = True
+        if found == "freed":  # the next passes use new ones: layers made in the forward, or temporaries (an
+            if info.get("parameters"):  # initial state made with requires_grad=True, an input made to need one)
+                info["renewed"] = True
+            else:
+                self.trace.meta.pop("unregistered", None)
             self._unregistered = None
             return
         info["still"] += 1

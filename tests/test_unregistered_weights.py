@@ -160,9 +160,10 @@ def test_the_head_made_once_trains_quietly():
     assert _confident(dbg) == [] and losses[-1] < 0.5 * losses[0]
 
 
-def test_a_fresh_leaf_each_pass_with_a_loss_that_learns_is_no_verdict():
+def test_a_fresh_leaf_each_pass_is_a_temporary_not_a_layer():
     """A tensor made with ``requires_grad=True`` at every pass (an initial state nobody optimizes) is freed like
-    a layer made in forward, but the loss learns: the fact alone is no failure."""
+    a layer made in forward, but it is no layer's weight (no ``nn.Parameter``): a temporary, left out, whatever
+    the loss does."""
     class FreshState(nn.Module):
         def __init__(self):
             super().__init__()
@@ -174,8 +175,11 @@ def test_a_fresh_leaf_each_pass_with_a_loss_that_learns_is_no_verdict():
             return self.head(F.relu(self.inp(x) + h0))
     model = FreshState()
     dbg, losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3))
-    assert dbg.trace.meta["unregistered"]["renewed"]
+    assert "unregistered" not in dbg.trace.meta
     assert _confident(dbg) == [] and losses[-1] < 0.5 * losses[0]
+    slow = FreshState()  # at a learning rate far too low, the verdict is the learning rate's, not a layer's
+    dbg, _ = _train(slow, torch.optim.Adam(slow.parameters(), lr=1e-7))
+    assert "unregistered" not in dbg.trace.meta and _confident(dbg)[0].cause == "learning_rate_too_low"
 
 
 def test_an_input_that_requires_grad_is_not_a_weight():
