@@ -450,24 +450,22 @@ def domain_op(recorded: list[list[str]] | None) -> tuple[str, str] | None:
     """The operation of the loss, nearest the model's output, that can turn finite values into NaN/Inf, with
     the probability (``Softmax``, ``Sigmoid``) it is taken of, if it is taken of one unguarded (``""`` else):
     ``torch.log(torch.sigmoid(out))`` -> ("Log", "Sigmoid"); ``torch.log(p + 1e-8)`` is no such operation.
-    None when no path from the loss to the output has one (a library loss of the outputs). One taken of a
-    probability comes first: ``torch.log(F.softmax(out / tau))`` is a log of a softmax, its division by a
-    temperature no division by 0."""
-    found = []
+    None when no path from the loss to the output has one (a library loss of the outputs). A division by a
+    value with no graph inside what a probability is taken of is a temperature, no division by 0:
+    ``torch.log(F.softmax(out / tau))`` is a log of a softmax; elsewhere (a masked mean's count) it is one."""
     for path in recorded or []:
-        # (a division by a value with no graph leaves the outputs' range only through that value: a
-        # temperature never does, a count of the data that is 0 is the data's)
-        ops = [op.split("@")[0] for op in path if not op.endswith(_CONSTANT)]
-        ops = [op for op in ops if op not in SHAPE_OPS]
+        ops = [op for op in path if op.split("@")[0] not in SHAPE_OPS]
         for i in range(len(ops) - 1, -1, -1):  # from the model's side
-            if ops[i] not in DOMAIN_OPS:
+            name = ops[i].split("@")[0]
+            if name not in DOMAIN_OPS or (ops[i].endswith(_CONSTANT) and any(
+                    op.split("@")[0] in _PROBABILITIES for op in ops[:i])):
                 continue
-            between = ops[i + 1:]
+            between = [op.split("@")[0] for op in ops[i + 1:]]
             prob = next((j for j, op in enumerate(between) if op in _PROBABILITIES), None)
             if prob is not None and any(op in _GUARDS for op in between[:prob]):
                 break  # guarded: this path's log cannot see a 0
-            found.append((ops[i], between[prob] if prob is not None else ""))
-    return next((f for f in found if f[1]), found[0] if found else None)
+            return name, between[prob] if prob is not None else ""
+    return None
 
 
 def saturates(probability: str, absmax: float, spread: float, dtype: str) -> bool:
@@ -509,13 +507,15 @@ def nonfinite_op(origin, recorded: list[list[str]] | None) -> str:
 
 
 def transformed(recorded: list[list[str]] | None, probability: str) -> bool:
-    """Whether the loss computes something of the outputs before taking ``probability`` of it (a temperature:
-    ``softmax(out / 0.07)``, a scale): the outputs' own range then does not say what the probability sees."""
+    """Whether the loss scales the outputs before taking ``probability`` of them (a temperature:
+    ``softmax(out / 0.07)``): the outputs' own range then does not say what the probability sees. A shift
+    (``out - out.max()``) leaves a softmax as it is and is no such scale."""
+    scales = _FACTORS if probability == "Softmax" else _FACTORS | {"Add", "Sub"}
     for path in recorded or []:
         ops = [op.split("@")[0] for op in path]
         ops = [op for op in ops if op not in SHAPE_OPS]
-        if probability in ops and len(ops) - ops.index(probability) > 2:  # (the last op is the output's own)
-            return True
+        if probability in ops and any(op in scales for op in ops[ops.index(probability) + 1:-1]):
+            return True  # (the last op is the output's own)
     return False
 
 

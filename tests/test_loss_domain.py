@@ -133,6 +133,21 @@ def test_nan_targets_under_a_tempered_loss_with_a_guard_stay_the_datas():
     assert top.cause == "data" and top.step == 5
 
 
+def test_nan_targets_under_a_shifted_softmax_stay_the_datas():
+    """``out - out.max(1)`` leaves the softmax as it is: the outputs' own range still clears it."""
+    data = _classes()
+
+    def nan_targets(step: int):
+        x, y = data(step)
+        return x, F.one_hot(y, 4).float() * (float("nan") if step >= 5 else 1.0)
+
+    def shifted(out, t):
+        return -(t * torch.log(F.softmax(out - out.max(1, keepdim=True).values, dim=1))).sum(1).mean()
+    dbg = _run(shifted, nan_targets, 4, steps=20, lr=1e-3)
+    top = dbg.explain()[0]
+    assert top.cause == "data" and top.step == 5
+
+
 def test_nan_targets_under_a_hand_written_loss_stay_the_datas():
     """The outputs are far from saturating the sigmoid when a NaN target arrives: the loss's log did not
     make it, the targets did."""
@@ -152,7 +167,8 @@ def test_nan_targets_under_a_hand_written_loss_stay_the_datas():
     (["NllLoss", "LogSoftmax", "Addmm"], None),
     (["MseLoss", "Addmm"], None),
     (["Neg", "Mean", "Log", "Softmax", "Div@constant", "Addmm"], ("Log", "Softmax")),   # softmax(out / tau)
-    (["Mean", "Div@constant", "Addmm"], None),                                         # out / 2
+    (["Div@constant", "Sum", "Mul", "NllLoss", "LogSoftmax", "Addmm"], ("Div", "")),   # a masked mean's count
+    (["Neg", "Mean", "Log", "Softmax", "Div", "Addmm"], ("Div", "")),                  # out / out.norm()
 ])
 def test_the_loss_operation_that_can_leave_its_domain_is_read_from_the_path(path, expected):
     assert losspath.domain_op([path]) == expected
@@ -162,6 +178,8 @@ def test_the_loss_operation_that_can_leave_its_domain_is_read_from_the_path(path
     (["Neg", "Mean", "Sum", "Mul", "Log", "Softmax", "Div", "Addmm"], True),    # softmax(out / tau)
     (["NllLoss", "Log", "Softmax", "Addmm"], False),
     (["Neg", "Mean", "Mul", "Log", "Sigmoid", "Squeeze", "Addmm"], False),     # a shape op is no scale
+    (["Neg", "Mean", "Log", "Softmax", "Sub", "Addmm"], False),                # out - out.max(): a shift
+    (["Neg", "Mean", "Log", "Sigmoid", "Add", "Addmm"], True),                 # a sigmoid sees a shift
 ])
 def test_a_scale_between_the_outputs_and_the_probability_is_seen(path, rescaled):
     assert losspath.transformed([path], path[path.index("Log") + 1]) is rescaled
