@@ -169,6 +169,7 @@ class Features:
     rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
     wscale: np.ndarray         # per gain layer: its weights' spread vs the default init when watching started
     reads_input: np.ndarray    # per gain layer: 1.0 where the model's input is what it reads (its prev)
+    bias_rms: np.ndarray       # per gain layer: the RMS of its bias when watching started (NaN: none)
     nonfinite: np.ndarray      # (T, L) bool
     ui: np.ndarray             # updated layers: their columns, update and weight norms, ratio (NaN: not usable)
     wu: np.ndarray
@@ -312,6 +313,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     prev=prev,
                     origin=origin, offset=offset, segment=segment, rscale=rscale, wscale=wscale,
                     reads_input=np.array([float(pos[i] == 0) for i in wi], dtype=np.float64),
+                    bias_rms=np.array([layers[i].extra.get("bias_rms", np.nan) for i in wi], dtype=np.float64),
                     nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
                     growth=growth, has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
                     ai=ai, entropy=cols(ai, Stat.ATTN_ENTROPY), logit=logit, logit0=first_finite(logit),
@@ -405,7 +407,8 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
                "after_norm": _at(after_norm),
                "recurrent_scale": _at(np.broadcast_to(f.rscale, gain.shape)),
                "weight_scale": _at(np.broadcast_to(f.wscale, gain.shape)), "input_rms": _at(f.prev),
-               "reads_input": _at(np.broadcast_to(f.reads_input, gain.shape))}
+               "reads_input": _at(np.broadcast_to(f.reads_input, gain.shape)),
+               "bias_rms": _at(np.broadcast_to(f.bias_rms, gain.shape))}
     out.append(StateSeries(Signal.GAIN, steps, gain, [names[i] for i in f.wi],
                            {GainState.SHRINKS: g_value, GainState.AMPLIFIES: g_value}))
 

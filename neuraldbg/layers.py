@@ -4,9 +4,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeGuard
 
 import torch
 from torch import nn
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
 
 class Kind(str, Enum):
@@ -83,7 +85,8 @@ class LayerInfo:
     n_trainable: int = 0
     channels_first: bool = False
     order: int | None = None             # set when first seen in a forward pass
-    # "recurrent_scale", "weight_scale" (vs the default init, when watching starts); "equal_weights": the one
+    # "recurrent_scale", "weight_scale" (vs the default init, when watching starts); "bias_rms": the RMS of a
+    # Linear or convolution layer's bias when watching starts; "equal_weights": the one
     # value every weight of a Linear or convolution holds when watching starts (zero, or a constant); for a functional
     # operation (a "site"): "owner", the module it is attributed to,
     # and "relation", "after" (it consumes that module's output) or "in" (it runs in its forward);
@@ -123,13 +126,13 @@ class LayerInfo:
                 "bounds": list(self.bounds) if self.bounds else None, "n_params": self.n_params,
                 "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order,
                 "recurrent_scale": self.extra.get("recurrent_scale"), "weight_scale": self.extra.get("weight_scale"),
-                "equal_weights": self.extra.get("equal_weights"),
+                "equal_weights": self.extra.get("equal_weights"), "bias_rms": self.extra.get("bias_rms"),
                 **{k: self.extra[k] for k in _EXTRA_TEXT + _EXTRA_FLAGS if k in self.extra}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LayerInfo":
         bounds = d.get("bounds")
-        extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale", "equal_weights")
+        extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale", "equal_weights", "bias_rms")
                        if d.get(k) is not None}
         extra.update({k: str(d[k]) for k in _EXTRA_TEXT if d.get(k) is not None})
         extra.update({k: True for k in _EXTRA_FLAGS if d.get(k)})
@@ -175,6 +178,13 @@ def recurrent_scale(module: nn.Module) -> float | None:
     return max(ratios, key=lambda r: abs(math.log(r)) if r > 0 else math.inf) if ratios else None
 
 
+def _readable(t) -> TypeGuard[torch.Tensor]:
+    """A tensor with values to read: not on the meta device, not a lazy module's parameter before its first
+    forward."""
+    return (isinstance(t, torch.Tensor) and not isinstance(t, (UninitializedParameter, UninitializedBuffer))
+            and not t.is_meta)
+
+
 def weight_scale(module: nn.Module) -> float | None:
     """The spread of a Linear or convolution layer's weights against PyTorch's default init (uniform in
     +-1/sqrt(fan_in): std 1/sqrt(3 fan_in)): 1 at the default, within a few times of it for the usual inits
@@ -183,12 +193,23 @@ def weight_scale(module: nn.Module) -> float | None:
     if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
         return None
     w = getattr(module, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() < 2 or w.is_meta or w.numel() < 2:
+    if not _readable(w) or w.dim() < 2 or w.numel() < 2:
         return None
     with torch.no_grad():
         std = float(w.detach().float().std())
     fan_in = w[0].numel()
     return std * math.sqrt(3 * fan_in) if std > 0 and math.isfinite(std) else None
+
+
+def bias_rms(module: nn.Module) -> float | None:
+    """The RMS of a Linear or convolution layer's bias (None without one): what its output is when its input
+    is near zero."""
+    b = getattr(module, "bias", None)
+    if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)) or not _readable(b) or b.numel() == 0:
+        return None
+    with torch.no_grad():
+        rms = float(b.detach().float().pow(2).mean().sqrt())
+    return rms if math.isfinite(rms) else None
 
 
 def equal_weights(module: nn.Module) -> float | None:
@@ -197,7 +218,7 @@ def equal_weights(module: nn.Module) -> float | None:
     if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
         return None
     w = getattr(module, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() < 2 or w.is_meta or w.shape[0] < 2 or w.numel() == 0:
+    if not _readable(w) or w.dim() < 2 or w.shape[0] < 2 or w.numel() == 0:
         return None
     with torch.no_grad():
         flat = w.detach().reshape(-1)
@@ -211,10 +232,12 @@ def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
     scale = recurrent_scale(module)
     equal = equal_weights(module)
     wscale = weight_scale(module) if equal is None else None  # equal weights have no spread to compare
+    brms = bias_rms(module)
     return LayerInfo(index=index, name=name, type_name=type(module).__name__, kind=classify(module),
                      bounds=output_bounds(module), n_params=sum(p.numel() for p in own),
                      n_trainable=sum(p.numel() for p in own if p.requires_grad),
                      channels_first=isinstance(module, _CHANNELS_FIRST),
                      extra={**({} if scale is None else {"recurrent_scale": scale}),
                             **({} if wscale is None else {"weight_scale": wscale}),
+                            **({} if brms is None else {"bias_rms": brms}),
                             **({} if equal is None else {"equal_weights": equal})})

@@ -78,3 +78,28 @@ def test_a_merely_small_input_that_trains_stays_quiet():
     dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3),
                     _scaled(teacher_classes(20, 4), 0.05), steps=300))
     assert _confident(dbg) == []
+
+
+class Standardised(nn.Module):
+    """Audio-like input of amplitude 0.05, standardised inside the forward before the first convolution: the
+    first layer reads a unit-scale signal (no row shows the standardisation)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv1d(1, 16, 5, padding=2)
+        self.head = nn.Sequential(nn.ReLU(), nn.Flatten(), nn.Linear(16 * 32, 4))
+
+    def forward(self, x):
+        x = (x - x.mean(dim=-1, keepdim=True)) / (x.std(dim=-1, keepdim=True) + 1e-5)
+        return self.head(self.conv(x))
+
+
+def test_an_input_standardised_inside_the_forward_is_not_called_small():
+    data = teacher_classes(32, 4, scale=0.05, shape=(1, 32))
+    slow = Standardised()  # a learning rate far too low: the verdict is the learning rate's
+    dbg = train(Run(slow, torch.optim.Adam(slow.parameters(), lr=1e-7), data, steps=300))
+    assert all(h.cause != "data" for h in _confident(dbg))
+    model = Standardised()
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, steps=300))
+    assert _confident(dbg) == []

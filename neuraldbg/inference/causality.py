@@ -62,9 +62,10 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
             return _early(a, b, ctx)
         first = ctx.input_reach()
         return _after(a, b) and (b.layer in first or any(e.layer in first for e in b.events))
-    if a.kind == "input_small":  # the first layer's weight gradient scales with its input: it barely learns
-        return b.cause in (C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.VANISHING_GRADIENTS, C.BAD_INITIALIZATION,
-                           C.DEAD_UNITS) and _after(a, b)
+    if a.kind == "input_small":  # the first layer's weight gradient scales with its input, its output is its
+        # biases (the units a negative bias holds are dead): it barely learns. Updates negligible everywhere
+        # are the learning rate's, not this
+        return b.cause in (C.LOSS_PLATEAU, C.VANISHING_GRADIENTS, C.BAD_INITIALIZATION, C.DEAD_UNITS) and _after(a, b)
     if a.kind == "constant":  # every unit computes one value for all samples: on or off for all, no signal
         return b.cause in (C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.DEAD_UNITS, C.SATURATED_ACTIVATIONS,
                            C.VANISHING_GRADIENTS) and _after(a, b)

@@ -122,14 +122,19 @@ class Context:
 
     def input_too_small(self, ev: SemanticEvent) -> bool:
         """A weight layer reading the model's input that amplifies it only because the input lies far below
-        unit scale (under 1 / ``layer_gain``): its weights are at their default spread and its output is in
-        scale, carried by its biases, not by the input (inputs divided by 255 twice, values in other units)."""
+        unit scale (under 1 / ``layer_gain``): its weights are at their default spread and its output is its
+        biases' plus what those weights make of that input (at the default init, ~0.6x its scale: at most
+        twice the weights' spread times it is allowed), not the input's amplified (inputs divided by 255
+        twice, values in other units). An input the forward normalises before that layer, which no row shows,
+        leaves more than the biases explain: no such case."""
         v = ev.values
         if ev.signal != Signal.GAIN or ev.after != GainState.AMPLIFIES or not v.get("reads_input"):
             return False
-        rms, gain, w, big = v.get("input_rms", math.nan), v.get("gain", math.nan), v.get("weight_scale", math.nan), \
-            self.th.layer_gain
-        return 0 < rms < 1 / big and 1 / big <= w <= big and gain * rms <= big
+        rms, gain, w, bias = (v.get(k, math.nan) for k in ("input_rms", "gain", "weight_scale", "bias_rms"))
+        big, own = self.th.layer_gain, gain * rms
+        if not (0 < rms < 1 / big and 1 / big <= w <= big and own > 0 and bias > 0):
+            return False
+        return own - bias <= 2 * w * rms  # (an RMS of a sum is at most the sum of the RMSs)
 
     def preceding(self, ev: SemanticEvent) -> list[SemanticEvent]:
         """The abnormal events the pattern stage linked as coming before ``ev`` (a critical event)."""
