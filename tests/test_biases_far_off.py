@@ -40,7 +40,7 @@ def test_biases_far_below_zero_in_several_layers_are_named_as_biases(seed):
     top = dbg.explain()[0]
     assert top.cause == "bad_initialization" and top.confidence >= CONFIDENT
     assert "biases far off zero" in top.suggestion and "too large" not in top.suggestion
-    assert "their biases" in top.chain[0]
+    assert "the biases of" in top.chain[0]
 
 
 def test_the_same_model_at_its_default_init_is_quiet():

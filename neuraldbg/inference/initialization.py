@@ -115,6 +115,7 @@ def candidates(ctx: Context) -> list[Candidate]:
                              loss_kinds=losses.SLOWED,
                              facts={"gain": worst, "compounded": compounded, "biased": biased, "weight_scale": wscale,
                                     "after_norm": group[-1].values.get("after_norm", 0.0) > 0,
+                                    "biased_layers": [e.layer for e in named] if biased else [],
                                     "layers": [e.layer for e in group]}))
     # several bounded layers saturated from the first step, each behind a weight layer: one root, the initial
     # weight scale, rather than one saturation per layer

@@ -637,10 +637,10 @@ def _init_lines(c: Candidate, ctx: Context) -> list[str]:
         gs = [e.values.get("gain", math.nan) for e in group]
         finite = [g for g in gs if g == g]
         plural = "shrink" if k == "shrinks" else "amplify"
-        what = ("their biases: their outputs sit at an offset larger than their spread" if f["biased"] else
-                "their weight scale")
         line = (f"at step {c.step}, {len(group)} layers ({names(group)}) each {plural} the signal "
-                f"{fmt(min(finite, default=math.nan))}-{fmt(max(finite, default=math.nan))}x ({what})")
+                f"{fmt(min(finite, default=math.nan))}-{fmt(max(finite, default=math.nan))}x "
+                + (f"(the biases of {layer_list(f['biased_layers'])}: their outputs sit at an offset larger than "
+                   "their spread)" if f["biased"] else "(their weight scale)"))
     deep = f["compounded"]
     if deep == deep and (deep > ctx.th.layer_gain or deep < 1 / ctx.th.layer_gain):
         since = "the last normalisation layer before it" if f["after_norm"] else "the input"
@@ -1227,8 +1227,8 @@ def _init_fix(c: Candidate, ctx: Context) -> str:
         return (f"`{c.layer}` starts with a bias far off zero: reset it (nn.init.zeros_(...bias)) and check what set "
                 "it; clip gradients at max_norm=1.0 meanwhile")
     if f["biased"]:
-        return (f"{layer_list(f['layers'])} start with biases far off zero: reset them (nn.init.zeros_(...bias)) and "
-                "check what set them; clip gradients at max_norm=1.0 meanwhile")
+        return (f"{layer_list(f.get('biased_layers') or f['layers'])} start with biases far off zero: reset them "
+                "(nn.init.zeros_(...bias)) and check what set them; clip gradients at max_norm=1.0 meanwhile")
     if k == "amplifies":
         return (f"{target} with weights ~{fmt(g)}x too large: re-initialise with nn.init.xavier_uniform_ "
                 f"(or kaiming_uniform_ for ReLU), or scale them down by {fmt(g)}; clip gradients at max_norm=1.0 "
