@@ -62,10 +62,13 @@ _CLAMP = "x.clamp(min=0)"  # a ReLU written as a clamp: only when it clamps at 0
 
 
 def _clamps_at_zero(args, kwargs) -> bool:
-    """``x.clamp(min=0)``, ``x.clamp(0, 6)``, ``x.clamp_min(0)``: a ReLU; any other clamp is no activation."""
+    """``x.clamp(min=0)``, ``x.clamp_min(0)`` of a tensor that needs a gradient: a ReLU. Any other clamp (into
+    a range, of data or a mask) is no activation."""
+    x = args[0] if args else kwargs.get("input")
     lo = kwargs.get("min", args[1] if len(args) > 1 else None)
     hi = kwargs.get("max", args[2] if len(args) > 2 else None)
-    return isinstance(lo, (int, float)) and lo == 0 and (hi is None or isinstance(hi, (int, float)) and hi > 0)
+    return (isinstance(x, torch.Tensor) and x.requires_grad and isinstance(lo, (int, float)) and lo == 0
+            and hi is None)
 
 
 def _table() -> dict[Callable, OpSpec]:

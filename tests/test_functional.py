@@ -182,7 +182,8 @@ def test_a_relu_written_as_a_function_gets_the_verdict_of_its_module_twin(seed):
                          ids=["clamp", "clamp_min"])
 def test_a_relu_written_as_a_clamp_is_read_as_one(clamp):
     """``x.clamp(min=0)`` is a ReLU: units after conv2 killed by its bias are dead units there, not a weight
-    scale read across them; a clamp into another range is no activation and has no row."""
+    scale read across them; a clamp into a range, or of a tensor that needs no gradient, is no activation and
+    has no row."""
     torch.manual_seed(0)
     model = FunctionalCNN()
     model.acts = [clamp] * 3
@@ -193,7 +194,7 @@ def test_a_relu_written_as_a_clamp_is_read_as_one(clamp):
     assert (str(top.cause), top.layer) == ("dead_units", "conv2") and "x.clamp(min=0)" in top.chain[0]
     torch.manual_seed(0)
     bounded = FunctionalCNN()
-    bounded.acts = [lambda x: x.clamp(-1, 1)] * 3
+    bounded.acts = [lambda x: x.clamp(-1, 1), lambda x: x.clamp(0, 1), lambda x: x.detach().clamp(min=0) + x]
     dbg = train(bounded, torch.optim.SGD(bounded.parameters(), lr=0.05), 4, every=1)
     assert not [l for l in dbg.trace.layers if l.is_site]
 
