@@ -15,7 +15,8 @@ class CausalHypothesis:
     """A root cause, where and when it starts, how sure we are, why, and what to do.
 
     ``layer``: the module name as in ``model.named_modules()``; ``""`` for the model as a whole;
-    ``"input"`` for the data; ``"loss"`` for the loss's own arithmetic. ``chain``: cause to effect, in order. ``evidence``: the events behind it.
+    ``"input"`` for the data; ``"loss"`` for the loss's own arithmetic. ``chain``: cause to effect, in order.
+    ``evidence``: the events behind it.
     ``rank``: in a multi-process run, the rank where it starts first (None: one process, or every rank
     at once).
     """

@@ -239,6 +239,12 @@ class Recorder:
         self.model = model
         self.inner: nn.Module = getattr(model, "_orig_mod", model)  # torch.compile wrapper -> original
         self.compiled = self.inner is not model
+        lazy = [n for n, p in self.inner.named_parameters() if isinstance(p, nn.parameter.UninitializedParameter)]
+        if lazy:
+            raise ValueError(f"the model has parameters that are not materialised yet ({lazy[0]}"
+                             f"{f' and {len(lazy) - 1} more' if len(lazy) > 1 else ''}: lazy modules such as "
+                             "nn.LazyLinear): run one forward pass with a sample batch before watching it, and make "
+                             "the optimizer after that pass")
         if scaler is not None and not (hasattr(scaler, "scale") and hasattr(scaler, "update")):
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
         self.optimizer = optimizer

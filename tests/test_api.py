@@ -246,3 +246,15 @@ def test_the_package_is_typed_and_licensed():
     extras = meta["project"]["optional-dependencies"]
     assert {"jupyter", "test", "browser"} <= set(extras)
     assert not any(p.startswith(("playwright", "jupyterlab")) for p in extras["test"])
+
+
+def test_a_model_with_lazy_parameters_gets_one_clear_error_and_is_left_as_it_was():
+    model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.LazyLinear(2))
+    with pytest.raises(ValueError, match="forward pass with a sample batch") as err:
+        NeuralDbg(model)
+    assert "0.weight" in str(err.value)
+    assert not torch.nn.modules.module._global_forward_hooks and not model[0]._forward_hooks
+    model(torch.randn(2, 5))  # materialised: watched as any model
+    with NeuralDbg(model) as dbg:
+        model(torch.randn(4, 5)).sum().backward()
+    assert [l.name for l in dbg.trace.layers] == ["0", "1", "2"]

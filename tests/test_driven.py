@@ -221,7 +221,7 @@ def test_a_nan_from_the_loss_of_an_explicit_pass_is_located_by_its_replay():
     assert (origin.step, origin.layer, origin.phase) == (0, "", "loss")
     assert (plain.trace.nonfinite.layer, plain.trace.nonfinite.phase) == ("", "loss")
     assert _verdict(dbg) == _verdict(plain) and _verdict(plain)
-    assert _verdict(plain)[0][:2] == ("non_finite", "")  # the loss's own square root, not its targets
+    assert _verdict(plain)[0][:2] == ("non_finite", "loss")  # the loss's own square root, not its targets
 
 
 def test_a_replay_that_cannot_run_is_reported_and_training_goes_on():

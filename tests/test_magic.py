@@ -558,3 +558,10 @@ def test_retiring_replaces_every_view_of_a_dashboard_and_never_one_still_watchin
     assert second.state == "retired"
     assert third.state == "finished" and third.error is None and 'data-cause="dead_units"' in third.panel.value
     assert [d.state for d, _ in magics._live] == ["finished", "loaded"]  # the one watching, then the loaded
+
+
+def test_a_model_with_lazy_modules_gets_one_line_and_the_cell_does_not_run(ip):
+    ip.run_cell("import torch\nlazy = torch.nn.Sequential(torch.nn.LazyLinear(4))")
+    with pytest.raises(UsageError, match="forward pass with a sample batch") as err:
+        ip.run_cell_magic("neuraldbg", "lazy", "ran = True")
+    assert "\n" not in str(err.value) and "ran" not in ip.user_ns
