@@ -118,32 +118,23 @@ def test_a_temperature_before_the_softmax_is_read_through():
     assert not any(h.cause == "data" and h.confidence >= CONFIDENT for h in dbg.explain())
 
 
-def test_nan_targets_under_a_tempered_loss_with_a_guard_stay_the_datas():
-    """The same temperature with an eps inside the log cannot reach log(0): a NaN target is the data's."""
+def _nan_one_hot_targets(from_step: int = 5):
+    """The classes as one-hot rows, all NaN from ``from_step`` on."""
     data = _classes()
 
-    def nan_targets(step: int):
+    def batch(step: int):
         x, y = data(step)
-        return x, F.one_hot(y, 4).float() * (float("nan") if step >= 5 else 1.0)
-
-    def guarded(out, t):
-        return -(t * torch.log(F.softmax(out / 0.001, dim=1) + 1e-8)).sum(1).mean()
-    dbg = _run(guarded, nan_targets, 4, steps=20, lr=1e-3)
-    top = dbg.explain()[0]
-    assert top.cause == "data" and top.step == 5
+        return x, F.one_hot(y, 4).float() * (float("nan") if step >= from_step else 1.0)
+    return batch
 
 
-def test_nan_targets_under_a_shifted_softmax_stay_the_datas():
-    """``out - out.max(1)`` leaves the softmax as it is: the outputs' own range still clears it."""
-    data = _classes()
-
-    def nan_targets(step: int):
-        x, y = data(step)
-        return x, F.one_hot(y, 4).float() * (float("nan") if step >= 5 else 1.0)
-
-    def shifted(out, t):
-        return -(t * torch.log(F.softmax(out - out.max(1, keepdim=True).values, dim=1))).sum(1).mean()
-    dbg = _run(shifted, nan_targets, 4, steps=20, lr=1e-3)
+@pytest.mark.parametrize("probabilities", [
+    lambda out: F.softmax(out / 0.001, dim=1) + 1e-8,                            # a temperature, an eps: no log(0)
+    lambda out: F.softmax(out - out.max(1, keepdim=True).values, dim=1),         # a shift: the softmax as it is
+], ids=["guarded_temperature", "shifted"])
+def test_nan_targets_under_a_hand_written_cross_entropy_stay_the_datas(probabilities):
+    dbg = _run(lambda out, t: -(t * torch.log(probabilities(out))).sum(1).mean(), _nan_one_hot_targets(), 4,
+               steps=20, lr=1e-3)
     top = dbg.explain()[0]
     assert top.cause == "data" and top.step == 5
 
