@@ -233,7 +233,7 @@ class Recorder:
                  every: int | None = None, capacity: int = 2048, schedule: Schedule | None = None,
                  on_step: Callable[[], None] | None = None, throttle: Throttle | None = None,
                  after_step: Callable[[], None] | None = None, scaler=None, spike_factor: float = 10.0,
-                 creeping: float | None = None):
+                 creeping: float | None = None, next_token_share: float = 0.9):
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg watches a torch.nn.Module, got {type(model).__name__}")
         self.model = model
@@ -334,6 +334,7 @@ class Recorder:
         # updates entering their warning band (the largest update-to-weight ratio past ``creeping``, and up on
         # the sample before) start a burst: the trend of a signal in its band is read on dense samples
         self._creeping = creeping
+        self._next_token_share = next_token_share  # (Thresholds.next_token_share, when watching starts)
         self._last_ratio = math.nan
         self._loss_spikes = SpikeWatch(spike_factor, self.schedule.warmup)
         # the loss turning back up (its smoothed level, not one batch) starts a burst: what the layers do while
@@ -1133,7 +1134,6 @@ class Recorder:
             self._finish_step()
 
     _leak_tries = 4   # sampled passes whose output may still be read for next-token targets
-    NEXT_TOKEN = 0.9  # share of the positions read whose target is the next input token: a next-token model
 
     def _read_next_tokens(self) -> None:
         """A model whose output has a row per position of a token input (batch, length, vocabulary): are the
@@ -1160,7 +1160,7 @@ class Recorder:
             return
         self._leak_tries = 0
         share, positions, ahead_by = read
-        if share < self.NEXT_TOKEN or self.trace.nonfinite is not None:
+        if share < self._next_token_share or self.trace.nonfinite is not None:
             return
         self._replaying = True
         try:

@@ -70,7 +70,8 @@ class NeuralDbg:
             schedule=AgreedSchedule(every) if info is not None else Schedule(every),
             on_step=self._notify if on_step is not None else None, throttle=throttle,
             after_step=self._step_end if (after_step is not None or info is not None) else None, scaler=scaler,
-            spike_factor=self.thresholds.spike_factor, creeping=self.thresholds.update_creeping)
+            spike_factor=self.thresholds.spike_factor, creeping=self.thresholds.update_creeping,
+            next_token_share=self.thresholds.next_token_share)
         self._trace: Trace = self._recorder.trace
         self._loaded_step = 0
         self._ranks = None

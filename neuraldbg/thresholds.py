@@ -129,6 +129,11 @@ class Thresholds:
                             "of its size would be (chi-square per degree of freedom, the median of "
                             "batch_order_window sampled batches): the data is read in an order that groups classes "
                             "(not shuffled)")
+    next_token_share: float = _f(0.9, "next-token share", "linear", 0.5, 1.0,
+                                 "share of the positions read whose target is the next input token (or the one "
+                                 "after it) from which a sequence model counts as trained on next tokens, and is "
+                                 "replayed once to see whether it reads them (the replay is decided when it is "
+                                 "read: fixed when watching starts)", slider=False)
     batch_order_window: int = _f(5, "batch order window", "linear", 1, 50,
                                  "sampled batches whose median class order is read (fewer read, none)", slider=False)
     one_class_targets: int = _f(300, "one-class targets", "log", 30, 100000,

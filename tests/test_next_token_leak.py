@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import NeuralDbg, leak
+from neuraldbg import NeuralDbg, Thresholds, leak
 
 CONFIDENT = 0.5
 V, T = 12, 16
@@ -73,14 +73,16 @@ class Recurrent(nn.Module):
         return self.out(self.rnn(self.emb(x))[0])
 
 
-def _train(model, seed: int = 0, steps: int = 60, shift: int = 1):
+def _train(model, seed: int = 0, steps: int = 60, shift: int = 1, thresholds=None, noise: float = 0.0):
     text = _text(seed)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with NeuralDbg(model, optimizer=opt) as dbg:
+    with NeuralDbg(model, optimizer=opt, thresholds=thresholds) as dbg:
         for _ in range(steps):
             batch = text[torch.randint(0, len(text), (16,), generator=g)]
             x, y = batch[:, :-1], batch[:, shift:shift + T]
+            if noise:  # a share of the targets replaced by random tokens
+                y = torch.where(torch.rand(y.shape, generator=g) < noise, torch.randint(0, V, y.shape, generator=g), y)
             opt.zero_grad()
             loss = F.cross_entropy(model(x).transpose(1, 2), y)
             loss.backward()
@@ -158,6 +160,19 @@ def test_a_mask_given_in_its_convention_is_quiet(kind):
     dbg = _train(GivenMask(kind))
     assert dbg.trace.meta["next_token"]["sees_ahead"] is False
     assert _confident(dbg) == []
+
+
+def test_the_next_token_share_is_a_threshold():
+    """A twentieth of the targets replaced by random tokens: ~95% are the next ones. Read as a next-token model
+    at the default ``next_token_share``; re-analysed above the share read, the verdict goes; a session started
+    with it there does not replay the model at all."""
+    dbg = _train(Encoder(causal=False), noise=0.05)
+    assert 0.9 <= dbg.trace.meta["next_token"]["share"] < 0.99
+    assert _confident(dbg)[0].cause == "data"
+    dbg.reanalyze(next_token_share=0.99)
+    assert all(h.cause != "data" for h in _confident(dbg))
+    dbg = _train(Encoder(causal=False), noise=0.05, thresholds=Thresholds(next_token_share=0.99))
+    assert "next_token" not in dbg.trace.meta
 
 
 def test_targets_that_are_the_input_itself_are_no_next_token_model():

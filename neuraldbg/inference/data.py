@@ -95,7 +95,9 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.DATA, str(mix.get("layer") or ""), ctx.first_step, "mixed", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
                              facts=dict(mix)))
-    ahead = ctx.next_token
+    ahead = ctx.next_token  # (read at a share of next-token targets of at least next_token_share when watching)
+    if ahead and ahead.get("share", 1.0) < ctx.th.next_token_share:
+        ahead = {}  # a share raised since: no longer a model trained on next tokens
     if ahead.get("ahead_by") == 2:
         # the targets are the token after the next: labels shifted by hand, and again by the model
         out.append(Candidate(Cause.DATA, "input", ctx.first_step, "shifted_twice", [], severity=1.0,
