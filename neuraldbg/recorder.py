@@ -583,7 +583,6 @@ class Recorder:
             return
         self.trace.meta["unregistered"] = {"tensors": len(found), "numel": int(sum(t.numel() for t in found)),
                                            "shapes": [list(t.shape) for t in found[:3]], "still": 0,
-                                           "registered": sum(id(t) in own for t in found),
                                            "parameters": sum(isinstance(t, nn.Parameter) for t in found)}
 
     def _check_unregistered(self) -> None:

@@ -21,17 +21,26 @@ def _mlp(seed: int = 0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
 
 
-def _loop(model, make_opt, steps: int = 200, given=None):
+def _steps(dbg, model, first: list, steps: int, make_opt=None, every: int = 0):
+    """Train on a teacher's classes with the optimizer in ``first`` (taken out of it: this loop holds it alone);
+    with ``every``, ``make_opt()`` makes a new one every ``every`` steps."""
     data = teacher_classes(16, 4)
+    opt = first.pop()
+    for step in range(steps):
+        if every and step and step % every == 0:
+            opt = make_opt()  # (the loop's own name only: rebinding it drops the optimizer before)
+        x, y = data(step)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        dbg.record_loss(loss)
+    return dbg
+
+
+def _loop(model, make_opt, steps: int = 200, given=None):
     with NeuralDbg(model, optimizer=given) as dbg:
-        opt = make_opt()
-        for step in range(steps):
-            x, y = data(step)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+        _steps(dbg, model, [make_opt()], steps)
     return dbg
 
 
@@ -114,18 +123,9 @@ def test_a_watched_model_no_optimizer_steps_beside_a_loss_that_learns_is_no_faul
 
 def _remade_loop(model, make_opt, steps: int = 300, every: int = 1, given: bool = False):
     """A loop that makes a new optimizer every ``every`` steps (1: at every step, inside the loop)."""
-    data = teacher_classes(16, 4)
-    opt = make_opt()  # (the loop's own name only: rebinding it drops the optimizer before)
-    with NeuralDbg(model, optimizer=opt if given else None) as dbg:
-        for step in range(steps):
-            if step and step % every == 0:
-                opt = make_opt()
-            x, y = data(step)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    first = [make_opt()]
+    with NeuralDbg(model, optimizer=first[0] if given else None) as dbg:
+        _steps(dbg, model, first, steps, make_opt, every)
     return dbg
 
 

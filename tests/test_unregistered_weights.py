@@ -145,7 +145,7 @@ def test_a_layer_made_inside_forward_is_named_with_its_fix(seed, width):
     model = HeadInForward(once=False, seed=seed, width=width)
     dbg, losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-3), seed=seed)
     info = dbg.trace.meta["unregistered"]
-    assert info["renewed"] and info["registered"] == 2 and info["shapes"][0] == [4, width]
+    assert info["renewed"] and info["parameters"] == 2 and info["shapes"][0] == [4, width]
     top = _confident(dbg)[0]
     assert top.cause == "loss_plateau" and top.layer == "" and top.step <= 10
     assert "__init__" in top.suggestion and "learning rate" not in top.suggestion
