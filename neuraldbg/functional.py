@@ -71,6 +71,26 @@ def _clamps_at_zero(args, kwargs) -> bool:
             and hi is None)
 
 
+# a ReLU written as a product with its own sign: ``x * (x > 0)``, ``x * (x > 0).float()``, ``torch.where(x > 0, x,
+# 0)``; seen as a comparison of a tensor that needs a gradient with 0, then a product of that tensor with it (a mask
+# made from another tensor, or compared with another value, is no activation)
+_GATE_LABEL = "x * (x > 0)"
+_COMPARES = frozenset({torch.gt, torch.Tensor.gt, torch.Tensor.__gt__, torch.ge, torch.Tensor.ge, torch.Tensor.__ge__,
+                       torch.greater, torch.greater_equal})
+_PRODUCTS = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.multiply})
+_WHERE = frozenset({torch.where, torch.Tensor.where})
+
+
+def _sign_of(args, kwargs) -> torch.Tensor | None:
+    """The tensor ``x`` of ``x > 0`` (``x >= 0``), when it needs a gradient; else None."""
+    x = args[0] if args else kwargs.get("input")
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    if (isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point() and isinstance(other, (int, float))
+            and not isinstance(other, bool) and other == 0):
+        return x
+    return None
+
+
 def _table() -> dict[Callable, OpSpec]:
     T = torch.Tensor
     rows: list[tuple[str, Role, Kind, tuple | None, list]] = [
@@ -258,6 +278,7 @@ class FunctionalObserver(TorchFunctionMode):
         self.sink = sink
         self.attention = attention          # (func, args, kwargs) -> logits or None
         self._marked: dict[int, weakref.ref] = {}
+        self._gates: dict[int, tuple[weakref.ref, weakref.ref]] = {}   # a mask x > 0 -> (the mask, x)
 
     def _is_marked(self, t) -> bool:
         hit = self._marked.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -267,12 +288,49 @@ class FunctionalObserver(TorchFunctionMode):
         if isinstance(t, torch.Tensor):
             self._marked[id(t)] = weakref.ref(t)
 
+    def _gated(self, t) -> torch.Tensor | None:
+        """The tensor ``x`` that ``t`` is the mask ``x > 0`` of (or a copy of that mask in another dtype)."""
+        hit = self._gates.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return hit[1]() if hit is not None and hit[0]() is t else None
+
+    def _gate(self, func, args, kwargs, out) -> torch.Tensor | None:
+        """Follows masks ``x > 0`` through what keeps their shape; returns ``x`` when ``out`` is ``x`` times its
+        mask (``torch.where(x > 0, x, 0)``): a ReLU."""
+        if not isinstance(out, torch.Tensor):
+            return None
+        if func in _COMPARES:
+            x = _sign_of(args, kwargs)
+            if x is not None:
+                self._gates[id(out)] = (weakref.ref(out), weakref.ref(x))
+            return None
+        if not self._gates:
+            return None
+        ts = [a for a in args if isinstance(a, torch.Tensor)]
+        if func in _PRODUCTS and len(ts) == 2:
+            a, b = ts
+            if self._gated(b) is a or self._gated(a) is b:
+                return a if self._gated(b) is a else b
+        if func in _WHERE and len(args) == 3 and isinstance(args[1], torch.Tensor) and self._gated(args[0]) is args[1]:
+            other = args[2]
+            if (isinstance(other, (int, float)) and other == 0) or (isinstance(other, torch.Tensor)
+                                                                 and other.numel() == 1 and not other.requires_grad):
+                return args[1]
+        if len(ts) == 1 and self._gated(ts[0]) is not None and out.shape == ts[0].shape:  # (x > 0).float()
+            self._gates[id(out)] = (weakref.ref(out), weakref.ref(self._gated(ts[0])))
+        return None
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         spec = OPS.get(func)
         out = func(*args, **kwargs)
         if spec is not None and spec.label == _CLAMP and not _clamps_at_zero(args, kwargs):
             spec = None
+        if spec is None and (func in _COMPARES or self._gates):
+            x = self._gate(func, args, kwargs, out)
+            if x is not None and torch.is_grad_enabled() and self.tracker.inner not in self.skip_names:
+                owner, rel = self.tracker.attribute(Role.ACTIVATION, x)
+                self.sink(owner, rel, _GATED_RELU, out, None)
+                return out
         if spec is None or spec.role == Role.NUMERIC:
             if self._marked:  # the logits of an attention keep their provenance through same-shape ops
                 x = first_tensor(args, kwargs)
@@ -310,6 +368,7 @@ def _first_float(out) -> torch.Tensor | None:
 
 
 _ATTENTION_SOFTMAX = OpSpec("F.softmax", Role.ATTENTION, Kind.ATTENTION)
+_GATED_RELU = OpSpec(_GATE_LABEL, Role.ACTIVATION, Kind.RELU)
 
 
 def _with_bounds(spec: OpSpec, args, kwargs) -> OpSpec:

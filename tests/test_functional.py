@@ -178,24 +178,37 @@ def test_a_relu_written_as_a_function_gets_the_verdict_of_its_module_twin(seed):
         assert (f"`{act}`" in mod_chain) == (f"F.relu after `{follows}`" in fn_chain)
 
 
-@pytest.mark.parametrize("clamp", [lambda x: x.clamp(min=0), lambda x: torch.clamp_min(x, 0.0)],
-                         ids=["clamp", "clamp_min"])
-def test_a_relu_written_as_a_clamp_is_read_as_one(clamp):
-    """``x.clamp(min=0)`` is a ReLU: units after conv2 killed by its bias are dead units there, not a weight
-    scale read across them; a clamp into a range, or of a tensor that needs no gradient, is no activation and
-    has no row."""
+@pytest.mark.parametrize("relu, label", [(lambda x: x.clamp(min=0), "x.clamp(min=0)"),
+                                         (lambda x: torch.clamp_min(x, 0.0), "x.clamp(min=0)"),
+                                         (lambda x: x * (x > 0), "x * (x > 0)"),
+                                         (lambda x: (x >= 0).float() * x, "x * (x > 0)"),
+                                         (lambda x: torch.where(x > 0, x, 0.0), "x * (x > 0)")],
+                         ids=["clamp", "clamp_min", "mask", "float_mask", "where"])
+def test_a_relu_written_as_a_clamp_or_a_mask_is_read_as_one(relu, label):
+    """``x.clamp(min=0)`` and ``x * (x > 0)`` are ReLUs: units after conv2 killed by its bias are dead units
+    there, not a weight scale read across them."""
     torch.manual_seed(0)
     model = FunctionalCNN()
-    model.acts = [clamp] * 3
+    model.acts = [relu] * 3
     with torch.no_grad():
         model.conv2.bias.fill_(-40.0)
     dbg = train(model, torch.optim.SGD(model.parameters(), lr=0.05), 60)
     top = dbg.explain()[0]
-    assert (str(top.cause), top.layer) == ("dead_units", "conv2") and "x.clamp(min=0)" in top.chain[0]
+    assert (str(top.cause), top.layer) == ("dead_units", "conv2") and label in top.chain[0]
+
+
+@pytest.mark.parametrize("acts", [
+    [lambda x: x.clamp(-1, 1), lambda x: x.clamp(0, 1), lambda x: x.detach().clamp(min=0) + x],
+    # a threshold other than 0; a mask of another tensor; a mask made of data
+    [lambda x: x * (x > 0.5), lambda x: x * (x.detach() > 0), lambda x: x * (torch.ones_like(x) > 0)]],
+    ids=["clamps", "masks"])
+def test_clamps_and_masks_that_are_no_relu_have_no_row(acts):
+    """A clamp into a range or of a tensor that needs no gradient, and a product with a mask that is not the
+    tensor's own sign, are no activation."""
     torch.manual_seed(0)
-    bounded = FunctionalCNN()
-    bounded.acts = [lambda x: x.clamp(-1, 1), lambda x: x.clamp(0, 1), lambda x: x.detach().clamp(min=0) + x]
-    dbg = train(bounded, torch.optim.SGD(bounded.parameters(), lr=0.05), 4, every=1)
+    model = FunctionalCNN()
+    model.acts = acts
+    dbg = train(model, torch.optim.SGD(model.parameters(), lr=0.05), 4, every=1)
     assert not [l for l in dbg.trace.layers if l.is_site]
 
 
