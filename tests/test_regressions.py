@@ -727,3 +727,23 @@ def test_a_clip_that_leaves_training_alone_is_quiet(clip, opt_kind):
     """A usual clip; and a tiny one under Adam, whose updates do not depend on the gradients' scale."""
     dbg = _clipped_run(clip, opt_kind)
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+@pytest.mark.parametrize("trainable_only", [False, True])
+def test_a_plateau_with_most_of_the_model_frozen_names_the_frozen_layers_in_its_fix(trainable_only):
+    """Every layer but the head left with requires_grad=False (a freeze never undone): the loss stays flat, and
+    the plateau's fix names the frozen layers before the generic checks; with them trainable, no such text."""
+    def run(freeze: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                    torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        for p in model[:6].parameters():
+            p.requires_grad_(not freeze)
+        params = [p for p in model.parameters() if p.requires_grad] if trainable_only else model.parameters()
+        opt = torch.optim.Adam(params, lr=1e-3)
+        return train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()
+    top = run(True)[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("if `0`, `2`, `4` should learn, unfreeze them")
+    assert any("are frozen (requires_grad=False)" in line for line in top.chain)
+    assert not any("frozen" in h.suggestion for h in run(False))

@@ -363,6 +363,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.LOSS_PLATEAU and k == "plateau" and ctx.linear_maps >= 2:
         return [f"the model's {ctx.linear_maps} weight layers run one after another with no activation between "
                 "them: together they compute one linear map of the input, no more than a single layer can"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "plateau" and (frozen := _frozen(ctx)) is not None:
+        held, share = frozen
+        return [f"{layer_list(held)} ({fmt(100 * share)}% of the weights) are frozen (requires_grad=False): only the "
+                "rest of the model learns"]
     if c.cause == Cause.LOSS_PLATEAU and k == "remade":
         return [f"a new optimizer ({f['optimizer']}) was made {f['made']} times in {f['steps']} steps, and it keeps a "
                 "state from step to step: its momentum buffers or moment estimates start from zero at every step",
@@ -687,6 +691,18 @@ def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
         return loss_text(c.events[0])
     own = _own(c, ctx)
     return own[0] if own else symptom_lines(c.events, 1)[0]
+
+
+def _frozen(ctx: Context) -> tuple[list[str], float] | None:
+    """The frozen weight layers (no parameter requires a gradient), in forward order, when they hold most of the
+    model's weights, with their share of them; None otherwise."""
+    weights = [info for name, info in ctx.layers.items() if info.n_params > 0 and name in ctx.rank]
+    total = sum(info.n_params for info in weights)
+    frozen = [info for info in weights if info.frozen]
+    share = sum(info.n_params for info in frozen) / total if total else 0.0
+    if share <= 0.5:
+        return None
+    return sorted((info.name for info in frozen), key=ctx.rank.__getitem__), share
 
 
 def f_op(op: str) -> str:
@@ -1176,6 +1192,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "near 1 it pulls the weights to zero every step; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
+    if (frozen := _frozen(ctx)) is not None:
+        held, _ = frozen
+        text = (f"if {layer_list(held)} should learn, unfreeze them (requires_grad_(True) on their parameters) and "
+                "give them to the optimizer: most of the model's weights are frozen; else " + text)
     if ctx.linear_maps >= 2:
         text = ("add a nonlinearity between the linear layers (nn.ReLU() after each but the last, or F.relu in the "
                 "forward): without one they make a single linear map of the input; then " + text)
