@@ -148,6 +148,28 @@ def _grad_rms(trace: Trace) -> float:
     return float(np.median(np.nanmedian(per_step, axis=1)))
 
 
+def _layers_moved(trace: Trace) -> dict[str, float]:
+    """How far each trainable layer's weights moved over the run against their norm, up to the first NaN/Inf:
+    the sum of its update-to-weight ratios, each sampled step's counting for the steps since the sample before
+    (an upper bound: steps that cancel count in full). Empty when fewer than two sampled steps measured one."""
+    f = health_mod.features(trace)
+    ratio, steps = f.update_ratio, f.steps
+    if trace.nonfinite is not None:
+        keep = steps < trace.nonfinite.step
+        ratio, steps = ratio[keep], steps[keep]
+    measured = np.isfinite(ratio).any(axis=1) if ratio.size else np.zeros(len(steps), dtype=bool)
+    if measured.sum() < 2:
+        return {}
+    gaps = np.diff(steps, prepend=steps[0] - 1).astype(np.float64)
+    moved = (np.nan_to_num(ratio.astype(np.float64)) * gaps[:, None]).sum(axis=0)
+    return {f.names[i]: float(v) for i, v, seen in zip(f.ui, moved, np.isfinite(ratio).any(axis=0)) if seen}
+
+
+def _lr_groups(meta: dict) -> tuple:
+    """(learning rate, layers) of each parameter group of the optimizer, as last read; () with one group."""
+    return tuple((float(g[0]), tuple(g[1])) for g in meta.get("lr_groups") or [] if len(g) == 2 and g[1])
+
+
 def _loss_min(trace: Trace) -> float:
     """The lowest finite loss recorded (NaN: none)."""
     v = trace.loss.data
@@ -178,11 +200,15 @@ def _loss_scaled(meta: dict, th: Thresholds, summed: bool) -> float:
     """The factor by which a loss scaler multiplied the loss before backward (``scaler.scale(loss)``, a GradScaler
     the session was not given): the loss's gradient read at a classifier's output is a power of two of at least
     ``loss_scale`` times a mean's. NaN when not so, or not read."""
-    factors = sorted(float(f) for f in meta.get("loss_gradient_factor") or [])
-    if summed or not factors:
-        return math.nan
-    typical = factors[len(factors) // 2]
+    typical = _loss_factor(meta, summed)
     return typical if _power_of_two(typical, th.loss_scale) else math.nan
+
+
+def _loss_factor(meta: dict, summed: bool) -> float:
+    """The loss's gradient at a classifier's output against a mean's, typically (below 1: the loss divided
+    before backward; NaN when not read, or the loss sums)."""
+    factors = sorted(float(f) for f in meta.get("loss_gradient_factor") or [])
+    return factors[len(factors) // 2] if factors and not summed else math.nan
 
 
 def _scaler_scale(trace: Trace) -> float:
@@ -256,10 +282,12 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   optimizer_momentum=float(trace.meta.get("optimizer_momentum", math.nan)),
                   optimizer=str(trace.meta.get("optimizer") or ""), grad_rms=_grad_rms(trace),
+                  layers_moved=_layers_moved(trace), lr_groups=_lr_groups(trace.meta),
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
                   grad_clip=_clip_rows(trace.meta),
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
-                  loss_summed=summed, loss_scaled=scaled, scaled_steps=_scaled_steps(trace.meta, scaled),
+                  loss_summed=summed, loss_scaled=scaled, loss_factor=_loss_factor(trace.meta, summed),
+                  scaled_steps=_scaled_steps(trace.meta, scaled),
                   scaler_scale=_scaler_scale(trace),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}),
                   next_token=dict(trace.meta.get("next_token") or {}))

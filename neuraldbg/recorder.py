@@ -1478,6 +1478,7 @@ class Recorder:
             row[idx, int(Stat.ACT_RANGE)] = row[idx, int(Stat.ACT_ABSMAX)] / np.array(
                 [limits[rec.dtype[i]] for i in idx], dtype=np.float32)
         g[0] = self._lr()
+        self._note_lr_groups()
         self.trace.add_sample(self.step, row, g)
         self.flush_losses()
         if self._creeping is not None and rec.params is not None:
@@ -1536,6 +1537,26 @@ class Recorder:
         self._seen_lr = lr
         if lr > 0 and seen > 0 and lr >= 2 * seen and self.schedule.burst(self.step):
             self._sample_now = True
+
+    _group_layers: tuple = (None, ())  # (the optimizer's list of parameter groups, the layers each holds)
+
+    def _note_lr_groups(self) -> None:
+        """With several parameter groups: each one's learning rate and the layers it holds, as of this step."""
+        groups = getattr(self.optimizer, "param_groups", None)
+        if not groups or len(groups) < 2:
+            return
+        if self._group_layers[0] is not groups or len(self._group_layers[1]) != len(groups):
+            layer_of = {id(p): self.layers[o].name for p, o in zip(self._params, self._owner_list)}
+            held = tuple(sorted({layer_of[id(p)] for p in g["params"] if id(p) in layer_of}) for g in groups)
+            self._group_layers = (groups, held)
+        rows = []
+        for g, names in zip(groups, self._group_layers[1]):
+            try:
+                lr = float(g.get("lr", math.nan))
+            except (TypeError, ValueError):
+                lr = math.nan
+            rows.append([lr, list(names)])
+        self.trace.meta["lr_groups"] = rows
 
     def _lr(self, sync: bool = True) -> float:
         """The first parameter group's learning rate; NaN when unknown, or when it is a tensor on an

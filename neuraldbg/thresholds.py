@@ -69,6 +69,10 @@ class Thresholds:
                                 "zero that is a collapse (a weight decay holding them there)", slider=False)
     update_negligible: float = _f(1e-5, "update/weight low", "log", 1e-10, 1e-2,
                                   "largest update-to-weight ratio per step below which updates are negligible")
+    weights_still: float = _f(0.1, "weights barely moved", "log", 1e-4, 1.0,
+                              "share of their norm that the weights of the layer that moved most moved over the whole "
+                              "run (the sum of its update-to-weight ratios) below which, with a flat loss, the "
+                              "updates were too small to train it", slider=False)
     clip_ratio: float = _f(0.1, "gradient clipped", "log", 1e-6, 0.9,
                            "share of their norm the gradients keep after clipping (median of the sampled steps) "
                            "below which the clip, not the learning rate, sets the updates' size")
@@ -177,6 +181,10 @@ class Thresholds:
     lr_jump_window: int = _f(16, "lr jump window", "linear", 1, 1000,
                              "steps after a jump of the learning rate within which a failure is blamed on it",
                              slider=False)
+    loss_shrunk: float = _f(0.1, "loss divided", "log", 1e-6, 0.9,
+                            "the loss's gradient at a classifier's output, against a mean's, at or below which the "
+                            "loss is read as divided before backward (under SGD that divides every step)",
+                            slider=False)
     usual_lr: float = _f(1e-2, "usual lr", "log", 1e-6, 10.0,
                          "a learning rate at least this large is not what makes updates negligible: the gradient is",
                          slider=False)

@@ -121,3 +121,57 @@ def test_updates_negligible_at_the_peak_raise_the_peak_under_a_decay():
     low = [h for h in hs if h.cause == "learning_rate_too_low"]
     assert low and low[0].confidence >= CONFIDENT
     assert low[0].suggestion.startswith("raise the learning rate from 1.00e-06 (its peak")
+
+
+def _trained(opt_of, loss=None, seed: int = 0, steps: int = 300):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    run = Run(model, opt_of(model.parameters()), teacher_classes(16, 4, seed=seed), steps=steps)
+    if loss is not None:
+        run.loss = loss
+    return train(run).explain()
+
+
+@pytest.mark.parametrize("opt_of", [lambda p: torch.optim.SGD(p, lr=1e-3), lambda p: torch.optim.Adam(p, lr=1e-5)],
+                         ids=["sgd_1e-3", "adam_1e-5"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_updates_too_small_to_move_the_weights_over_the_run_are_a_learning_rate_too_low(opt_of, seed):
+    """Each update above negligible, all of them together moving no layer by a tenth of its norm while the loss
+    stays flat: the learning rate, raised by as much as the weights fell short of moving (not a generic
+    plateau)."""
+    top = _trained(opt_of, seed=seed)[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("raise the learning rate from")
+    assert any("weights moved at most" in line for line in top.chain)
+
+
+def test_a_loss_divided_by_a_count_under_sgd_is_named_in_the_fix():
+    """Under SGD, a loss divided by 1000 before backward divides every step: the fix is the division, not a
+    learning rate raised from a usual 0.1. Under Adam, whose steps do not depend on the loss's scale, the same
+    division is harmless and the run stays quiet; and the same SGD run without it learns."""
+    top = _trained(lambda p: torch.optim.SGD(p, lr=0.1), lambda out, y: nn.functional.cross_entropy(out, y) / 1000)[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("stop dividing the loss before backward (by ~1000")
+    for opt_of, loss in ((lambda p: torch.optim.Adam(p, lr=1e-3), lambda out, y: nn.functional.cross_entropy(out, y)
+                          / 1000), (lambda p: torch.optim.SGD(p, lr=0.1), None)):
+        assert not [h for h in _trained(opt_of, loss) if h.confidence >= CONFIDENT]
+
+
+def _grouped(body_lr: float, seed: int = 0):
+    """Adam with the head in one parameter group (lr 1e-3) and the body in another (``body_lr``)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam([{"params": model[4].parameters(), "lr": 1e-3},
+                            {"params": list(model[0].parameters()) + list(model[2].parameters()), "lr": body_lr}])
+    return train(Run(model, opt, teacher_classes(16, 4, seed=seed), steps=300)).explain()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_parameter_group_whose_rate_leaves_its_layers_still_is_named(seed):
+    """The body's group at lr 1e-8 while the head's learns at 1e-3: the body never moves and the loss stays
+    flat. Named at the group's first layer, with the group's rate to raise (not a generic plateau); at a rate
+    that moves the body (1e-4) nothing is said of it."""
+    top = _grouped(1e-8, seed)[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT and top.layer == "0"
+    assert top.suggestion.startswith("raise the learning rate of the parameter group holding `0`, `2` from 1.00e-08")
+    assert not [h for h in _grouped(1e-4, seed) if h.cause == "learning_rate_too_low"]

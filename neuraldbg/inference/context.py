@@ -78,6 +78,11 @@ class Context:
     optimizer_momentum: float = math.nan  # its momentum (SGD, RMSprop), when it has one
     optimizer: str = ""             # the watched optimizer's class name ("": none)
     grad_rms: float = math.nan      # the typical gradient RMS per weight entry (median over layers and samples)
+    # per trainable layer: how far its weights moved over the run, as a share of their norm (the sum of its
+    # update-to-weight ratios: an upper bound); empty: not measured
+    layers_moved: dict = field(default_factory=dict)
+    # (learning rate, layers) of each parameter group of an optimizer with several; () with one
+    lr_groups: tuple = ()
     # layers whose output the loss reads directly, besides through the model's outputs (an activity penalty):
     # layer -> the ops from the loss to it, loss side first
     loss_terms: dict = field(default_factory=dict)
@@ -89,6 +94,8 @@ class Context:
     updates_unchanged: list = field(default_factory=list)
     # the factor a loss scaler the session was not given multiplied the loss by before backward (2**k)
     loss_scaled: float = math.nan
+    # the loss's gradient at a classifier's output against a mean's, typically (NaN: not read, or summed)
+    loss_factor: float = math.nan
     # the median scale of the GradScaler the session was given (NaN: none given, or never read)
     scaler_scale: float = math.nan
     # the optimizer steps on the gradients of a loss a scaler multiplied (2**k), never divided back: that factor

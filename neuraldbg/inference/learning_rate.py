@@ -60,16 +60,62 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     if nf_step is not None:  # weights that stop moving once NaN/Inf appeared say nothing of the learning rate
         small = [e for e in small if e.step < nf_step]
     decayed = _decayed(ctx, small)
-    out += decayed + _clipped(ctx, small) + _rounded(ctx, small, nf_step) + _damped(ctx, small)
+    named = decayed + _clipped(ctx, small) + _rounded(ctx, small, nf_step) + _damped(ctx, small)
+    out += named
     if decayed:  # updates made negligible by the decay are its consequence, in its chain
         small = [e for e in small if not any(e in c.events for c in decayed)]
+    # under SGD a loss divided before backward divides every step alike (Adam's steps do not depend on its scale)
+    divided = (1 / ctx.loss_factor if ctx.optimizer and ctx.optimizer not in _ADAPTIVE
+               and 0 < ctx.loss_factor <= ctx.th.loss_shrunk else math.nan)
     if small:
         ev = small[0]
         typical = ev.values.get("update_typical", math.nan)
         out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ev.step, "negligible", [ev],
                              severity=below_ratio(typical, ctx.th.update_negligible), persistence=persistence(ev, ctx),
-                             needs_harm=True, loss_kinds=losses.FLAT, facts={"update_typical": typical}))
+                             needs_harm=True, loss_kinds=losses.FLAT,
+                             facts={"update_typical": typical, "divided": divided}))
+    elif not named:
+        out += _still(ctx, divided) + _group_still(ctx)
     return out
+
+
+def _group_still(ctx: Context) -> list[Candidate]:
+    """A parameter group given a learning rate below another's (``{"params": ..., "lr": 1e-8}``, a default
+    meant for another group) whose layers all moved, over the whole run, less than ``weights_still`` of their
+    norm while a layer of another group moved more: those layers do not train. Only with a loss that does not
+    come down (a backbone fine-tuned slowly on purpose, under a loss that falls, is no fault)."""
+    th, moved = ctx.th, ctx.layers_moved
+    if len(ctx.lr_groups) < 2 or not ctx.all(Signal.LOSS, *losses.FLAT):
+        return []
+    out = []
+    for lr, names in ctx.lr_groups:
+        own = [moved[n] for n in names if n in moved]
+        others = [(g_lr, moved[n]) for g_lr, g_names in ctx.lr_groups if g_names != names
+                  for n in g_names if n in moved]
+        learns = [g_lr for g_lr, m in others if m >= th.weights_still and g_lr > lr]
+        if not own or max(own) >= th.weights_still or not learns:
+            continue
+        layers = sorted((n for n in names if n in moved), key=lambda n: ctx.rank.get(n, 1 << 30))
+        out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, layers[0], ctx.first_step, "group", [],
+                             severity=below_ratio(max(own), th.weights_still), persistence=1.0, needs_harm=True,
+                             lasting=True, loss_kinds=losses.FLAT,
+                             facts={"moved": max(own), "lr_group": lr, "lr_other": max(learns), "layers": layers,
+                                    "others_moved": max(m for _, m in others)}))
+    return out
+
+
+def _still(ctx: Context, divided: float) -> list[Candidate]:
+    """Updates each above negligible that add up, over the whole run, to less than ``weights_still`` of the
+    weights' norm in every layer: too few steps this small to train (a learning rate a few decades low; under
+    SGD, a loss divided by a large count before backward, which divides each step alike). Read from the run's
+    start, as a fact of its length: only with a loss that does not come down (a short run, or one whose loss
+    is not recorded, moves its weights little by its nature)."""
+    moved = max(ctx.layers_moved.values(), default=math.nan)
+    if not (moved == moved and moved < ctx.th.weights_still and ctx.all(Signal.LOSS, *losses.FLAT)):
+        return []
+    return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "still", [],
+                      severity=below_ratio(moved, ctx.th.weights_still), persistence=1.0, needs_harm=True,
+                      lasting=True, loss_kinds=losses.FLAT, facts={"moved": moved, "divided": divided})]
 
 
 def _too_large(ctx: Context, large: list, unstable: list, spikes: list, nan: list) -> Candidate:

@@ -439,9 +439,20 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                             "scale(loss)): the clip acts on gradients that large, and the scaler divides what is "
                             "left by as much again")
         return lines
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "group":
+        return [f"the parameter group holding {layer_list(f['layers'])} steps with lr {fmt(f['lr_group'])}, another "
+                f"with {fmt(f['lr_other'])}: over the {ctx.last_step + 1} steps of the run its layers moved at most "
+                f"{fmt(100 * f['moved'])}% of their norm, the other group's up to {fmt(100 * f['others_moved'])}%"]
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
-        return [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
-                f"the weights per step (lr {fmt(ctx.lr)})"]
+        lines = ([f"over the {ctx.last_step + 1} steps of the run the weights moved at most {fmt(100 * f['moved'])}% "
+                  f"of their norm (the layer that moved most, lr {fmt(ctx.lr)})"] if k == "still" else
+                 [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
+                  f"the weights per step (lr {fmt(ctx.lr)})"])
+        if f.get("divided", math.nan) == f.get("divided"):
+            lines.insert(0, f"the loss's gradient at the output is ~{fmt(1 / f['divided'])}x a mean's: the loss is "
+                            f"divided by ~{f['divided']:.0f} before backward, and under {ctx.optimizer} every step "
+                            "shrinks as much")
+        return lines
     return []
 
 
@@ -1112,11 +1123,24 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         # negligible already at the peak: the peak is what to raise, not the remnant the schedule left
         return (f"raise the learning rate from {number(peak)} (its peak, before a schedule cut it to "
                 f"{number(ctx.lr)}) to ~{number(peak * 1e3)} (updates of ~1e-3 x the weights per step are typical)")
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "group":
+        return (f"raise the learning rate of the parameter group holding {layer_list(f['layers'])} from "
+                f"{fmt(f['lr_group'])} toward the other group's ({fmt(f['lr_other'])}), or to ~"
+                f"{fmt(f['lr_group'] / max(f['moved'], 1e-12))} at least (its layers then move by about their norm "
+                "over a run this long); a group's own \"lr\" key overrides the optimizer's default")
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and f.get("divided", math.nan) == f.get("divided"):
+        return (f"stop dividing the loss before backward (by ~{f['divided']:.0f}: a count of batches or samples, "
+                f"len(loader)): under {ctx.optimizer} the step is the learning rate times the gradient, and that "
+                "division shrinks every step as much; divide only the value you log, or raise the learning rate "
+                f"from {fmt(ctx.lr)} by as many times")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         lrv = ctx.lr
-        target = lrv * 1e3 if lrv == lrv and lrv > 0 else math.nan
-        text = (f"raise the learning rate from {fmt(lrv)} to ~{fmt(target)} (updates of ~1e-3 x the weights per step "
-                "are typical; 1e-3 is a usual start for Adam)" if target == target else
+        # moved too little over the run: a rate that moves the weights by about their norm over a run this long
+        gain = 1 / f["moved"] if k == "still" and f["moved"] > 0 else 1e3
+        target = lrv * gain if lrv == lrv and lrv > 0 else math.nan
+        why = ("over a run this long the weights then move by about their norm; or train for longer" if k == "still"
+               else "updates of ~1e-3 x the weights per step are typical; 1e-3 is a usual start for Adam")
+        text = (f"raise the learning rate from {fmt(lrv)} to ~{fmt(target)} ({why})" if target == target else
                 "set a learning rate above 0 (1e-3 is a usual start for Adam, 1e-2 to 1e-1 for SGD): the optimizer "
                 "steps with lr=0" if lrv == 0 else
                 "raise the learning rate until updates are ~1e-3 x the weights per step")
