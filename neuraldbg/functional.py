@@ -78,7 +78,16 @@ _GATE_LABEL = "x * (x > 0)"
 _COMPARES = frozenset({torch.gt, torch.Tensor.gt, torch.Tensor.__gt__, torch.ge, torch.Tensor.ge, torch.Tensor.__ge__,
                        torch.greater, torch.greater_equal})
 _PRODUCTS = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.multiply})
-_WHERE = frozenset({torch.where, torch.Tensor.where})
+# what a mask goes through and stays the same mask: a change of dtype, a detach
+_CASTS = frozenset(getattr(torch.Tensor, n) for n in ("float", "double", "half", "bfloat16", "int", "long", "to",
+                                                      "type", "type_as", "detach"))
+
+
+def _is_zero(v) -> bool:
+    """A number 0, or a one-element tensor holding 0 (read only where a mask of a sign meets it)."""
+    if isinstance(v, torch.Tensor):
+        return v.numel() == 1 and not v.requires_grad and bool(v == 0)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
 
 
 def _sign_of(args, kwargs) -> torch.Tensor | None:
@@ -310,12 +319,15 @@ class FunctionalObserver(TorchFunctionMode):
             a, b = ts
             if self._gated(b) is a or self._gated(a) is b:
                 return a if self._gated(b) is a else b
-        if func in _WHERE and len(args) == 3 and isinstance(args[1], torch.Tensor) and self._gated(args[0]) is args[1]:
-            other = args[2]
-            if (isinstance(other, (int, float)) and other == 0) or (isinstance(other, torch.Tensor)
-                                                                 and other.numel() == 1 and not other.requires_grad):
-                return args[1]
-        if len(ts) == 1 and self._gated(ts[0]) is not None and out.shape == ts[0].shape:  # (x > 0).float()
+        if func is torch.where and len(args) == 3:  # torch.where(x > 0, x, 0)
+            cond, x, other = args
+        elif func is torch.Tensor.where and len(args) == 3:  # x.where(x > 0, 0)
+            x, cond, other = args
+        else:
+            cond = x = other = None
+        if cond is not None and isinstance(x, torch.Tensor) and self._gated(cond) is x and _is_zero(other):
+            return x
+        if func in _CASTS and ts and self._gated(ts[0]) is not None and out.shape == ts[0].shape:  # (x > 0).float()
             self._gates[id(out)] = (weakref.ref(out), weakref.ref(self._gated(ts[0])))
         return None
 
