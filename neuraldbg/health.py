@@ -625,6 +625,7 @@ class LossCurve:
     scale: np.ndarray
     progress: np.ndarray
     chance: float = math.nan   # the loss of predicting the classes' frequencies, when known (see chance_level)
+    trained: bool = False      # it starts far below that chance level: a model trained already (a second run)
 
 
 _MEAN_CLASS_LOSSES = frozenset({"NllLoss", "BinaryCrossEntropyWithLogits"})  # losses whose chance is known
@@ -687,8 +688,11 @@ def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uni
     from_chance = chance > 0 and min(start, float(filled[0])) > th.above_chance * floor
     if from_chance:
         progress = (chance - recent) / chance
+    # a loss that starts far below chance is a model trained already (the cell run again, a checkpoint): a flat
+    # stretch is where its training ends, not a plateau
+    trained = chance > 0 and start < th.loss_trained * chance
     return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress,
-                     chance=chance if from_chance else math.nan)
+                     chance=chance if from_chance else math.nan, trained=trained)
 
 
 # the trend test reads at most this many losses, evenly spaced (its cost is quadratic)
@@ -715,7 +719,7 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     osc = _rolling_mean(d, th.plateau_steps) / scale
     lag = np.maximum(np.arange(n) - th.plateau_steps, 0)
     window_progress = (smooth[lag] - smooth) / scale
-    enough = np.arange(n) + 1 >= th.plateau_steps
+    enough = (np.arange(n) + 1 >= th.plateau_steps) & (not c.trained)
     state = np.zeros(n, dtype=np.int8)
     state[enough & (c.progress < th.slow_progress)] = LossState.SLOW.code
     state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
@@ -736,7 +740,7 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     z = math.nan
     if th.min_losses <= len(finite) < th.plateau_steps:
         z = falling_z(finite)
-        if c.progress[-1] < th.loss_progress or z < th.trend_z:
+        if (c.progress[-1] < th.loss_progress or z < th.trend_z) and not c.trained:
             state[state == 0] = LossState.STALLED.code
     state[rise > th.loss_rise] = LossState.DIVERGING.code
     state[~c.ok] = LossState.NONFINITE.code

@@ -101,6 +101,10 @@ class Thresholds:
     attention_logit_growth: float = _f(10.0, "attention logit growth", "log", 2.0, 1e4,
                                        "growth of the largest attention logit since the first sample that is "
                                        "growth without bound")
+    loss_trained: float = _f(0.05, "start trained", "log", 1e-4, 0.5,
+                             "share of the chance-level loss (predicting the classes' frequencies) below which a "
+                             "loss that starts there is a model trained already: flat, it is at its floor, not on a "
+                             "plateau", slider=False)
     above_chance: float = _f(1.5, "start above chance", "log", 1.05, 100.0,
                              "a classification loss that starts this many times the loss of predicting the classes' "
                              "frequencies (chance) or more counts its progress from chance, not from its start "

@@ -747,3 +747,17 @@ def test_a_plateau_with_most_of_the_model_frozen_names_the_frozen_layers_in_its_
     assert top.suggestion.startswith("if `0`, `2`, `4` should learn, unfreeze them")
     assert any("are frozen (requires_grad=False)" in line for line in top.chain)
     assert not any("frozen" in h.suggestion for h in run(False))
+
+
+def test_a_model_trained_already_and_trained_again_is_quiet():
+    """The training cell run a second time on the model it trained (a common move in a notebook): the loss
+    starts far below chance and stays there, a floor, not a plateau; under SGD at a lower rate its updates add
+    up to little, which says nothing of a learning rate too low either."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4))
+    first = train(Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), teacher_classes(16, 4), steps=900))
+    assert first.trace.loss.data[-50:].mean() < 0.05 * math.log(4), "the first run was meant to train"
+    for opt in (torch.optim.Adam(model.parameters(), lr=1e-3), torch.optim.SGD(model.parameters(), lr=0.01)):
+        again = train(Run(model, opt, teacher_classes(16, 4), steps=300))
+        assert not [h for h in again.explain() if h.confidence >= CONFIDENT], again.report()
