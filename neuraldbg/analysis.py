@@ -205,10 +205,22 @@ def _loss_scaled(meta: dict, th: Thresholds, summed: bool) -> float:
 
 
 def _loss_factor(meta: dict, summed: bool) -> float:
-    """The loss's gradient at a classifier's output against a mean's, typically (below 1: the loss divided
-    before backward; NaN when not read, or the loss sums)."""
+    """The loss's gradient at a classifier's output against a mean's, typically (NaN when not read, or the
+    loss sums)."""
     factors = sorted(float(f) for f in meta.get("loss_gradient_factor") or [])
     return factors[len(factors) // 2] if factors and not summed else math.nan
+
+
+def _step_factor(meta: dict, summed: bool, steps: int) -> float:
+    """The loss's gradient at a classifier's output against a mean's, as each optimizer step gets it: under
+    gradient accumulation the backward passes of a step add up (a loss divided by their number is a mean
+    again). NaN when not read, when the loss sums or weighs its classes or samples (a weighted mean's rows
+    are no 1/N each)."""
+    factor = _loss_factor(meta, summed)
+    if losspath.weighted(meta.get("loss_paths")):
+        return math.nan
+    passes = int(meta.get("backward_passes", 0))
+    return factor * passes / steps if steps > 0 and passes > steps else factor
 
 
 def _scaler_scale(trace: Trace) -> float:
@@ -282,11 +294,12 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   optimizer_momentum=float(trace.meta.get("optimizer_momentum", math.nan)),
                   optimizer=str(trace.meta.get("optimizer") or ""), grad_rms=_grad_rms(trace),
+                  optimizer_kind=str(trace.meta.get("optimizer_kind") or ""),
                   layers_moved=_layers_moved(trace), lr_groups=_lr_groups(trace.meta),
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
                   grad_clip=_clip_rows(trace.meta),
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
-                  loss_summed=summed, loss_scaled=scaled, loss_factor=_loss_factor(trace.meta, summed),
+                  loss_summed=summed, loss_scaled=scaled, loss_factor=_step_factor(trace.meta, summed, steps),
                   scaled_steps=_scaled_steps(trace.meta, scaled),
                   scaler_scale=_scaler_scale(trace),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}),

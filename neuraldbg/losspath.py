@@ -287,6 +287,11 @@ def summed(recorded: list[list[str]] | None) -> bool:
     return any(path and (path[0] == "Sum" or any(_SUM in op for op in path)) for path in recorded or [])
 
 
+def weighted(recorded: list[list[str]] | None) -> bool:
+    """A loss function given weights per class or sample on the way: its rows' gradients are no 1/N each."""
+    return any(_WEIGHTED in op for path in recorded or [] for op in path)
+
+
 def misuse(recorded: list[list[str]] | None) -> LossMisuse | None:
     """What the recorded paths say of how the loss is computed (None: nothing wrong seen)."""
     for path in recorded or []:

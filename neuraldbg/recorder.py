@@ -224,6 +224,9 @@ def _precision_meta(params: list, optimizer) -> dict:
     momentum = getattr(optimizer, "defaults", {}).get("momentum") if optimizer is not None else None
     if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
         out["optimizer_momentum"] = float(momentum)
+    if optimizer is not None:  # the torch.optim class it is, or derives from (a subclass steps as its base does)
+        out["optimizer_kind"] = next((c.__name__ for c in type(optimizer).__mro__ if c.__name__ != "Optimizer"
+                                      and c.__module__.startswith("torch.optim")), "")
     return out
 
 class Recorder:
@@ -1102,6 +1105,7 @@ class Recorder:
         if not self.attached:
             return
         self.passes += 1
+        self.trace.meta["backward_passes"] = self.passes
         self._awaiting = True
         # a backward pass ends outside any optimizer step (or in a closure's, which the step's own end closes):
         # a step that an exception left unfinished no longer counts as one in progress

@@ -175,3 +175,74 @@ def test_a_parameter_group_whose_rate_leaves_its_layers_still_is_named(seed):
     assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT and top.layer == "0"
     assert top.suggestion.startswith("raise the learning rate of the parameter group holding `0`, `2` from 1.00e-08")
     assert not [h for h in _grouped(1e-4, seed) if h.cause == "learning_rate_too_low"]
+
+
+class SubclassedAdam(torch.optim.Adam):
+    """An optimizer of the user's own that steps as Adam does."""
+
+
+@pytest.mark.parametrize("steps", [10, 20, 40])
+@pytest.mark.parametrize("opt_of", [lambda p: torch.optim.Adam(p, lr=1e-3), lambda p: torch.optim.SGD(p, lr=0.05)],
+                         ids=["adam", "sgd"])
+def test_a_short_run_that_learns_has_moved_little_and_is_quiet(opt_of, steps):
+    """Over its first steps a run's weights have moved little by its nature: no learning rate too low."""
+    assert not [h for h in _trained(opt_of, steps=steps) if h.confidence >= CONFIDENT]
+
+
+def test_a_warmup_under_way_is_no_learning_rate_too_low():
+    """A linear warm-up to 1e-3 over 200 steps, read live as it goes: the rate is still rising, so little
+    movement so far says nothing of it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200))
+    data = teacher_classes(16, 4)
+    seen = []
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(150):
+            x, y = data(step)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            dbg.record_loss(loss)
+            if step in (25, 60, 100, 149):
+                seen += [h.cause for h in dbg.explain() if h.confidence >= CONFIDENT]
+    assert "learning_rate_too_low" not in seen
+
+
+def test_the_rate_raised_is_the_one_of_the_layer_that_moved_most():
+    """Two groups, both too slow (the body at 1e-6, the head at 1e-5): the rate named is the head's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam([{"params": list(model[0].parameters()) + list(model[2].parameters()), "lr": 1e-6},
+                            {"params": model[4].parameters(), "lr": 1e-5}])
+    top = train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("raise the learning rate from 1.00e-05")
+
+
+@pytest.mark.parametrize("opt_of", [lambda p: torch.optim.SGD(p, lr=1e-3), lambda p: SubclassedAdam(p, lr=1e-5)],
+                         ids=["sgd_accumulating", "adam_subclass"])
+def test_a_loss_divided_is_said_so_only_when_it_divides_the_step(opt_of):
+    """A loss divided by 16 over 16 accumulated backward passes is a mean again at the step; an Adam (a
+    subclass of it) steps alike whatever the loss's scale. Neither is told to stop dividing."""
+    accumulate = isinstance(opt_of(nn.Linear(1, 1).parameters()), torch.optim.SGD)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt, data = opt_of(model.parameters()), teacher_classes(16, 4, batch=16)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(200):
+            opt.zero_grad()
+            for part in range(16 if accumulate else 1):
+                x, y = data(step * 16 + part)
+                loss = nn.functional.cross_entropy(model(x), y) / (16 if accumulate else 1000)
+                loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    hs = dbg.explain()
+    assert hs and hs[0].cause == "learning_rate_too_low" and hs[0].confidence >= CONFIDENT
+    assert not any("dividing the loss" in h.suggestion or "divided by" in line for h in hs for line in h.chain)

@@ -77,6 +77,7 @@ class Context:
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
     optimizer_momentum: float = math.nan  # its momentum (SGD, RMSprop), when it has one
     optimizer: str = ""             # the watched optimizer's class name ("": none)
+    optimizer_kind: str = ""        # the torch.optim class it is or derives from ("": none known)
     grad_rms: float = math.nan      # the typical gradient RMS per weight entry (median over layers and samples)
     # per trainable layer: how far its weights moved over the run, as a share of their norm (the sum of its
     # update-to-weight ratios: an upper bound); empty: not measured
@@ -94,7 +95,8 @@ class Context:
     updates_unchanged: list = field(default_factory=list)
     # the factor a loss scaler the session was not given multiplied the loss by before backward (2**k)
     loss_scaled: float = math.nan
-    # the loss's gradient at a classifier's output against a mean's, typically (NaN: not read, or summed)
+    # the loss's gradient at a classifier's output against a mean's, typically, as an optimizer step gets it
+    # (the backward passes of an accumulated step added up; NaN: not read, summed or weighted)
     loss_factor: float = math.nan
     # the median scale of the GradScaler the session was given (NaN: none given, or never read)
     scaler_scale: float = math.nan

@@ -65,8 +65,8 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     if decayed:  # updates made negligible by the decay are its consequence, in its chain
         small = [e for e in small if not any(e in c.events for c in decayed)]
     # under SGD a loss divided before backward divides every step alike (Adam's steps do not depend on its scale)
-    divided = (1 / ctx.loss_factor if ctx.optimizer and ctx.optimizer not in _ADAPTIVE
-               and 0 < ctx.loss_factor <= ctx.th.loss_shrunk else math.nan)
+    shrunk = ctx.optimizer_kind == "SGD" and 0 < ctx.loss_factor <= ctx.th.loss_shrunk
+    divided = 1 / ctx.loss_factor if shrunk else math.nan
     if small:
         ev = small[0]
         typical = ev.values.get("update_typical", math.nan)
@@ -74,7 +74,8 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
                              severity=below_ratio(typical, ctx.th.update_negligible), persistence=persistence(ev, ctx),
                              needs_harm=True, loss_kinds=losses.FLAT,
                              facts={"update_typical": typical, "divided": divided}))
-    elif not named:
+    elif not named and ctx.all(Signal.LOSS, LossState.PLATEAU) and not ctx.warmed_up():
+        # (a loss flat over a window, not the first steps' stall; a rate a schedule raised moved little at first)
         out += _still(ctx, divided) + _group_still(ctx)
     return out
 
@@ -85,7 +86,7 @@ def _group_still(ctx: Context) -> list[Candidate]:
     norm while a layer of another group moved more: those layers do not train. Only with a loss that does not
     come down (a backbone fine-tuned slowly on purpose, under a loss that falls, is no fault)."""
     th, moved = ctx.th, ctx.layers_moved
-    if len(ctx.lr_groups) < 2 or not ctx.all(Signal.LOSS, *losses.FLAT):
+    if len(ctx.lr_groups) < 2:
         return []
     out = []
     for lr, names in ctx.lr_groups:
@@ -109,13 +110,19 @@ def _still(ctx: Context, divided: float) -> list[Candidate]:
     weights' norm in every layer: too few steps this small to train (a learning rate a few decades low; under
     SGD, a loss divided by a large count before backward, which divides each step alike). Read from the run's
     start, as a fact of its length: only with a loss that does not come down (a short run, or one whose loss
-    is not recorded, moves its weights little by its nature)."""
-    moved = max(ctx.layers_moved.values(), default=math.nan)
-    if not (moved == moved and moved < ctx.th.weights_still and ctx.all(Signal.LOSS, *losses.FLAT)):
+    is not recorded, moves its weights little by its nature). The rate to raise is the one of the layer that
+    moved most (its parameter group's)."""
+    if not ctx.layers_moved:
         return []
+    most = max(ctx.layers_moved, key=ctx.layers_moved.__getitem__)
+    moved = ctx.layers_moved[most]
+    if not moved < ctx.th.weights_still:
+        return []
+    lr = next((g_lr for g_lr, names in ctx.lr_groups if most in names), ctx.lr)
     return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "still", [],
                       severity=below_ratio(moved, ctx.th.weights_still), persistence=1.0, needs_harm=True,
-                      lasting=True, loss_kinds=losses.FLAT, facts={"moved": moved, "divided": divided})]
+                      lasting=True, loss_kinds=losses.FLAT,
+                      facts={"moved": moved, "layer": most, "lr": lr, "divided": divided})]
 
 
 def _too_large(ctx: Context, large: list, unstable: list, spikes: list, nan: list) -> Candidate:
@@ -225,7 +232,8 @@ def _damped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
     eps (``Adam(..., eps=1.0)``, a TensorFlow setting). No failure by itself: it needs a loss that does not
     come down, or barely."""
     eps, rms = ctx.optimizer_eps, ctx.grad_rms
-    if ctx.optimizer not in _ADAPTIVE or not (eps == eps and rms == rms and rms > 0) or eps < ctx.th.eps_damps * rms:
+    if ((ctx.optimizer_kind or ctx.optimizer) not in _ADAPTIVE or not (eps == eps and rms == rms and rms > 0)
+            or eps < ctx.th.eps_damps * rms):
         return []
     return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "eps", [],
                       severity=past_ratio(eps / rms, ctx.th.eps_damps), persistence=1.0, needs_harm=True,

@@ -445,7 +445,7 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 f"{fmt(100 * f['moved'])}% of their norm, the other group's up to {fmt(100 * f['others_moved'])}%"]
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         lines = ([f"over the {ctx.last_step + 1} steps of the run the weights moved at most {fmt(100 * f['moved'])}% "
-                  f"of their norm (the layer that moved most, lr {fmt(ctx.lr)})"] if k == "still" else
+                  f"of their norm (`{f['layer']}`, the layer that moved most, lr {fmt(f['lr'])})"] if k == "still" else
                  [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                   f"the weights per step (lr {fmt(ctx.lr)})"])
         if f.get("divided", math.nan) == f.get("divided"):
@@ -1124,17 +1124,18 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"raise the learning rate from {number(peak)} (its peak, before a schedule cut it to "
                 f"{number(ctx.lr)}) to ~{number(peak * 1e3)} (updates of ~1e-3 x the weights per step are typical)")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "group":
+        # a rate that moves its layers by about their norm over a run this long, up to the other group's
+        target = min(f["lr_group"] / f["moved"] if f["moved"] > 0 else math.inf, f["lr_other"])
         return (f"raise the learning rate of the parameter group holding {layer_list(f['layers'])} from "
-                f"{fmt(f['lr_group'])} toward the other group's ({fmt(f['lr_other'])}), or to ~"
-                f"{fmt(f['lr_group'] / max(f['moved'], 1e-12))} at least (its layers then move by about their norm "
-                "over a run this long); a group's own \"lr\" key overrides the optimizer's default")
+                f"{fmt(f['lr_group'])} to ~{fmt(target)} (the other group's is {fmt(f['lr_other'])}); a group's own "
+                "\"lr\" key overrides the optimizer's default")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and f.get("divided", math.nan) == f.get("divided"):
         return (f"stop dividing the loss before backward (by ~{f['divided']:.0f}: a count of batches or samples, "
                 f"len(loader)): under {ctx.optimizer} the step is the learning rate times the gradient, and that "
                 "division shrinks every step as much; divide only the value you log, or raise the learning rate "
-                f"from {fmt(ctx.lr)} by as many times")
+                f"from {fmt(f.get('lr', ctx.lr))} by as many times")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
-        lrv = ctx.lr
+        lrv = f.get("lr", ctx.lr)
         # moved too little over the run: a rate that moves the weights by about their norm over a run this long
         gain = 1 / f["moved"] if k == "still" and f["moved"] > 0 else 1e3
         target = lrv * gain if lrv == lrv and lrv > 0 else math.nan
