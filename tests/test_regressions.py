@@ -761,3 +761,20 @@ def test_a_model_trained_already_and_trained_again_is_quiet():
     for opt in (torch.optim.Adam(model.parameters(), lr=1e-3), torch.optim.SGD(model.parameters(), lr=0.01)):
         again = train(Run(model, opt, teacher_classes(16, 4), steps=300))
         assert not [h for h in again.explain() if h.confidence >= CONFIDENT], again.report()
+
+
+def test_updates_small_next_to_weights_far_too_large_are_the_inits_not_the_rates():
+    """Every layer of a deep ReLU MLP drawn with std 1 (~8x the default spread): the loss is in the
+    thousands and each update is small next to such weights. The initialisation is the root, and no fix
+    raises the learning rate."""
+    torch.manual_seed(0)
+    layers = []
+    for i in range(5):
+        layers += [torch.nn.Linear(16 if i == 0 else 64, 64), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(64, 4))
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=1.0)
+    hs = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(16, 4), steps=300)).explain()
+    assert hs[0].cause == "bad_initialization" and hs[0].confidence >= CONFIDENT
+    assert not [h for h in hs if h.cause == "learning_rate_too_low"]

@@ -107,6 +107,8 @@ def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
         k = 1.0 / a.facts["gain"] if a.facts.get("gain", 0.0) > 0 else math.inf
         return (b.facts.get("update_max", 0.0) <= ctx.th.update_too_large * k
                 and not (_unstable_before(b, math.inf) or b.facts.get("nan")))
+    if b.cause == C.LEARNING_RATE_TOO_LOW:  # weights k times too large make updates k times smaller next to them
+        return a.kind == "amplifies" and not a.facts.get("biased") and b.kind in ("still", "negligible")
     if a.kind == "saturating":
         return b.cause == C.SATURATED_ACTIVATIONS and b.layer in a.facts["saturated"]
     if b.cause in (C.SATURATED_ACTIVATIONS, C.DEAD_UNITS):
