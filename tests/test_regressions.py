@@ -778,3 +778,16 @@ def test_updates_small_next_to_weights_far_too_large_are_the_inits_not_the_rates
     hs = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(16, 4), steps=300)).explain()
     assert hs[0].cause == "bad_initialization" and hs[0].confidence >= CONFIDENT
     assert not [h for h in hs if h.cause == "learning_rate_too_low"]
+
+
+def test_a_rate_decades_too_low_beside_one_layer_too_large_stays_its_own():
+    """One layer drawn 18x too large and Adam at 1e-7: the weight scale explains no more than its own factor
+    of how little the updates move the weights; a rate that low is a root of its own, named beside it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4))
+    with torch.no_grad():
+        model[2].weight.mul_(18.0)
+    hs = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-7), teacher_classes(16, 4), steps=400)).explain()
+    confident = {h.cause for h in hs if h.confidence >= CONFIDENT}
+    assert {"learning_rate_too_low", "bad_initialization"} <= confident

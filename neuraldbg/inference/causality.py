@@ -107,8 +107,18 @@ def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
         k = 1.0 / a.facts["gain"] if a.facts.get("gain", 0.0) > 0 else math.inf
         return (b.facts.get("update_max", 0.0) <= ctx.th.update_too_large * k
                 and not (_unstable_before(b, math.inf) or b.facts.get("nan")))
-    if b.cause == C.LEARNING_RATE_TOO_LOW:  # weights k times too large make updates k times smaller next to them
-        return a.kind == "amplifies" and not a.facts.get("biased") and b.kind in ("still", "negligible")
+    if b.cause == C.LEARNING_RATE_TOO_LOW:
+        # a layer's weights k times too large make its updates k times smaller next to them: at their usual
+        # scale the same updates would have counted in some layer (a rate decades too low, or small updates
+        # in layers of a usual scale, are the rate's own)
+        if a.kind != "amplifies" or a.facts.get("biased"):
+            return False
+        gains = {e.layer: e.values.get("gain", math.nan) for e in a.events}
+        if b.kind == "still":
+            return any(ctx.layers_moved.get(n, 0.0) * k >= ctx.th.weights_still for n, k in gains.items() if k > 1)
+        k = min(gains.values(), default=math.nan)
+        return (b.kind == "negligible" and set(ctx.layers_moved) <= set(gains)
+                and b.facts["update_typical"] * k >= ctx.th.update_negligible)
     if a.kind == "saturating":
         return b.cause == C.SATURATED_ACTIVATIONS and b.layer in a.facts["saturated"]
     if b.cause in (C.SATURATED_ACTIVATIONS, C.DEAD_UNITS):
