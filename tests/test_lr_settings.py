@@ -246,3 +246,16 @@ def test_a_loss_divided_is_said_so_only_when_it_divides_the_step(opt_of):
     hs = dbg.explain()
     assert hs and hs[0].cause == "learning_rate_too_low" and hs[0].confidence >= CONFIDENT
     assert not any("dividing the loss" in h.suggestion or "divided by" in line for h in hs for line in h.chain)
+
+
+@pytest.mark.parametrize("opt_of", [lambda p: torch.optim.SGD(p, lr=1e-3), lambda p: torch.optim.Adam(p, lr=1e-5)],
+                         ids=["sgd_1e-3", "adam_1e-5"])
+def test_a_warmup_long_over_does_not_hide_a_rate_too_low(opt_of):
+    """A warm-up of 10 steps, then 490 at a rate too low to move the weights: the rate is named."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = opt_of(model.parameters())
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=10)
+    top = train(Run(model, opt, teacher_classes(16, 4), steps=500, before_step=lambda s, o: sched.step() if s else None)
+                ).explain()[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT

@@ -74,8 +74,9 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
                              severity=below_ratio(typical, ctx.th.update_negligible), persistence=persistence(ev, ctx),
                              needs_harm=True, loss_kinds=losses.FLAT,
                              facts={"update_typical": typical, "divided": divided}))
-    elif not named and ctx.all(Signal.LOSS, LossState.PLATEAU) and not ctx.warmed_up():
-        # (a loss flat over a window, not the first steps' stall; a rate a schedule raised moved little at first)
+    elif not named and ctx.all(Signal.LOSS, LossState.PLATEAU) and ctx.lr_rising != ctx.lr_rising:
+        # (a loss flat over a window, not the first steps' stall; a rate a schedule is still raising, a warm-up
+        # under way, has moved the weights little so far by design)
         out += _still(ctx, divided) + _group_still(ctx)
     return out
 

@@ -1140,7 +1140,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         gain = 1 / f["moved"] if k == "still" and f["moved"] > 0 else 1e3
         target = lrv * gain if lrv == lrv and lrv > 0 else math.nan
         why = ("over a run this long the weights then move by about their norm; or train for longer" if k == "still"
-               else "updates of ~1e-3 x the weights per step are typical; 1e-3 is a usual start for Adam")
+               else "updates of ~1e-3 x the weights per step are typical; "
+               + ("1e-2 to 1e-1 is a usual start for SGD" if ctx.optimizer_kind == "SGD" else
+                  "1e-3 is a usual start for Adam"))
         text = (f"raise the learning rate from {fmt(lrv)} to ~{fmt(target)} ({why})" if target == target else
                 "set a learning rate above 0 (1e-3 is a usual start for Adam, 1e-2 to 1e-1 for SGD): the optimizer "
                 "steps with lr=0" if lrv == 0 else
