@@ -71,22 +71,29 @@ def _clamps_at_zero(args, kwargs) -> bool:
             and hi is None)
 
 
-# a ReLU written as a product with its own sign: ``x * (x > 0)``, ``x * (x > 0).float()``, ``torch.where(x > 0, x,
-# 0)``; seen as a comparison of a tensor that needs a gradient with 0, then a product of that tensor with it (a mask
-# made from another tensor, or compared with another value, is no activation)
+# a ReLU written with its own sign: ``x * (x > 0)``, ``x * (x > 0).float()``, ``torch.where(x > 0, x, 0)``,
+# ``x.masked_fill(x < 0, 0)``; seen as a comparison of a tensor that needs a gradient with 0, then a product of that
+# tensor with its positive mask, or its negative entries filled with 0 (a mask made from another tensor, or compared
+# with another value, is no activation)
 _GATE_LABEL = "x * (x > 0)"
-_COMPARES = frozenset({torch.gt, torch.Tensor.gt, torch.Tensor.__gt__, torch.ge, torch.Tensor.ge, torch.Tensor.__ge__,
+_POSITIVE = frozenset({torch.gt, torch.Tensor.gt, torch.Tensor.__gt__, torch.ge, torch.Tensor.ge, torch.Tensor.__ge__,
                        torch.greater, torch.greater_equal})
+_NEGATIVE = frozenset({torch.lt, torch.Tensor.lt, torch.Tensor.__lt__, torch.le, torch.Tensor.le, torch.Tensor.__le__,
+                       torch.less, torch.less_equal})
+_COMPARES = _POSITIVE | _NEGATIVE
 _PRODUCTS = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.multiply})
-# what a mask goes through and stays the same mask: a change of dtype, a detach
+_FILLS_ZERO = frozenset({torch.Tensor.masked_fill, torch.Tensor.masked_fill_, torch.masked_fill})
+# what a mask goes through and stays the same mask: a change of dtype, a detach; or turns into the other sign's
 _CASTS = frozenset(getattr(torch.Tensor, n) for n in ("float", "double", "half", "bfloat16", "int", "long", "to",
                                                       "type", "type_as", "detach"))
+_INVERTS = frozenset({torch.Tensor.__invert__, torch.logical_not, torch.Tensor.logical_not})
+_KEEPS = _CASTS | _INVERTS
 
 
 def _is_zero(v) -> bool:
-    """A number 0, or a one-element tensor holding 0 (read only where a mask of a sign meets it)."""
+    """A number 0, or a tensor of zeros that needs no gradient (read only where a mask of a sign meets it)."""
     if isinstance(v, torch.Tensor):
-        return v.numel() == 1 and not v.requires_grad and bool(v == 0)
+        return not v.requires_grad and v.numel() > 0 and bool((v == 0).all())
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
 
 
@@ -287,7 +294,8 @@ class FunctionalObserver(TorchFunctionMode):
         self.sink = sink
         self.attention = attention          # (func, args, kwargs) -> logits or None
         self._marked: dict[int, weakref.ref] = {}
-        self._gates: dict[int, tuple[weakref.ref, weakref.ref]] = {}   # a mask x > 0 -> (the mask, x)
+        # a mask x > 0 (positive) or x < 0 -> (the mask, x, positive)
+        self._gates: dict[int, tuple[weakref.ref, weakref.ref, bool]] = {}
 
     def _is_marked(self, t) -> bool:
         hit = self._marked.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -297,20 +305,22 @@ class FunctionalObserver(TorchFunctionMode):
         if isinstance(t, torch.Tensor):
             self._marked[id(t)] = weakref.ref(t)
 
-    def _gated(self, t) -> torch.Tensor | None:
-        """The tensor ``x`` that ``t`` is the mask ``x > 0`` of (or a copy of that mask in another dtype)."""
+    def _gated(self, t, positive: bool = True) -> torch.Tensor | None:
+        """The tensor ``x`` that ``t`` is the mask ``x > 0`` (``positive``; else ``x < 0``) of, or a copy of that
+        mask in another dtype."""
         hit = self._gates.get(id(t)) if isinstance(t, torch.Tensor) else None
-        return hit[1]() if hit is not None and hit[0]() is t else None
+        return hit[1]() if hit is not None and hit[0]() is t and hit[2] == positive else None
 
     def _gate(self, func, args, kwargs, out) -> torch.Tensor | None:
-        """Follows masks ``x > 0`` through what keeps their shape; returns ``x`` when ``out`` is ``x`` times its
-        mask (``torch.where(x > 0, x, 0)``): a ReLU."""
+        """Follows masks ``x > 0`` and ``x < 0`` through what keeps their shape; returns ``x`` when ``out`` is
+        ``x`` times its positive mask (``torch.where(x > 0, x, 0)``) or ``x`` with its negative entries set to 0:
+        a ReLU."""
         if not isinstance(out, torch.Tensor):
             return None
         if func in _COMPARES:
             x = _sign_of(args, kwargs)
             if x is not None:
-                self._gates[id(out)] = (weakref.ref(out), weakref.ref(x))
+                self._gates[id(out)] = (weakref.ref(out), weakref.ref(x), func in _POSITIVE)
             return None
         if not self._gates:
             return None
@@ -327,8 +337,15 @@ class FunctionalObserver(TorchFunctionMode):
             cond = x = other = None
         if cond is not None and isinstance(x, torch.Tensor) and self._gated(cond) is x and _is_zero(other):
             return x
-        if func in _CASTS and ts and self._gated(ts[0]) is not None and out.shape == ts[0].shape:  # (x > 0).float()
-            self._gates[id(out)] = (weakref.ref(out), weakref.ref(self._gated(ts[0])))
+        if func in _FILLS_ZERO and len(args) >= 2:  # x.masked_fill(x < 0, 0)
+            value = args[2] if len(args) > 2 else kwargs.get("value")
+            if self._gated(args[1], positive=False) is args[0] and _is_zero(value):
+                return args[0]
+        if func in _KEEPS and ts and out.shape == ts[0].shape:  # (x > 0).float(), ~(x > 0)
+            for positive in (True, False):
+                x = self._gated(ts[0], positive)
+                if x is not None:
+                    self._gates[id(out)] = (weakref.ref(out), weakref.ref(x), positive != (func in _INVERTS))
         return None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

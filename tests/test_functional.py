@@ -184,8 +184,12 @@ def test_a_relu_written_as_a_function_gets_the_verdict_of_its_module_twin(seed):
                                          (lambda x: (x >= 0).float() * x, "x * (x > 0)"),
                                          (lambda x: torch.where(x > 0, x, 0.0), "x * (x > 0)"),
                                          (lambda x: x.where(x > 0, 0.0), "x * (x > 0)"),
-                                         (lambda x: x * (x > 0).float().detach(), "x * (x > 0)")],
-                         ids=["clamp", "clamp_min", "mask", "float_mask", "where", "where_method", "detached_mask"])
+                                         (lambda x: x * (x > 0).float().detach(), "x * (x > 0)"),
+                                         (lambda x: torch.where(x > 0, x, torch.zeros_like(x)), "x * (x > 0)"),
+                                         (lambda x: x.masked_fill(x < 0, 0.0), "x * (x > 0)"),
+                                         (lambda x: x * ~(x <= 0), "x * (x > 0)")],
+                         ids=["clamp", "clamp_min", "mask", "float_mask", "where", "where_method", "detached_mask",
+                              "where_zeros", "masked_fill", "inverted_mask"])
 def test_a_relu_written_as_a_clamp_or_a_mask_is_read_as_one(relu, label):
     """``x.clamp(min=0)`` and ``x * (x > 0)`` are ReLUs: units after conv2 killed by its bias are dead units
     there, not a weight scale read across them."""
@@ -204,8 +208,9 @@ def test_a_relu_written_as_a_clamp_or_a_mask_is_read_as_one(relu, label):
     # a threshold other than 0; a mask of another tensor; a mask made of data
     [lambda x: x * (x > 0.5), lambda x: x * (x.detach() > 0), lambda x: x * (torch.ones_like(x) > 0)],
     # the negative part (min(x, 0)), written two ways; a floor of -1 where the sign is negative
-    [lambda x: x * ~(x > 0), lambda x: x * (1 - (x > 0).float()), lambda x: torch.where(x > 0, x, torch.tensor(-1.0))]],
-    ids=["clamps", "masks", "negative_parts"])
+    [lambda x: x * ~(x > 0), lambda x: x * (1 - (x > 0).float()), lambda x: torch.where(x > 0, x, torch.tensor(-1.0))],
+    [lambda x: x.masked_fill(x > 0, 0.0), lambda x: x * (x < 0), lambda x: x.masked_fill(x < 0, -1.0)]],
+    ids=["clamps", "masks", "negative_parts", "negative_fills"])
 def test_clamps_and_masks_that_are_no_relu_have_no_row(acts):
     """A clamp into a range or of a tensor that needs no gradient, and a product with a mask that is not the
     tensor's own sign, are no activation."""
