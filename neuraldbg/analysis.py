@@ -211,7 +211,7 @@ def _loss_factor(meta: dict, summed: bool) -> float:
     return factors[len(factors) // 2] if factors and not summed else math.nan
 
 
-def _step_factor(meta: dict, summed: bool, steps: int) -> float:
+def _step_factor(meta: dict, summed: bool) -> float:
     """The loss's gradient at a classifier's output against a mean's, as each optimizer step gets it: under
     gradient accumulation the backward passes of a step add up (a loss divided by their number is a mean
     again). NaN when not read, when the loss sums or weighs its classes or samples (a weighted mean's rows
@@ -219,8 +219,7 @@ def _step_factor(meta: dict, summed: bool, steps: int) -> float:
     factor = _loss_factor(meta, summed)
     if losspath.weighted(meta.get("loss_paths")):
         return math.nan
-    passes = int(meta.get("backward_passes", 0))
-    return factor * passes / steps if steps > 0 and passes > steps else factor
+    return factor * max(float(meta.get("passes_per_step", 1.0)), 1.0)
 
 
 def _scaler_scale(trace: Trace) -> float:
@@ -299,7 +298,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_terms={str(t[0]): list(t[1:]) for t in trace.meta.get("loss_terms") or [] if t},
                   grad_clip=_clip_rows(trace.meta),
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
-                  loss_summed=summed, loss_scaled=scaled, loss_factor=_step_factor(trace.meta, summed, steps),
+                  loss_summed=summed, loss_scaled=scaled, loss_factor=_step_factor(trace.meta, summed),
                   scaled_steps=_scaled_steps(trace.meta, scaled),
                   scaler_scale=_scaler_scale(trace),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}),

@@ -1105,7 +1105,6 @@ class Recorder:
         if not self.attached:
             return
         self.passes += 1
-        self.trace.meta["backward_passes"] = self.passes
         self._awaiting = True
         # a backward pass ends outside any optimizer step (or in a closure's, which the step's own end closes):
         # a step that an exception left unfinished no longer counts as one in progress
@@ -1483,6 +1482,8 @@ class Recorder:
                 [limits[rec.dtype[i]] for i in idx], dtype=np.float32)
         g[0] = self._lr()
         self._note_lr_groups()
+        # backward passes per optimizer step so far, this one's included (more than one: gradient accumulation)
+        self.trace.meta["passes_per_step"] = self.passes / (self.step + 1)
         self.trace.add_sample(self.step, row, g)
         self.flush_losses()
         if self._creeping is not None and rec.params is not None:
