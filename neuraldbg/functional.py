@@ -75,7 +75,6 @@ def _clamps_at_zero(args, kwargs) -> bool:
 # ``x.masked_fill(x < 0, 0)``; seen as a comparison of a tensor that needs a gradient with 0, then a product of that
 # tensor with its positive mask, or its negative entries filled with 0 (a mask made from another tensor, or compared
 # with another value, is no activation)
-_GATE_LABEL = "x * (x > 0)"
 _POSITIVE = frozenset({torch.gt, torch.Tensor.gt, torch.Tensor.__gt__, torch.ge, torch.Tensor.ge, torch.Tensor.__ge__,
                        torch.greater, torch.greater_equal})
 _NEGATIVE = frozenset({torch.lt, torch.Tensor.lt, torch.Tensor.__lt__, torch.le, torch.Tensor.le, torch.Tensor.__le__,
@@ -311,10 +310,10 @@ class FunctionalObserver(TorchFunctionMode):
         hit = self._gates.get(id(t)) if isinstance(t, torch.Tensor) else None
         return hit[1]() if hit is not None and hit[0]() is t and hit[2] == positive else None
 
-    def _gate(self, func, args, kwargs, out) -> torch.Tensor | None:
-        """Follows masks ``x > 0`` and ``x < 0`` through what keeps their shape; returns ``x`` when ``out`` is
-        ``x`` times its positive mask (``torch.where(x > 0, x, 0)``) or ``x`` with its negative entries set to 0:
-        a ReLU."""
+    def _gate(self, func, args, kwargs, out) -> tuple[torch.Tensor, OpSpec] | None:
+        """Follows masks ``x > 0`` and ``x < 0`` through what keeps their shape; returns ``x`` and the ReLU's row
+        when ``out`` is ``x`` times its positive mask (``torch.where(x > 0, x, 0)``) or ``x`` with its negative
+        entries set to 0."""
         if not isinstance(out, torch.Tensor):
             return None
         if func in _COMPARES:
@@ -328,7 +327,7 @@ class FunctionalObserver(TorchFunctionMode):
         if func in _PRODUCTS and len(ts) == 2:
             a, b = ts
             if self._gated(b) is a or self._gated(a) is b:
-                return a if self._gated(b) is a else b
+                return (a if self._gated(b) is a else b), _GATED["mul"]
         if func is torch.where and len(args) == 3:  # torch.where(x > 0, x, 0)
             cond, x, other = args
         elif func is torch.Tensor.where and len(args) == 3:  # x.where(x > 0, 0)
@@ -336,11 +335,12 @@ class FunctionalObserver(TorchFunctionMode):
         else:
             cond = x = other = None
         if cond is not None and isinstance(x, torch.Tensor) and self._gated(cond) is x and _is_zero(other):
-            return x
+            return x, _GATED["where"]
         if func in _FILLS_ZERO and len(args) >= 2:  # x.masked_fill(x < 0, 0)
             value = args[2] if len(args) > 2 else kwargs.get("value")
-            if self._gated(args[1], positive=False) is args[0] and _is_zero(value):
-                return args[0]
+            x = args[0]
+            if isinstance(x, torch.Tensor) and self._gated(args[1], positive=False) is x and _is_zero(value):
+                return x, _GATED["fill"]
         if func in _KEEPS and ts and out.shape == ts[0].shape:  # (x > 0).float(), ~(x > 0)
             for positive in (True, False):
                 x = self._gated(ts[0], positive)
@@ -355,10 +355,10 @@ class FunctionalObserver(TorchFunctionMode):
         if spec is not None and spec.label == _CLAMP and not _clamps_at_zero(args, kwargs):
             spec = None
         if spec is None and (func in _COMPARES or self._gates):
-            x = self._gate(func, args, kwargs, out)
-            if x is not None and torch.is_grad_enabled() and self.tracker.inner not in self.skip_names:
-                owner, rel = self.tracker.attribute(Role.ACTIVATION, x)
-                self.sink(owner, rel, _GATED_RELU, out, None)
+            gated = self._gate(func, args, kwargs, out)
+            if gated is not None and torch.is_grad_enabled() and self.tracker.inner not in self.skip_names:
+                owner, rel = self.tracker.attribute(Role.ACTIVATION, gated[0])
+                self.sink(owner, rel, gated[1], out, None)
                 return out
         if spec is None or spec.role == Role.NUMERIC:
             if self._marked:  # the logits of an attention keep their provenance through same-shape ops
@@ -397,7 +397,9 @@ def _first_float(out) -> torch.Tensor | None:
 
 
 _ATTENTION_SOFTMAX = OpSpec("F.softmax", Role.ATTENTION, Kind.ATTENTION)
-_GATED_RELU = OpSpec(_GATE_LABEL, Role.ACTIVATION, Kind.RELU)
+# a ReLU written with its sign, named as written
+_GATED = {k: OpSpec(label, Role.ACTIVATION, Kind.RELU) for k, label in (
+    ("mul", "x * (x > 0)"), ("where", "torch.where(x > 0, x, 0)"), ("fill", "x.masked_fill(x < 0, 0)"))}
 
 
 def _with_bounds(spec: OpSpec, args, kwargs) -> OpSpec:
