@@ -177,6 +177,27 @@ def _loss_min(trace: Trace) -> float:
     return float(v.min()) if len(v) else math.nan
 
 
+def _output_blocked(trace: Trace, start: float) -> dict:
+    """The share of the loss's gradient at the output that the output's bound blocks (``output_blocked``, read
+    on sampled passes), over the second half of the run: its median ("share"), and the median of the loss it
+    holds there (share times the loss at its step) over the loss's start ("floor"), with the activation and its
+    bounds ("activation", "low", "high"). Empty: not read."""
+    rows = trace.meta.get("output_blocked") or []
+    bound = losspath.regression_bound(trace.meta.get("loss_paths"), str(trace.meta.get("output_op") or ""))
+    if not rows or bound is None or not trace.loss.n or not (start > 0):
+        return {}
+    steps = np.array([r[0] for r in rows], dtype=np.int64)
+    share = np.array([r[1] for r in rows], dtype=np.float64)
+    late = steps >= (int(steps[-1]) + int(trace.loss.steps[0])) / 2
+    at = np.clip(np.searchsorted(trace.loss.steps, steps[late]), 0, trace.loss.n - 1)
+    held = share[late] * trace.loss.data[at]
+    held = held[np.isfinite(held)]
+    if not len(held):
+        return {}
+    return {"activation": bound[0], "low": bound[1], "high": bound[2], "share": float(np.median(share[late])),
+            "floor": float(np.median(held)) / start, "reads": int(late.sum())}
+
+
 def _cleared(counts) -> tuple[int, int]:
     """(steps checked, steps whose gradients were cleared before the optimizer stepped)."""
     return (int(counts[0]), int(counts[1])) if counts else (0, 0)
@@ -287,6 +308,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   bounded_output=losspath.bounded_output(trace.meta.get("loss_paths"),
                                                          str(trace.meta.get("output_op") or "")),
                   loss_min=_loss_min(trace),
+                  output_blocked=_output_blocked(trace, curve.start if curve is not None else math.nan),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),
                   through_time=dict(trace.meta.get("through_time") or {}),

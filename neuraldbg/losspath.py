@@ -436,6 +436,33 @@ def bounded_output(recorded: list[list[str]] | None, output_op: str = "") -> tup
     return None
 
 
+# activations whose outputs stop at a bound on one side (a ReLU's 0; a softplus comes near 0 and stays above)
+_HALF_BOUNDED = {"Relu": (0.0, math.inf), "Softplus": (0.0, math.inf)}
+
+
+def regression_bound(recorded: list[list[str]] | None, output_op: str = "") -> tuple[str, float, float] | None:
+    """Like ``bounded_output``, for every activation whose outputs stop at a bound: a sigmoid or tanh, and a
+    ReLU or softplus, bounded below at 0 alone (high: inf); a loss summed over the batch counts too (what
+    is read of it is a share of its gradient, not a bound on one element's error), and one written out (a power
+    or absolute value of a difference). Every path from the loss must be a regression loss of the model's
+    output: another term would share its gradient."""
+    found = None
+    for path in recorded or []:
+        ops = [op.split("@")[0] for op in path if op.split("@")[0] not in SHAPE_OPS]
+        while ops and ops[0] in _MEANS:  # (a loss per element, then averaged)
+            ops = ops[1:]
+        if ops[:2] in (["Pow", "Sub"], ["Abs", "Sub"]):  # written out: ((out - y) ** 2).mean(), l1_loss
+            ops = ["MseLoss"] + ops[2:]
+        if not ops or ops[0] not in _REGRESSION or len(ops) > 2:
+            return None
+        act = ops[1] if len(ops) == 2 else output_op
+        bounds = _BOUNDED_RANGE.get(act) or _HALF_BOUNDED.get(act)
+        if bounds is None:
+            return None
+        found = (act, *bounds)
+    return found
+
+
 def _probability_next(ops: list[str], i: int) -> bool:
     """The op after ``ops[i]`` (a log), past a pick of the targets' entries, is a softmax or sigmoid: a
     log-probability."""

@@ -36,9 +36,9 @@ from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Rol
 from .layers import Kind, LayerInfo, describe, watched_modules
 from .paramnorms import ParamNorms
 from .schedule import LossTurn, Schedule, SpikeWatch, Throttle
-from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS, Stat,
-                    dtype_max, finite_norm, forward_stats, forward_stats_batch, grad_stats, grad_stats_batch,
-                    input_stats, max_abs)
+from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS,
+                    SATURATION_MARGIN, Stat, dtype_max, finite_norm, forward_stats, forward_stats_batch, grad_stats,
+                    grad_stats_batch, input_stats, max_abs)
 from .trace import GLOBAL_COLUMNS, NonFiniteOrigin, Trace
 
 _ACT_COLS = [int(s) for s in FORWARD_STATS]
@@ -1130,6 +1130,7 @@ class Recorder:
         if self._rec is not None:
             self._read_param_grads(self._rec)
             self._read_classes()
+            self._read_blocked()
             if self._leak_tries:
                 self._read_next_tokens()
         if self.optimizer is None:
@@ -1221,6 +1222,38 @@ class Recorder:
         if len(table) >= self.MAX_CLASS_ROWS:
             del table[1::2]
         table.append([int(self._pass_step), found, n])
+
+    _bound_kind: tuple = (None, None)  # (the loss paths, the bounds of the output they say a regression is of)
+    MAX_BLOCKED = 64  # the latest readings of the share of the output's gradient that its bound blocks
+
+    def _read_blocked(self) -> None:
+        """For a regression loss of an output a bounded activation makes (``losspath.regression_bound``: a
+        ReLU, softplus, sigmoid or tanh last): the share of the squared gradient at the output that sits on
+        entries at a bound the loss pushes past (a ReLU's 0 where the gradient would take it below), which no
+        step can move. For a squared error that is the share of the loss on targets the output cannot reach.
+        Kept in the trace's meta as ``output_blocked`` [[step, share], ...]."""
+        paths = self.trace.meta.get("loss_paths")
+        if self._bound_kind[0] is not paths:
+            self._bound_kind = (paths, losspath.regression_bound(paths, str(self.trace.meta.get("output_op") or "")))
+        bound = self._bound_kind[1]
+        if bound is None or len(self._out_grads) != 1 or len(self._out_leaves) != 1:
+            return
+        g, out = self._out_grads[0], self._out_leaves[0]
+        if g is None or g.shape != out.shape or not g.numel():
+            return
+        _, lo, hi = bound
+        # a bound is reached within the margin a bounded layer counts as saturated; a softplus never reaches 0
+        margin = SATURATION_MARGIN * ((hi - lo) if math.isfinite(hi) else 1.0)
+        with torch.no_grad():
+            y, g = out.detach().float(), g.detach().float()
+            pushed = ((y <= lo + margin) & (g > 0)) | ((y >= hi - margin) & (g < 0))
+            g2 = g * g
+            total = g2.sum()
+            share = float(torch.where(total > 0, (g2 * pushed).sum() / total, torch.nan))
+        if math.isfinite(share):
+            table = self.trace.meta.setdefault("output_blocked", [])
+            table.append([int(self._pass_step), share])
+            del table[:-self.MAX_BLOCKED]
 
     def read_gradients(self) -> None:
         """Measure the parameter gradients as they are now, for the step in progress."""

@@ -94,6 +94,11 @@ class Thresholds:
     loss_below_zero: float = _f(1.0, "loss below zero", "log", 0.1, 1e4,
                                 "depth below zero, in units of the loss's early scale, past which a loss still falling "
                                 "as fast points at targets outside its range", slider=False)
+    output_blocked: float = _f(0.5, "output blocked", "linear", 0.05, 1.0,
+                               "share of a regression loss's gradient at a bounded output (a final ReLU, sigmoid, "
+                               "tanh) on entries held at the bound it pushes past, over the run's second half, "
+                               "past which the targets lie out of the outputs' range (with that share's loss at "
+                               "least loss_progress of the start's)", slider=False)
     # -- attention ---------------------------------------------------------------------------------
     attention_entropy: float = _f(0.3, "attention entropy", "linear", 0.01, 0.9,
                                   "mean attention entropy, as a fraction of log(keys), below which attention "

@@ -1,7 +1,9 @@
-"""A regression head that ends in a sigmoid or tanh, trained against targets outside its range (a sigmoid
-output for targets of 0-100): one element's squared error within the range is at most (hi - lo)^2, so a loss
-that never comes below that says the targets are out of the outputs' reach. Named with the output's fix,
-where targets inside the range stay quiet."""
+"""A regression head that ends in a bounded activation, trained against targets outside its range (a sigmoid
+output for targets of 0-100, a ReLU output for targets of both signs): one element's squared error within a
+sigmoid's or tanh's range is at most (hi - lo)^2, so a loss that never comes below that says the targets are
+out of the outputs' reach; for any bound, a ReLU's 0 too, most of the loss's gradient at the output sitting on
+outputs held at the bound it pushes past says the same. Named with the output's fix, where targets inside
+the range stay quiet."""
 from __future__ import annotations
 
 import pytest
@@ -24,11 +26,31 @@ def _targets(scale: float, shift: float, seed: int = 0):
     return data
 
 
-def _run(last: nn.Module, scale: float, shift: float, seed: int = 0):
+def _run(last: nn.Module, scale: float, shift: float, seed: int = 0, data=None, optimizer=torch.optim.Adam,
+         lr: float = 1e-3, loss=F.mse_loss):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1), last, nn.Flatten(0))
-    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _targets(scale, shift, seed),
-                     loss=F.mse_loss, steps=300))
+    return train(Run(model, optimizer(model.parameters(), lr=lr), data or _targets(scale, shift, seed),
+                     loss=loss, steps=300))
+
+
+def _signed(seed: int = 0, noise: float = 0.0, floor: float | None = None):
+    """Targets of a linear teacher, half of them negative; with ``floor``, those below it raised to it (the
+    targets of a ReLU teacher), and ``noise`` added after."""
+    w = torch.randn(16, generator=torch.Generator().manual_seed(seed))
+
+    def data(step: int):
+        g = torch.Generator().manual_seed(seed * 1000 + step)
+        x = torch.randn(64, 16, generator=g)
+        y = x @ w
+        y = y if floor is None else y.clamp_min(floor)
+        return x, y + noise * torch.randn(64, generator=g)
+    return data
+
+
+class _FunctionalReLU(nn.Module):
+    def forward(self, x):
+        return F.relu(x)
 
 
 @pytest.mark.parametrize("last, name", [(nn.Sigmoid(), "sigmoid"), (nn.Tanh(), "tanh")])
@@ -62,3 +84,58 @@ def test_the_op_that_made_the_output_is_read_past_the_shape_ops_at_its_end():
     assert losspath.made_by(out.grad_fn) == "Sigmoid"
     assert losspath.bounded_output([["MseLoss", "View"]], "Sigmoid") == ("Sigmoid", 0.0, 1.0)
     assert losspath.made_by((x * 2).grad_fn) == "Mul"
+
+
+@pytest.mark.parametrize("last", [nn.ReLU(), _FunctionalReLU()], ids=["module", "functional"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_targets_below_a_relu_output_are_named_from_the_blocked_gradient(last, seed):
+    dbg = _run(last, 1.0, 0.0, seed=seed, data=_signed(seed))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("loss_plateau", "", 0) and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("remove the final relu") and "shift the targets to 0 and above" in top.suggestion
+    assert "learning rate" not in top.suggestion
+    shares = [share for _, share in dbg.trace.meta["output_blocked"]]
+    assert max(shares[len(shares) // 2:]) > 0.5
+
+
+@pytest.mark.parametrize("optimizer, lr, loss", [(torch.optim.SGD, 1e-2, F.mse_loss),
+                                                 (torch.optim.Adam, 1e-3, F.l1_loss)])
+def test_targets_below_a_relu_output_are_named_under_other_optimizers_and_losses(optimizer, lr, loss):
+    hyps = _run(nn.ReLU(), 1.0, 0.0, data=_signed(), optimizer=optimizer, lr=lr, loss=loss).explain()
+    top = hyps[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("remove the final relu")
+    # the output held at 0 is what the targets do to it: in the chain, not a verdict of its own
+    assert not [h for h in hyps[1:] if h.confidence >= CONFIDENT]
+
+
+@pytest.mark.parametrize("data", [
+    _signed(floor=0.0),                     # a ReLU teacher's targets: 0 where the output stops
+    _signed(floor=0.0, noise=0.1),          # and noise around them: a few targets a little below 0
+    _signed(floor=1.0, noise=0.3),          # all well above 0
+], ids=["relu_teacher", "noisy_zeros", "above"])
+def test_targets_a_relu_output_reaches_stay_quiet(data):
+    dbg = _run(nn.ReLU(), 1.0, 0.0, data=data)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def test_binary_targets_of_a_sigmoid_output_under_a_squared_error_stay_quiet():
+    w = torch.randn(16, generator=torch.Generator().manual_seed(0))
+
+    def data(step: int):
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
+        return x, (x @ w > 0).float()
+    assert not [h for h in _run(nn.Sigmoid(), 1.0, 0.0, data=data).explain() if h.confidence >= CONFIDENT]
+
+
+@pytest.mark.parametrize("path, op, expected", [
+    (["MseLoss", "Relu"], "", ("Relu", 0.0, float("inf"))),
+    (["Mean", "MseLoss", "Softplus"], "", ("Softplus", 0.0, float("inf"))),
+    (["MseLoss@sum", "View"], "Sigmoid", ("Sigmoid", 0.0, 1.0)),
+    (["Mean", "Pow", "Sub", "Relu"], "", ("Relu", 0.0, float("inf"))),   # ((out - y) ** 2).mean()
+    (["MseLoss", "Addmm"], "", None),
+    (["Add", "MseLoss", "Relu"], "", None),          # another term shares the gradient
+    (["NllLoss", "LogSoftmax", "Relu"], "", None),   # a classification
+])
+def test_the_regression_bound_is_read_from_the_path(path, op, expected):
+    assert losspath.regression_bound([path], op) == expected

@@ -69,6 +69,9 @@ class Context:
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so
     bounded_output: tuple | None = None
     loss_min: float = math.nan      # the lowest finite loss recorded
+    # a regression loss of a bounded output, over the second half of the run: the share of its gradient at the
+    # output on entries its bound blocks ("share"), and the loss they hold over the loss's start ("floor")
+    output_blocked: dict = field(default_factory=dict)
     lr_rows: tuple = ()             # (step, learning rate) at each sample
     param_dtype: str = ""           # the dtype most of the trainable weights are stored in ("": unknown)
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves

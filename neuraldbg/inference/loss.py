@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from ..causes import Cause
 from ..events import SemanticEvent
+from ..layers import Kind
 from ..losspath import LossMisuse
 from ..states import LossState, Signal, UpdateState, WeightState
 from .context import Context
 from .data import unbounded_fall
-from .evidence import Candidate, below_ratio, clip01, past_ratio, persistence
+from .evidence import Candidate, below_ratio, clip01, past_fraction, past_ratio, persistence
 
 _FLAT = (LossState.PLATEAU, LossState.SLOW)
 
@@ -182,15 +183,34 @@ def _out_of_range(ctx: Context) -> list[Candidate]:
     in that range allows: one element's squared error is at most (hi - lo)^2, its absolute error hi - lo (a
     Huber loss lies below both). So the targets lie outside the outputs' range (a sigmoid output for targets
     of 0-100), and the loss cannot come down to them: a floor from the first step."""
+    kinds = frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW}
     found = ctx.bounded_output
-    if found is None or not ctx.loss_min == ctx.loss_min:
+    if found is not None and ctx.loss_min == ctx.loss_min:
+        span = found[2] - found[1]
+        bound = max(span, span * span)
+        if ctx.loss_min > bound:
+            return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "out_of_range", [],
+                              severity=past_ratio(ctx.loss_min, bound), persistence=1.0, needs_harm=True,
+                              lasting=True, loss_kinds=kinds,
+                              facts={"activation": found[0], "low": found[1], "high": found[2],
+                                     "loss_min": ctx.loss_min, "bound": bound})]
+    return _blocked(ctx, kinds)
+
+
+def _blocked(ctx: Context, kinds: frozenset) -> list[Candidate]:
+    """The same fact read off the gradient, for any bound (a ReLU's 0 too, which bounds no error): most of the
+    loss's gradient at the output sits on entries held at its bound while the loss pushes them past it, and the
+    loss they hold is more than what counts as progress. That loss is on targets out of the outputs' range: no
+    step removes it, so it is a floor, whatever the rest of the loss does."""
+    blocked = ctx.output_blocked
+    if blocked.get("share", 0.0) < ctx.th.output_blocked or blocked.get("floor", 0.0) < ctx.th.loss_progress:
         return []
-    span = found[2] - found[1]
-    bound = max(span, span * span)
-    if ctx.loss_min <= bound:
-        return []
+    # the output held at its bound reads as units dead or saturated in the last activation to run: what the
+    # targets do to it
+    acts = [n for n, info in ctx.layers.items() if info.kind in (Kind.RELU, Kind.BOUNDED, Kind.SMOOTH)
+            and n in ctx.rank]
+    last = max(acts, key=ctx.rank.__getitem__, default=None)
+    held = [e for e in ctx.events if e.signal == Signal.ACTIVATION and e.bad and e.layer == last]
     return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "out_of_range", [],
-                      severity=past_ratio(ctx.loss_min, bound), persistence=1.0, needs_harm=True, lasting=True,
-                      loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW},
-                      facts={"activation": found[0], "low": found[1], "high": found[2], "loss_min": ctx.loss_min,
-                             "bound": bound})]
+                      severity=past_fraction(blocked["share"], ctx.th.output_blocked), persistence=1.0,
+                      certain=True, lasting=True, symptoms=held, loss_kinds=kinds, facts=dict(blocked))]

@@ -389,6 +389,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the weights of {layer_list(f['layers'])} hold a gradient at every sampled step and never change, "
                 "while the other layers' do: no optimizer steps them",
                 "only the rest of the model learns"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "out_of_range" and "share" in f:
+        act, beyond = f["activation"].lower(), _beyond(f)
+        return [f"over the second half of the run, {percent(f['share'])} of the loss's gradient at the output sits "
+                f"on outputs the final {act} holds at its bound while the loss pushes them {beyond}",
+                f"the loss there is {percent(f['floor'])} of the loss at the start: targets {beyond}, out of the "
+                "outputs' range, which no weights bring the outputs to"]
     if c.cause == Cause.LOSS_PLATEAU and k == "out_of_range":
         rng = f"[{fmt(f['low'])}, {fmt(f['high'])}]"
         return [f"the loss is a regression loss of outputs a {f['activation'].lower()} holds in {rng}, and it never "
@@ -702,6 +708,13 @@ def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
         return loss_text(c.events[0])
     own = _own(c, ctx)
     return own[0] if own else symptom_lines(c.events, 1)[0]
+
+
+def _beyond(f: dict) -> str:
+    """Where a bounded output's blocked entries are pushed: below its low bound, or past one of its bounds."""
+    if not math.isfinite(f["high"]):
+        return f"below {fmt(f['low'])}"
+    return f"below {fmt(f['low'])} or above {fmt(f['high'])}"
 
 
 def _frozen(ctx: Context) -> tuple[list[str], float] | None:
@@ -1177,6 +1190,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "after the model is complete (one made from model.fc.parameters(), or before a module was added, "
                 f"leaves {layer_list(f['layers'])} out), or optimizer.add_param_group(...); check that no group has "
                 "lr=0; if they are meant to stay fixed, freeze them (requires_grad_(False))")
+    if k == "out_of_range" and not math.isfinite(f["high"]):
+        return (f"remove the final {f['activation'].lower()} (a linear output for a regression), or shift the "
+                f"targets to {fmt(f['low'])} and above (y - y.min() from the training set, added back to the "
+                "predictions)")
     if k == "out_of_range":
         rng = f"[{fmt(f['low'])}, {fmt(f['high'])}]"
         return (f"remove the final {f['activation'].lower()} (a linear output for a regression), or scale the "
