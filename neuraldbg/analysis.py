@@ -314,6 +314,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   through_time=dict(trace.meta.get("through_time") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   optimizer_momentum=float(trace.meta.get("optimizer_momentum", math.nan)),
+                  optimizer_weight_decay=float(trace.meta.get("optimizer_weight_decay", math.nan)),
                   optimizer=str(trace.meta.get("optimizer") or ""), grad_rms=_grad_rms(trace),
                   optimizer_kind=str(trace.meta.get("optimizer_kind") or ""),
                   layers_moved=_layers_moved(trace), lr_groups=_lr_groups(trace.meta),

@@ -545,7 +545,14 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
     with np.errstate(invalid="ignore"):
         collapsed = held(shrink < 1.0 / th.weight_collapse, shrink < 1.0 / th.weight_shrinking)
     wts = np.where(collapsed, np.int8(WeightState.COLLAPSING.code), np.int8(0))
-    wts_values = {"weight_scale": _at(shrink)}
+    # the sample from which they shrank without a break (below their start at every sample since: a weight
+    # decay pulls from the first step, long before its collapse is past the threshold)
+    with np.errstate(invalid="ignore"):
+        below = shrink < 1.0
+    mark = np.cumsum(~below)
+    since = np.full(int(mark.max(initial=0)) + 1, max(len(below) - 1, 0), dtype=np.int64)
+    np.minimum.at(since, mark, np.arange(len(below)))   # each stretch's first row: the last not below its start
+    wts_values = {"weight_scale": _at(shrink), "shrinking_since": lambda r: float(steps[since[mark[r]]])}
     return [StateSeries(Signal.UPDATE, steps, upd[:, None], [""], upd_by_state),
             StateSeries(Signal.WEIGHTS, steps, wts[:, None], [""], {WeightState.COLLAPSING: wts_values}),
             StateSeries(Signal.INPUT, in_steps, inp[:, None], ["input"], {s: in_values for s in InputState},

@@ -208,8 +208,8 @@ class _StepRecord:
 
 def _precision_meta(params: list, optimizer) -> dict:
     """The dtype most of the watched weights are stored in, the optimizer's ``eps`` (what an update in that
-    dtype divides by) and its ``momentum`` (SGD's, RMSprop's: a step sums ~1 / (1 - momentum) gradients),
-    when it has them."""
+    dtype divides by), its ``momentum`` (SGD's, RMSprop's: a step sums ~1 / (1 - momentum) gradients) and its
+    groups' largest ``weight_decay``, when it has them."""
     out: dict = {}
     sizes: dict[str, int] = {}
     for p in params:
@@ -224,6 +224,10 @@ def _precision_meta(params: list, optimizer) -> dict:
     momentum = getattr(optimizer, "defaults", {}).get("momentum") if optimizer is not None else None
     if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
         out["optimizer_momentum"] = float(momentum)
+    decays = [g.get("weight_decay") for g in getattr(optimizer, "param_groups", None) or []]
+    decays = [float(d) for d in decays if isinstance(d, (int, float)) and not isinstance(d, bool)]
+    if decays:  # the largest group's: the one that may hold weights down
+        out["optimizer_weight_decay"] = max(decays)
     if optimizer is not None:  # the torch.optim class it is, or derives from (a subclass steps as its base does)
         out["optimizer_kind"] = next((c.__name__ for c in type(optimizer).__mro__ if c.__name__ != "Optimizer"
                                       and c.__module__.startswith("torch.optim")), "")

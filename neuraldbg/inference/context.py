@@ -79,6 +79,7 @@ class Context:
     through_time: dict = field(default_factory=dict)
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
     optimizer_momentum: float = math.nan  # its momentum (SGD, RMSprop), when it has one
+    optimizer_weight_decay: float = math.nan  # its groups' largest weight_decay, when it has one
     optimizer: str = ""             # the watched optimizer's class name ("": none)
     optimizer_kind: str = ""        # the torch.optim class it is or derives from ("": none known)
     grad_rms: float = math.nan      # the typical gradient RMS per weight entry (median over layers and samples)

@@ -56,10 +56,13 @@ def candidates(ctx: Context) -> list[Candidate]:
     if collapsing:
         ev = collapsing[0]
         scale = ev.values.get("weight_scale", float("nan"))
+        since = ev.values.get("shrinking_since", float("nan"))
         out.append(Candidate(Cause.LOSS_PLATEAU, "", ev.step, "weights_collapse", [ev],
                              severity=past_ratio(1.0 / scale if scale == scale and scale > 0 else float("inf"),
                                                  ctx.th.weight_collapse),
                              persistence=persistence(ev, ctx),
+                             # what pulls them there acts from where they began to shrink without a break
+                             acting_from=int(since) if since == since else None,
                              needs_harm=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED},
                              facts={"weight_scale": scale}))
     return out

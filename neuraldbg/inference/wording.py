@@ -1232,8 +1232,15 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "zero_grad() between loss.backward() and optimizer.step() (or a step() before backward()) leaves the "
                 "step no gradient")
     if k == "weights_collapse":
-        return ("lower the weight decay (AdamW's weight_decay, or SGD's L2 term) by 10-100x: with lr x weight_decay "
-                "near 1 it pulls the weights to zero every step; then check the learning rate")
+        decay = ctx.optimizer_weight_decay
+        if decay > 0:
+            name = ctx.optimizer or "the optimizer"
+            return (f"lower {name}'s weight_decay from {fmt(decay)} to ~{fmt(decay / 30)} (10-100x less): it pulls "
+                    "the weights toward zero at every step harder than the loss's gradient moves them; then check "
+                    "the learning rate")
+        return ("lower the weight penalty added to the loss (an L2 term such as lam * sum(p.pow(2).sum() ...)) by "
+                "10-100x, or the weight decay of whatever steps the weights: it pulls them toward zero harder than "
+                "the loss's gradient moves them; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
     if (frozen := _frozen(ctx)) is not None:
