@@ -1243,7 +1243,9 @@ class Recorder:
         if bound is None or len(self._out_grads) != 1 or len(self._out_leaves) != 1:
             return
         g, out = self._out_grads[0], self._out_leaves[0]
-        if g is None or g.shape != out.shape or not g.numel():
+        # the output itself made by the activation (one applied in the loss, to an output of a view, or a loss
+        # returned as the output, bounds what the loss sees, not what is read here)
+        if g is None or g.shape != out.shape or not out.dim() or losspath.made_by(out.grad_fn) != bound[0]:
             return
         _, lo, hi = bound
         # a bound is reached within the margin a bounded layer counts as saturated; a softplus never reaches 0

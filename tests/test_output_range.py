@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import losspath
+from neuraldbg import NeuralDbg, losspath
 from zoo import Run, train
 
 CONFIDENT = 0.5
@@ -139,3 +139,39 @@ def test_binary_targets_of_a_sigmoid_output_under_a_squared_error_stay_quiet():
 ])
 def test_the_regression_bound_is_read_from_the_path(path, op, expected):
     assert losspath.regression_bound([path], op) == expected
+
+
+def test_an_activation_the_loss_applies_to_an_output_of_a_view_is_not_read_as_the_outputs():
+    """``F.mse_loss(torch.sigmoid(model(x)), y)`` on a model that ends in a view: the sigmoid bounds what the
+    loss sees, while the model's output is the logits before it; they are not read against [0, 1]."""
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+
+    def images(step: int):
+        x = (torch.randn(64, 8, generator=torch.Generator().manual_seed(step)) @ w / 2 - 1.5).clamp(0, 1)
+        return x, x.view(64, 1, 8, 8)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 64), nn.Unflatten(1, (1, 8, 8)))
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), images,
+                    loss=lambda o, y: F.mse_loss(torch.sigmoid(o), y), steps=300))
+    assert not dbg.trace.meta.get("output_blocked")
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def test_a_loss_given_as_the_pass_output_is_not_read_as_a_bounded_output():
+    w = torch.randn(16, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1), nn.ReLU())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(150):
+            g = torch.Generator().manual_seed(step)
+            x = torch.randn(64, 16, generator=g)
+            y = (0.1 * torch.sigmoid(x @ w) + 0.02 * torch.randn(64, generator=g)).clamp_min(0)
+            dbg.begin_pass(x)
+            loss = F.mse_loss(model(x).squeeze(-1), y)
+            dbg.end_forward(loss)   # the pass's output is the loss itself (a trainer's step)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert not dbg.trace.meta.get("output_blocked")

@@ -51,3 +51,20 @@ def test_the_shrink_is_dated_from_where_it_began():
     dbg = _run(lambda p: torch.optim.Adam(p, lr=1e-3, weight_decay=1.0))
     ev = next(e for e in dbg.analysis().events if e.signal.value == "weights" and e.after.value == "collapsing")
     assert ev.values["shrinking_since"] < 50 < ev.step
+
+
+def test_a_collapse_behind_units_dead_from_the_start_is_theirs():
+    """Units dead from the start pass no gradient back: Adam's L2 term alone, at a usual 1e-4, then walks the
+    weights before them to zero. The collapse is in the dead units' chain, and no fix lowers that decay."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(16, 64), nn.ReLU()]
+    for _ in range(5):
+        layers += [nn.Linear(64, 64), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(64, 4))
+    with torch.no_grad():
+        model[10].bias.fill_(-10.0)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-4),
+                    teacher_classes(16, 4), steps=300))
+    hyps = dbg.explain()
+    assert hyps[0].cause == "dead_units" and hyps[0].confidence >= CONFIDENT
+    assert not [h for h in hyps if "weight_decay" in h.suggestion and h.confidence >= CONFIDENT]

@@ -238,6 +238,12 @@ def _blocks(a: Candidate, b: Candidate, ctx: Context) -> bool:
     first step, it accounts for the scale of the one layer that feeds it."""
     if b.cause == C.LEARNING_RATE_TOO_LOW:
         return _no_gradient(a, b)
+    if b.cause == C.LOSS_PLATEAU and b.kind == "weights_collapse":
+        # behind a layer that passes no gradient the loss pulls on nothing, and any decay, however usual, walks
+        # the weights down: the collapse (of the median layer) follows when most weight layers lie behind it
+        weighted = [n for n, info in ctx.layers.items() if info.n_params and n in ctx.rank]
+        behind = [n for n in weighted if ctx.upstream(n, a.layer)]
+        return a.since <= b.since and 2 * len(behind) >= len(weighted) > 0
     if b.cause in (C.DEAD_UNITS, C.SATURATED_ACTIVATIONS):  # what a constant signal does downstream
         return any(e in a.facts.get("downstream", []) for e in b.events)
     if b.cause == C.BAD_INITIALIZATION:

@@ -391,8 +391,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 "only the rest of the model learns"]
     if c.cause == Cause.LOSS_PLATEAU and k == "out_of_range" and "share" in f:
         act, beyond = f["activation"].lower(), _beyond(f)
-        return [f"over the second half of the run, {percent(f['share'])} of the loss's gradient at the output sits "
-                f"on outputs the final {act} holds at its bound while the loss pushes them {beyond}",
+        at = fmt(f["low"]) if not math.isfinite(f["high"]) else "a bound"
+        return [f"over the second half of the run, {percent(f['share'])} of the squared gradient at the output "
+                f"sits on outputs the final {act} holds at {at} while the loss pushes them {beyond}",
                 f"the loss there is {percent(f['floor'])} of the loss at the start: targets {beyond}, out of the "
                 "outputs' range, which no weights bring the outputs to"]
     if c.cause == Cause.LOSS_PLATEAU and k == "out_of_range":
@@ -708,6 +709,23 @@ def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
         return loss_text(c.events[0])
     own = _own(c, ctx)
     return own[0] if own else symptom_lines(c.events, 1)[0]
+
+
+# optimizers that add the decay to the gradient and then normalise the step: under them the decay's pull does
+# not scale with lr x weight_decay (a weight with no gradient from the loss moves ~lr a step toward zero)
+_COUPLED = frozenset({"Adam", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop", "Adadelta"})
+
+
+def _decay_accounts(c: Candidate, ctx: Context, decay: float) -> bool:
+    """The optimizer's weight decay can account for the weights' collapse: a normalising optimizer's, or one
+    (SGD's, AdamW's) that alone shrinks the weights by weight_shrinking or more, exp(-lr x decay x steps),
+    between the start of the shrink and the collapse (a default AdamW decay of 0.01 cannot: another pull
+    holds them down)."""
+    if ctx.optimizer_kind in _COUPLED:
+        return True
+    lr = ctx.lr_peak if ctx.lr_peak == ctx.lr_peak else ctx.lr
+    steps = max(c.step - c.since, 1)
+    return lr == lr and lr * decay * steps >= math.log(ctx.th.weight_shrinking)
 
 
 def _beyond(f: dict) -> str:
@@ -1233,7 +1251,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "step no gradient")
     if k == "weights_collapse":
         decay = ctx.optimizer_weight_decay
-        if decay > 0:
+        if decay > 0 and _decay_accounts(c, ctx, decay):
             name = ctx.optimizer or "the optimizer"
             return (f"lower {name}'s weight_decay from {fmt(decay)} to ~{fmt(decay / 30)} (10-100x less): it pulls "
                     "the weights toward zero at every step harder than the loss's gradient moves them; then check "
