@@ -650,8 +650,15 @@ def chance_levels(trace: Trace, th: Thresholds) -> tuple[float, float]:
     terms added or label smoothing, it is not known), and the loss of a uniform prediction over the classes
     seen (log of their number: where a model initialised as usual starts). NaNs when not known."""
     paths = trace.meta.get("loss_paths") or []
+    if not paths or any(not p or p[0] not in _MEAN_CLASS_LOSSES for p in paths):
+        return math.nan, math.nan
+    return class_chance(trace, th)
+
+
+def class_chance(trace: Trace, th: Thresholds) -> tuple[float, float]:
+    """``chance_levels`` of the classes read off the output's gradient, whatever the loss adds to them."""
     rows = trace.meta.get("batch_classes") or []
-    if not paths or len(rows) < th.batch_order_window or any(not p or p[0] not in _MEAN_CLASS_LOSSES for p in paths):
+    if len(rows) < th.batch_order_window:
         return math.nan, math.nan
     counts: dict = {}
     for _, found, n in rows:
@@ -967,12 +974,38 @@ def lr_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
                                                                    LrState.DECAYED: decay_values}, persist=1)]
 
 
+def class_term_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
+    """The classification term of a loss that adds other terms to it (meta ``class_term``: its value on sampled
+    passes, read off the output's gradient), against chance: the loss as a whole may fall with its other terms
+    (a weight penalty shrinking the weights) while this one learns nothing. A plateau from the sample on which
+    its running median (over ``persist`` samples) stays within ``loss_progress`` of chance, or above, to the
+    end, when that stretch spans ``plateau_steps`` steps or more."""
+    rows = trace.meta.get("class_term") or []
+    chance = class_chance(trace, th)[0]
+    if len(rows) < 2 * th.persist or not chance > 0:
+        return []
+    steps = np.array([int(r[0]) for r in rows], dtype=np.int64)
+    v = np.array([float(r[1]) for r in rows], dtype=np.float64)
+    smooth = _rolling_median(v, th.persist)
+    at = smooth >= chance * (1.0 - th.loss_progress)
+    state = np.zeros(len(v), dtype=np.int8)
+    if at[-1]:
+        i = int(np.nonzero(~at)[0][-1]) + 1 if (~at).any() else 0
+        if steps[-1] - steps[i] >= th.plateau_steps:
+            state[i:] = LossState.PLATEAU.code
+    values = {"loss": _at(smooth), "start": lambda r: float(v[0]), "best": lambda r: float(smooth.min()),
+              "progress": lambda r: float((chance - smooth[-1]) / chance), "chance": lambda r: chance,
+              "latest": lambda r: float(smooth[-1]), "from_chance": lambda r: 1.0, "term": lambda r: 1.0}
+    return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {LossState.PLATEAU: values})]
+
+
 def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> HealthTable:
     f = features(trace)
     series, latest = layer_series(f, th)
     series += global_series(trace, f, th)
     series += lr_series(trace, f, th)
     series += loss_series(trace, th, curve)
+    series += class_term_series(trace, th)
     series += target_series(trace, th)
     series += order_series(trace, th)
     series += scaler_series(trace, th)

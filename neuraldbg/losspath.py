@@ -287,6 +287,12 @@ def summed(recorded: list[list[str]] | None) -> bool:
     return any(path and (path[0] == "Sum" or any(_SUM in op for op in path)) for path in recorded or [])
 
 
+def added_terms(recorded: list[list[str]] | None) -> bool:
+    """The loss adds other terms to what reaches the model's output (``ce + lam * penalty``, an auxiliary
+    loss): a sum or difference on the way from the loss to it. Its value is then not that of its criterion."""
+    return any(op.split("@")[0] in ("Add", "Sub") for path in recorded or [] for op in path[:-1])
+
+
 def weighted(recorded: list[list[str]] | None) -> bool:
     """A loss function given weights per class or sample on the way: its rows' gradients are no 1/N each."""
     return any(_WEIGHTED in op for path in recorded or [] for op in path)
@@ -565,9 +571,10 @@ def classes_from_gradient(kind: str, g, out):
     smoothing), or is zero while the model's prediction is not saturated (an ignored index, a masked
     sample), is left out; a row with no entry pushed up whose prediction is saturated is a sample the model
     fits all but exactly (its class's gradient rounds to zero), its class the one predicted. Returns a 1-D
-    tensor of class ids and, as a 0-d tensor, the scale of the hard targets' rows (the loss's gradient per
-    unit of prediction error: 1/N for a mean over N rows; NaN where none is read), or None when the shapes
-    do not fit."""
+    tensor of class ids and, as 0-d tensors, the scale of the hard targets' rows (the loss's gradient per
+    unit of prediction error: 1/N for a mean over N rows; NaN where none is read) and their mean
+    cross-entropy against the classes read (what the classification term of the loss is, whatever else the
+    loss adds), or None when the shapes do not fit."""
     import torch
 
     # the ratios are read as precisely as the gradient was computed (bfloat16 keeps 8 bits)
@@ -578,7 +585,7 @@ def classes_from_gradient(kind: str, g, out):
             # an NLL of the model's own log-probabilities: the class's entry alone has a gradient
             low, cls = g.min(dim=1)
             hard = (low < 0) & ((g != 0).sum(dim=1) == 1) & torch.isfinite(g).all(dim=1)
-            return cls[hard], _median(-low[hard])
+            return cls[hard], _median(-low[hard]), _mean(-z.gather(1, cls[:, None]).squeeze(1)[hard])
         if kind == "classes" and g.dim() == 2 and g.shape[1] >= 2 and z.shape == g.shape:
             p = z.softmax(dim=1)
             low, cls = g.min(dim=1)
@@ -592,7 +599,9 @@ def classes_from_gradient(kind: str, g, out):
             # fitted all but exactly: the class's own entry rounds to no gradient (its probability to 1)
             fitted = (g >= 0).all(dim=1) & (p.amax(dim=1) >= 1.0 - _READABLE)
             keep = (hard | fitted) & torch.isfinite(g).all(dim=1)
-            return torch.where(hard, cls, z.argmax(dim=1))[keep], _median(mid[hard & keep])
+            found = torch.where(hard, cls, z.argmax(dim=1))
+            term = z.logsumexp(dim=1) - z.gather(1, found[:, None]).squeeze(1)
+            return found[keep], _median(mid[hard & keep]), _mean(term[keep])
         if kind == "binary" and (g.dim() == 1 or g.dim() == 2 and g.shape[1] == 1) and z.numel() == g.numel():
             g, z = g.reshape(-1), z.reshape(-1)
             s = z.sigmoid()
@@ -607,11 +616,18 @@ def classes_from_gradient(kind: str, g, out):
                     negatives = mid  # (the negatives' last: no pos_weight on them)
             fitted = (g == 0) & ((s == 0) | (s == 1))
             keep = (hard | fitted) & torch.isfinite(g)
-            return torch.where(hard, pos, z > 0).long()[keep], negatives
+            found = torch.where(hard, pos, z > 0)
+            term = torch.nn.functional.binary_cross_entropy_with_logits(z, found.float(), reduction="none")
+            return found.long()[keep], negatives, _mean(term[keep])
         return None
 
 
 def _median(values):
     import torch
     return values.median() if values.numel() else torch.full((), torch.nan)
+
+
+def _mean(values):
+    import torch
+    return values.mean() if values.numel() else torch.full((), torch.nan)
 

@@ -1181,7 +1181,7 @@ class Recorder:
             self.trace.meta["next_token"] = {"step": int(self._pass_step), "share": share, "positions": positions,
                                              "sees_ahead": sees, "layer": layer, "ahead_by": ahead_by}
 
-    _class_kind: tuple = (None, None)  # (the loss paths, what they say of the targets)
+    _class_kind: tuple = (None, None, False)  # (the loss paths, what they say of the targets, other terms added)
     MAX_CLASS_ROWS = 512  # sampled batches whose classes are kept; past it, every other one is dropped
     MAX_FACTORS = 64      # the latest readings of the loss's gradient scale kept
 
@@ -1193,7 +1193,7 @@ class Recorder:
         of one output whose rows are the input's samples (not a sequence's positions)."""
         paths = self.trace.meta.get("loss_paths")
         if self._class_kind[0] is not paths:
-            self._class_kind = (paths, _class_loss(paths))
+            self._class_kind = (paths, _class_loss(paths), losspath.added_terms(paths))
         kind = self._class_kind[1]
         if kind is None or len(self._out_grads) != 1 or self._last_inputs is None:
             return
@@ -1207,14 +1207,21 @@ class Recorder:
         read = losspath.classes_from_gradient(kind, g, out)
         if read is None:
             return
-        cls, scale = read
+        cls, scale, term = read
         with torch.no_grad():
             counts = torch.bincount(cls) if cls.numel() else cls
             present = torch.nonzero(counts).flatten()
-            # (one transfer: the classes present, their counts, and the scale)
-            values = torch.cat([present.float(), counts[present].float(), scale.float().reshape(1)]).tolist()
-        k = (len(values) - 1) // 2
-        found, n, scale_read = [int(v) for v in values[:k]], [int(v) for v in values[k:2 * k]], values[-1]
+            # (one transfer: the classes present, their counts, the scale and the classification term)
+            values = torch.cat([present.float(), counts[present].float(), scale.float().reshape(1),
+                                term.float().reshape(1)]).tolist()
+        k = (len(values) - 2) // 2
+        found, n, scale_read = [int(v) for v in values[:k]], [int(v) for v in values[k:2 * k]], values[-2]
+        if self._class_kind[2] and math.isfinite(values[-1]):
+            # a loss that adds other terms to its classification (a penalty, an auxiliary loss): that term alone
+            terms = self.trace.meta.setdefault("class_term", [])
+            if len(terms) >= self.MAX_CLASS_ROWS:
+                del terms[1::2]
+            terms.append([int(self._pass_step), float(values[-1])])
         # the loss's gradient per row against a mean's (1/N); a scaler the session knows has its scale in it
         if math.isfinite(scale_read) and scale_read > 0 and self.scaler is None:
             factors = self.trace.meta.setdefault("loss_gradient_factor", [])

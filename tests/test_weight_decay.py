@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from zoo import Run, teacher_classes, train
@@ -68,3 +69,45 @@ def test_a_collapse_behind_units_dead_from_the_start_is_theirs():
     hyps = dbg.explain()
     assert hyps[0].cause == "dead_units" and hyps[0].confidence >= CONFIDENT
     assert not [h for h in hyps if "weight_decay" in h.suggestion and h.confidence >= CONFIDENT]
+
+
+def _penalised(lam: float, make, seed: int = 0, steps: int = 300):
+    model = _mlp(seed)
+
+    def loss(out, y):
+        return F.cross_entropy(out, y) + lam * sum(p.pow(2).sum() for p in model.parameters())
+    return train(Run(model, make(model.parameters()), teacher_classes(16, 4, seed=seed), loss=loss, steps=steps))
+
+
+@pytest.mark.parametrize("lam, make, seed, steps", [
+    (10.0, lambda p: torch.optim.Adam(p, lr=1e-3), 0, 300),
+    (10.0, lambda p: torch.optim.Adam(p, lr=1e-3), 1, 600),
+    (1.0, lambda p: torch.optim.SGD(p, lr=0.05), 0, 300),
+], ids=["adam", "adam_long", "sgd"])
+def test_a_weight_penalty_in_the_loss_holding_the_weights_down_is_named(lam, make, seed, steps):
+    """The loss falls from hundreds to chance as the penalty shrinks the weights: progress on the loss as a
+    whole, while its classification term, read off the output's gradient, stays at chance."""
+    dbg = _penalised(lam, make, seed, steps)
+    top = dbg.explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("lower the weight penalty added to the loss")
+    assert any("classification term" in line for line in top.chain)
+    assert "learning rate from" not in top.suggestion
+
+
+def test_a_small_weight_penalty_and_a_plain_loss_stay_quiet():
+    dbg = _penalised(1e-4, lambda p: torch.optim.Adam(p, lr=1e-3))
+    assert dbg.trace.meta.get("class_term")   # read, as the loss adds a term
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+    plain = _run(lambda p: torch.optim.Adam(p, lr=1e-3))
+    assert "class_term" not in plain.trace.meta
+
+
+def test_an_auxiliary_loss_beside_a_classification_that_learns_stays_quiet():
+    model = _mlp(0)
+
+    def loss(out, y):  # a second term on the same output: a small penalty on its scale
+        return F.cross_entropy(out, y) + 0.01 * out.pow(2).mean()
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(16, 4), loss=loss,
+                    steps=300))
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]

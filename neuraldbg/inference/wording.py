@@ -88,7 +88,9 @@ def loss_text(ev: SemanticEvent) -> str:
     chance = v.get("chance", math.nan)
     if ev.after in (LossState.PLATEAU, LossState.SLOW) and v.get("from_chance"):  # progress counted from chance
         how = "does not come clearly" if ev.after == LossState.PLATEAU else "hardly comes"
-        return (f"the loss {how} below chance, {fmt(chance)} (what predicting the classes' frequencies gives): "
+        what = ("the loss's classification term (read off the output's gradient; the loss adds other terms to it)"
+                if v.get("term") else "the loss")
+        return (f"{what} {how} below chance, {fmt(chance)} (what predicting the classes' frequencies gives): "
                 f"{fmt(v.get('start', math.nan))} at the start, {fmt(v.get('latest', math.nan))} at the end")
     if ev.after == LossState.PLATEAU:
         return (f"the loss stays flat ({fmt(v.get('start', math.nan))} at the start, "
@@ -1256,9 +1258,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return (f"lower {name}'s weight_decay from {fmt(decay)} to ~{fmt(decay / 30)} (10-100x less): it pulls "
                     "the weights toward zero at every step harder than the loss's gradient moves them; then check "
                     "the learning rate")
-        return ("lower the weight penalty added to the loss (an L2 term such as lam * sum(p.pow(2).sum() ...)) by "
-                "10-100x, or the weight decay of whatever steps the weights: it pulls them toward zero harder than "
-                "the loss's gradient moves them; then check the learning rate")
+        return ("lower the weight penalty added to the loss (an L2 term: lam times the sum of p.pow(2).sum() over the "
+                "parameters) by 10-100x, or the weight decay of whatever steps the weights: it pulls them toward zero "
+                "harder than the loss's gradient moves them; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
     if (frozen := _frozen(ctx)) is not None:
