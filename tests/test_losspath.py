@@ -90,6 +90,16 @@ def test_a_softmax_module_before_cross_entropy_is_named_with_its_fix():
     assert reloaded.explain()[0].chain[0] == top.chain[0]
 
 
+def test_a_sigmoid_before_cross_entropy_is_named_with_a_fix_for_cross_entropy():
+    """``F.cross_entropy`` (a softmax inside) on sigmoid outputs: the fix removes the sigmoid; it does not
+    send a multi-class loss to a binary one."""
+    dbg = _train(F.cross_entropy, final=nn.Sigmoid(), steps=120)
+    top = dbg.explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT and top.step == 0, dbg.report()
+    assert top.suggestion.startswith("remove the sigmoid or softmax before the loss")
+    assert "cross_entropy" in top.suggestion.split(":")[1]
+
+
 def test_a_log_softmax_over_the_batch_is_named_with_its_fix():
     dbg = _train(lambda out, y: F.nll_loss(F.log_softmax(out, dim=0), y), steps=120)
     top = dbg.explain()[0]

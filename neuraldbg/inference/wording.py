@@ -870,8 +870,10 @@ _ON_PROBABILITIES_FIX = {
                               "to read probabilities), or use F.nll_loss(torch.log_softmax(...))",
     LossMisuse.NLL_OF_PROBABILITIES: "give nll_loss log-probabilities: F.log_softmax instead of F.softmax (or "
                                      "F.cross_entropy on the logits)",
-    LossMisuse.LOGITS_LOSS_ON_PROBABILITIES: "remove the sigmoid before the loss (binary_cross_entropy_with_logits "
-                                             "applies it), or use F.binary_cross_entropy on the probabilities",
+    LossMisuse.LOGITS_LOSS_ON_PROBABILITIES: "remove the sigmoid or softmax before the loss: cross_entropy and "
+                                             "binary_cross_entropy_with_logits take logits and apply their own "
+                                             "(or, for a binary target, F.binary_cross_entropy on a sigmoid's "
+                                             "probabilities)",
     LossMisuse.LOGITS_BOUNDED: "remove the activation after the last layer: give the loss the last layer's raw "
                                "output (cross_entropy and binary_cross_entropy_with_logits apply their own "
                                "softmax or sigmoid)",
