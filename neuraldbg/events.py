@@ -56,7 +56,8 @@ class SemanticEvent:
         if self.signal == Signal.FINITE:
             return f"step {self.step}: " + (f"NaN/Inf appears in {where}" if self.bad else f"{where} is finite again")
         nums = ", ".join(f"{k} {number(v)}" for k, v in self.values.items())
-        text = f"step {self.step}: {self.signal} {self.before} -> {self.after} in {where}"
+        what = "loss (its classification term)" if self.values.get("term") else str(self.signal)
+        text = f"step {self.step}: {what} {self.before} -> {self.after} in {where}"
         return text + (f" ({nums})" if nums else "")
 
     def __str__(self) -> str:

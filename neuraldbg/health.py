@@ -974,28 +974,43 @@ def lr_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries]:
                                                                    LrState.DECAYED: decay_values}, persist=1)]
 
 
-def class_term_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
+def class_term_series(trace: Trace, th: Thresholds, curve: LossCurve | None) -> list[StateSeries]:
     """The classification term of a loss that adds other terms to it (meta ``class_term``: its value on sampled
-    passes, read off the output's gradient), against chance: the loss as a whole may fall with its other terms
-    (a weight penalty shrinking the weights) while this one learns nothing. A plateau from the sample on which
-    its running median (over ``persist`` samples) stays within ``loss_progress`` of chance, or above, to the
-    end, when that stretch spans ``plateau_steps`` steps or more."""
+    passes, read off the output's gradient), read as the plain loss is: the loss as a whole may fall with its
+    other terms (a weight penalty shrinking the weights) while this one learns nothing. Its progress is counted
+    from its start (from chance, when it starts ``above_chance`` times above it). A plateau from the sample on
+    which its running median (over ``persist`` samples) has made less than ``loss_progress`` of it, to the end,
+    over ``2 * persist + 1`` samples and ``plateau_steps`` steps or more, while the loss as a whole ends no lower
+    than that level (the other terms add to it: a whole loss below it says the term came down since its last
+    sample). None when the loss as a whole is flat itself: its own plateau says so."""
     rows = trace.meta.get("class_term") or []
-    chance = class_chance(trace, th)[0]
-    if len(rows) < 2 * th.persist or not chance > 0:
+    least = 2 * th.persist + 1
+    if curve is None and trace.loss.n:
+        curve = loss_curve(trace.loss.data, th)
+    if len(rows) < least or curve is None or not len(curve.progress) or curve.progress[-1] < th.loss_progress:
         return []
+    chance, uniform = class_chance(trace, th)
     steps = np.array([int(r[0]) for r in rows], dtype=np.int64)
     v = np.array([float(r[1]) for r in rows], dtype=np.float64)
     smooth = _rolling_median(v, th.persist)
-    at = smooth >= chance * (1.0 - th.loss_progress)
+    start = float(np.median(v[:th.persist]))
+    floor = max(chance, uniform) if uniform == uniform else chance
+    base = chance if chance > 0 and start > th.above_chance * floor else start
+    if not base > 0:
+        return []
+    progress = (base - smooth) / base
+    flat = progress < th.loss_progress
     state = np.zeros(len(v), dtype=np.int8)
-    if at[-1]:
-        i = int(np.nonzero(~at)[0][-1]) + 1 if (~at).any() else 0
-        if steps[-1] - steps[i] >= th.plateau_steps:
+    if flat[-1]:
+        i = int(np.nonzero(~flat)[0][-1]) + 1 if (~flat).any() else 0
+        level = float(smooth[-1])
+        if (len(v) - i >= least and steps[-1] - steps[i] >= th.plateau_steps
+                and float(curve.smooth[-1]) >= level * (1.0 - th.loss_progress)):
             state[i:] = LossState.PLATEAU.code
-    values = {"loss": _at(smooth), "start": lambda r: float(v[0]), "best": lambda r: float(smooth.min()),
-              "progress": lambda r: float((chance - smooth[-1]) / chance), "chance": lambda r: chance,
-              "latest": lambda r: float(smooth[-1]), "from_chance": lambda r: 1.0, "term": lambda r: 1.0}
+    values = {"loss": _at(smooth), "start": lambda r: start, "best": lambda r: float(smooth.min()),
+              "progress": lambda r: float(progress[-1]), "chance": lambda r: chance,
+              "latest": lambda r: float(smooth[-1]), "from_chance": lambda r: float(chance == chance),
+              "term": lambda r: 1.0, "whole_start": lambda r: float(curve.start)}
     return [StateSeries(Signal.LOSS, steps, state[:, None], [""], {LossState.PLATEAU: values})]
 
 
@@ -1005,7 +1020,7 @@ def compute(trace: Trace, th: Thresholds, curve: LossCurve | None = None) -> Hea
     series += global_series(trace, f, th)
     series += lr_series(trace, f, th)
     series += loss_series(trace, th, curve)
-    series += class_term_series(trace, th)
+    series += class_term_series(trace, th, curve)
     series += target_series(trace, th)
     series += order_series(trace, th)
     series += scaler_series(trace, th)

@@ -289,8 +289,9 @@ def summed(recorded: list[list[str]] | None) -> bool:
 
 def added_terms(recorded: list[list[str]] | None) -> bool:
     """The loss adds other terms to what reaches the model's output (``ce + lam * penalty``, an auxiliary
-    loss): a sum or difference on the way from the loss to it. Its value is then not that of its criterion."""
-    return any(op.split("@")[0] in ("Add", "Sub") for path in recorded or [] for op in path[:-1])
+    loss): a sum or difference on the way from the loss to it, or a stack of terms (then reduced). Its value is
+    then not that of its criterion."""
+    return any(op.split("@")[0] in ("Add", "Sub", "Stack") for path in recorded or [] for op in path[:-1])
 
 
 def weighted(recorded: list[list[str]] | None) -> bool:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from neuraldbg import losspath
 from zoo import Run, teacher_classes, train
 
 CONFIDENT = 0.5
@@ -111,3 +112,52 @@ def test_an_auxiliary_loss_beside_a_classification_that_learns_stays_quiet():
     dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(16, 4), loss=loss,
                     steps=300))
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def _random_labels(step: int):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(64, 16, generator=g), torch.randint(0, 4, (64,), generator=g)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.01])
+def test_labels_that_carry_nothing_read_the_same_plateau_with_a_small_penalty(lam):
+    """Random labels: the plain loss's plateau; with a penalty that holds a quarter of the loss at the start,
+    the loss as a whole comes down a little with it, and its classification term's plateau says the same,
+    with the same fix (the penalty held too little of the loss to be the reason)."""
+    model = _mlp(0)
+
+    def loss(out, y):
+        return F.cross_entropy(out, y) + lam * sum(p.pow(2).sum() for p in model.parameters())
+    top = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _random_labels, loss=loss,
+                    steps=300)).explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("check that the model can learn at all")
+
+
+def test_a_classification_term_that_comes_down_after_its_last_sample_is_no_plateau():
+    """Labels that carry nothing until step 222, then the teacher's: the loss learns at the end, after the
+    classification term's last sample; the loss as a whole, below the term's level, says it came down."""
+    teach = teacher_classes(16, 4)
+
+    def data(step: int):
+        x, y = teach(step)
+        if step < 222:
+            y = torch.randint(0, 4, y.shape, generator=torch.Generator().manual_seed(step))
+        return x, y
+    model = _mlp(0)
+
+    def loss(out, y):
+        return F.cross_entropy(out, y) + 1e-5 * sum(p.pow(2).sum() for p in model.parameters())
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=loss, steps=290))
+    assert not [e for e in dbg.analysis().events if e.values.get("term")]
+
+
+@pytest.mark.parametrize("path, expected", [
+    (["Add", "NllLoss", "LogSoftmax", "Addmm"], True),
+    (["Sum", "Stack", "NllLoss", "LogSoftmax", "Addmm"], True),    # torch.stack([ce, penalty]).sum()
+    (["Sub", "NllLoss", "LogSoftmax", "Addmm"], True),
+    (["NllLoss", "LogSoftmax", "Add"], False),                      # the output's own node: a residual sum
+    (["Div", "NllLoss", "LogSoftmax", "Addmm"], False),
+])
+def test_terms_added_to_the_loss_are_read_from_its_path(path, expected):
+    assert losspath.added_terms([path]) is expected

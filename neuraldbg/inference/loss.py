@@ -21,15 +21,21 @@ _FLAT = (LossState.PLATEAU, LossState.SLOW)
 
 def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
     """The plateau/slow events that follow each other up to the end of the run, when a plateau is among them
-    (a loss that was flat for a while and then learned had a slow start, not a plateau)."""
+    (a loss that was flat for a while and then learned had a slow start, not a plateau); else the plateau of
+    the classification term of a loss that adds other terms to it, when it holds to the end."""
     flat = ctx.all(Signal.LOSS, *_FLAT)
     run: list[SemanticEvent] = []
     for e in flat:
+        if e.values.get("term"):
+            continue
         if run and run[-1].end == e.step:
             run.append(e)
         else:
             run = [e]
-    return run if run and run[-1].end is None and any(e.after == LossState.PLATEAU for e in run) else []
+    if run and run[-1].end is None and any(e.after == LossState.PLATEAU for e in run):
+        return run
+    # the loss as a whole comes down, with what it adds to a classification: that term's own plateau
+    return [e for e in flat if e.values.get("term") and e.end is None][-1:]
 
 
 def candidates(ctx: Context) -> list[Candidate]:

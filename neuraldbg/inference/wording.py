@@ -86,11 +86,16 @@ def loss_text(ev: SemanticEvent) -> str:
         return (f"the loss falls below zero and on, down to {fmt(v.get('lowest', math.nan))}"
                 if ev.after == TargetState.UNBOUNDED else "the loss starts far above what the outputs can reach")
     chance = v.get("chance", math.nan)
+    if v.get("term"):
+        what = ("the loss's classification term (read off the output's gradient; the loss adds other terms to it, "
+                f"and as a whole starts at {fmt(v.get('whole_start', math.nan))})")
+        span = f"{fmt(v.get('start', math.nan))} at the start, {fmt(v.get('latest', math.nan))} at the end"
+        if chance == chance:
+            return f"{what} does not come clearly below chance, {fmt(chance)}: {span}"
+        return f"{what} stays flat: {span}"
     if ev.after in (LossState.PLATEAU, LossState.SLOW) and v.get("from_chance"):  # progress counted from chance
         how = "does not come clearly" if ev.after == LossState.PLATEAU else "hardly comes"
-        what = ("the loss's classification term (read off the output's gradient; the loss adds other terms to it)"
-                if v.get("term") else "the loss")
-        return (f"{what} {how} below chance, {fmt(chance)} (what predicting the classes' frequencies gives): "
+        return (f"the loss {how} below chance, {fmt(chance)} (what predicting the classes' frequencies gives): "
                 f"{fmt(v.get('start', math.nan))} at the start, {fmt(v.get('latest', math.nan))} at the end")
     if ev.after == LossState.PLATEAU:
         return (f"the loss stays flat ({fmt(v.get('start', math.nan))} at the start, "
@@ -1265,6 +1270,12 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "harder than the loss's gradient moves them; then check the learning rate")
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
+    term = next((e for e in c.events if e.values.get("term")), None)
+    if term is not None and term.values.get("whole_start", 0.0) >= ctx.th.above_chance * term.values["start"]:
+        # what the loss adds to its classification held most of it at the start, and came down alone
+        text = ("lower the weight of the terms the loss adds to its classification (a weight penalty, an auxiliary "
+                "loss) by 10-100x: they held most of the loss at the start, and what came down is theirs; else "
+                + text)
     if (frozen := _frozen(ctx)) is not None:
         held, _ = frozen
         text = (f"if {layer_list(held)} should learn, unfreeze them (requires_grad_(True) on their parameters) and "
