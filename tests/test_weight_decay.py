@@ -161,3 +161,12 @@ def test_a_classification_term_that_comes_down_after_its_last_sample_is_no_plate
 ])
 def test_terms_added_to_the_loss_are_read_from_its_path(path, expected):
     assert losspath.added_terms([path]) is expected
+
+
+def test_sgds_momentum_counts_in_what_its_decay_pulls():
+    """SGD at lr 0.01 with momentum 0.9 and weight_decay=0.5: the decay joins the gradient, and momentum sums
+    ~10 of them, so it pulls ten times lr x weight_decay a step; that accounts for the collapse, and the fix
+    names it rather than a penalty in the loss."""
+    top = _run(lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, weight_decay=0.5)).explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("lower SGD's weight_decay from 0.5 to")

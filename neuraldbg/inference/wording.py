@@ -718,21 +718,33 @@ def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
     return own[0] if own else symptom_lines(c.events, 1)[0]
 
 
-# optimizers that add the decay to the gradient and then normalise the step: under them the decay's pull does
-# not scale with lr x weight_decay (a weight with no gradient from the loss moves ~lr a step toward zero)
+# optimizers that add the weight decay to the gradient and then normalise the step: the decay's pull does not
+# scale with lr x weight_decay there (a weight with no gradient from the loss moves ~lr a step toward zero)
 _COUPLED = frozenset({"Adam", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop", "Adadelta"})
+
+
+def _decay_per_step(kind: str, decay: float, momentum: float) -> float:
+    """What a weight decay takes off the weights per unit of learning rate, where it does not depend on the
+    gradient: ``decay`` (AdamW's, decoupled), over 1 - momentum for SGD (the decay joins the gradient, and its
+    momentum sums ~1 / (1 - momentum) of them); NaN for a normalising optimizer's."""
+    if kind in _COUPLED or not decay > 0:
+        return math.nan
+    if kind == "SGD" and 0 <= momentum < 1:
+        return decay / (1.0 - momentum)
+    return decay
 
 
 def _decay_accounts(c: Candidate, ctx: Context, decay: float) -> bool:
     """The optimizer's weight decay can account for the weights' collapse: a normalising optimizer's, or one
-    (SGD's, AdamW's) that alone shrinks the weights by weight_shrinking or more, exp(-lr x decay x steps),
+    (SGD's, AdamW's: ``_decay_per_step``) that alone shrinks the weights by weight_shrinking or more,
     between the start of the shrink and the collapse (a default AdamW decay of 0.01 cannot: another pull
     holds them down)."""
     if ctx.optimizer_kind in _COUPLED:
         return True
     lr = ctx.lr_peak if ctx.lr_peak == ctx.lr_peak else ctx.lr
     steps = max(c.step - c.since, 1)
-    return lr == lr and lr * decay * steps >= math.log(ctx.th.weight_shrinking)
+    per = _decay_per_step(ctx.optimizer_kind, decay, ctx.optimizer_momentum)
+    return lr == lr and per == per and lr * per * steps >= math.log(ctx.th.weight_shrinking)
 
 
 def _beyond(f: dict) -> str:
