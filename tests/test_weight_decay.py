@@ -25,14 +25,20 @@ def _run(make, seed: int = 0, steps: int = 300, width: int = 64):
     return train(Run(model, make(model.parameters()), teacher_classes(16, 4, seed=seed), steps=steps))
 
 
+def _held_down(dbg, fix: str, because: str) -> None:
+    """The verdict: weights held down, named with ``fix``, a line of the chain saying ``because``, and no
+    learning rate to change."""
+    top = dbg.explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith(fix)
+    assert any(because in line for line in top.chain)
+    assert "learning rate from" not in top.suggestion
+
+
 @pytest.mark.parametrize("seed, steps, width", [(0, 300, 64), (1, 300, 128), (2, 600, 64)])
 def test_adams_l2_weight_decay_holding_the_weights_down_is_named(seed, steps, width):
     dbg = _run(lambda p: torch.optim.Adam(p, lr=1e-3, weight_decay=1.0), seed, steps, width)
-    top = dbg.explain()[0]
-    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
-    assert top.suggestion.startswith("lower Adam's weight_decay from 1 to")
-    assert any("shrink toward zero" in line for line in top.chain)
-    assert "learning rate from" not in top.suggestion
+    _held_down(dbg, "lower Adam's weight_decay from 1 to", "shrink toward zero")
 
 
 def test_adamws_decay_is_named_with_its_value():
@@ -88,12 +94,7 @@ def _penalised(lam: float, make, seed: int = 0, steps: int = 300):
 def test_a_weight_penalty_in_the_loss_holding_the_weights_down_is_named(lam, make, seed, steps):
     """The loss falls from hundreds to chance as the penalty shrinks the weights: progress on the loss as a
     whole, while its classification term, read off the output's gradient, stays at chance."""
-    dbg = _penalised(lam, make, seed, steps)
-    top = dbg.explain()[0]
-    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
-    assert top.suggestion.startswith("lower the weight penalty added to the loss")
-    assert any("classification term" in line for line in top.chain)
-    assert "learning rate from" not in top.suggestion
+    _held_down(_penalised(lam, make, seed, steps), "lower the weight penalty added to the loss", "classification term")
 
 
 def test_a_small_weight_penalty_and_a_plain_loss_stay_quiet():
