@@ -565,7 +565,7 @@ HARD_TARGET_TOL = 1e-3
 _READABLE = 1e-6  # predictions below this are too small for their ratio to be read
 
 
-def classes_from_gradient(kind: str, g, out):
+def classes_from_gradient(kind: str, g, out, term: bool = False):
     """The class of each row of a batch, read off the gradient ``g`` a classification loss left at the model's
     output ``out`` (logits): ``kind`` "classes" (a cross-entropy over dimension 1) or "binary" (a binary
     cross-entropy with logits). A row whose gradient is not that of a hard target (soft labels, label
@@ -573,20 +573,22 @@ def classes_from_gradient(kind: str, g, out):
     sample), is left out; a row with no entry pushed up whose prediction is saturated is a sample the model
     fits all but exactly (its class's gradient rounds to zero), its class the one predicted. Returns a 1-D
     tensor of class ids and, as 0-d tensors, the scale of the hard targets' rows (the loss's gradient per
-    unit of prediction error: 1/N for a mean over N rows; NaN where none is read) and their mean
-    cross-entropy against the classes read (what the classification term of the loss is, whatever else the
-    loss adds), or None when the shapes do not fit."""
+    unit of prediction error: 1/N for a mean over N rows; NaN where none is read) and, with ``term``, their
+    mean cross-entropy against the classes read (what the classification term of the loss is, whatever else
+    the loss adds; NaN without), or None when the shapes do not fit."""
     import torch
 
     # the ratios are read as precisely as the gradient was computed (bfloat16 keeps 8 bits)
     tol = max(HARD_TARGET_TOL, 4 * torch.finfo(g.dtype).eps) if g.is_floating_point() else HARD_TARGET_TOL
+    nan = torch.full((), torch.nan, device=g.device)  # (on the gradient's device: read back with it)
     with torch.no_grad():
         g, z = g.detach().float(), out.detach().float()
         if kind == "log_probs" and g.dim() == 2 and g.shape[1] >= 2 and z.shape == g.shape:
             # an NLL of the model's own log-probabilities: the class's entry alone has a gradient
             low, cls = g.min(dim=1)
             hard = (low < 0) & ((g != 0).sum(dim=1) == 1) & torch.isfinite(g).all(dim=1)
-            return cls[hard], _median(-low[hard]), _mean(-z.gather(1, cls[:, None]).squeeze(1)[hard])
+            ce = _mean(-z.gather(1, cls[:, None]).squeeze(1)[hard]) if term else nan
+            return cls[hard], _median(-low[hard]), ce
         if kind == "classes" and g.dim() == 2 and g.shape[1] >= 2 and z.shape == g.shape:
             p = z.softmax(dim=1)
             low, cls = g.min(dim=1)
@@ -601,15 +603,15 @@ def classes_from_gradient(kind: str, g, out):
             fitted = (g >= 0).all(dim=1) & (p.amax(dim=1) >= 1.0 - _READABLE)
             keep = (hard | fitted) & torch.isfinite(g).all(dim=1)
             found = torch.where(hard, cls, z.argmax(dim=1))
-            term = z.logsumexp(dim=1) - z.gather(1, found[:, None]).squeeze(1)
-            return found[keep], _median(mid[hard & keep]), _mean(term[keep])
+            ce = _mean((z.logsumexp(dim=1) - z.gather(1, found[:, None]).squeeze(1))[keep]) if term else nan
+            return found[keep], _median(mid[hard & keep]), ce
         if kind == "binary" and (g.dim() == 1 or g.dim() == 2 and g.shape[1] == 1) and z.numel() == g.numel():
             g, z = g.reshape(-1), z.reshape(-1)
             s = z.sigmoid()
             pos = g < 0
             scale = torch.where(pos, g / (s - 1).clamp_max(-_READABLE), g / s.clamp_min(_READABLE))
             hard = torch.zeros_like(pos)
-            negatives = torch.full((), torch.nan)
+            negatives = nan
             for side in (pos, (g > 0)):  # the scale is one per class (a pos_weight scales the positives)
                 if side.any():
                     mid = scale[side].median()
@@ -618,17 +620,18 @@ def classes_from_gradient(kind: str, g, out):
             fitted = (g == 0) & ((s == 0) | (s == 1))
             keep = (hard | fitted) & torch.isfinite(g)
             found = torch.where(hard, pos, z > 0)
-            term = torch.nn.functional.binary_cross_entropy_with_logits(z, found.float(), reduction="none")
-            return found.long()[keep], negatives, _mean(term[keep])
+            ce = (_mean(torch.nn.functional.binary_cross_entropy_with_logits(z, found.float(), reduction="none")[keep])
+                  if term else nan)
+            return found.long()[keep], negatives, ce
         return None
 
 
 def _median(values):
     import torch
-    return values.median() if values.numel() else torch.full((), torch.nan)
+    return values.median() if values.numel() else torch.full((), torch.nan, device=values.device)
 
 
 def _mean(values):
     import torch
-    return values.mean() if values.numel() else torch.full((), torch.nan)
+    return values.mean() if values.numel() else torch.full((), torch.nan, device=values.device)
 

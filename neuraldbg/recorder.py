@@ -1204,7 +1204,7 @@ class Recorder:
         out = self._out_leaves[0] if len(self._out_leaves) == 1 else None
         if out is None or out.shape != g.shape:
             return
-        read = losspath.classes_from_gradient(kind, g, out)
+        read = losspath.classes_from_gradient(kind, g, out, term=self._class_kind[2])
         if read is None:
             return
         cls, scale, term = read

@@ -2,12 +2,14 @@
 sees. Each misuse on a real graph, its correct counterparts, and the verdict on a real training loop."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import NeuralDbg
+from neuraldbg import NeuralDbg, losspath
 from neuraldbg.losspath import LossMisuse, misuse, paths
 
 CONFIDENT = 0.5
@@ -374,3 +376,13 @@ def _graph(make_loss):
     loss = make_loss(out, y)
     loss.backward()
     return loss.grad_fn, [out.grad_fn]
+
+
+def test_the_classification_term_is_read_off_the_gradient_only_when_asked():
+    out = torch.randn(32, 5, requires_grad=True)
+    y = torch.randint(0, 5, (32,), generator=torch.Generator().manual_seed(0))
+    (g,) = torch.autograd.grad(F.cross_entropy(out, y) + 0.0 * out.sum(), out)
+    cls, _, term = losspath.classes_from_gradient("classes", g, out, term=True)
+    assert torch.equal(cls, y)
+    assert abs(float(term) - float(F.cross_entropy(out, y))) < 1e-5
+    assert math.isnan(float(losspath.classes_from_gradient("classes", g, out)[2]))
