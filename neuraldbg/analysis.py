@@ -289,6 +289,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
                   lr_peak=lr_peak, lr_rising=_lr_rising(trace, thresholds), th=thresholds,
+                  lr_base=float(trace.meta.get("lr_base", math.nan)),
                   lr_rows=tuple(zip(trace.globals.steps.tolist(), trace.global_column("lr").tolist()))
                   if trace.globals.n else (), has_loss=trace.loss.n > 0, ranks=ranks,
                   sampled=tuple(int(s) for s in table.steps),

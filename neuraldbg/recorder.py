@@ -1528,6 +1528,7 @@ class Recorder:
                 [limits[rec.dtype[i]] for i in idx], dtype=np.float32)
         g[0] = self._lr()
         self._note_lr_groups()
+        self._note_lr_base()
         # backward passes per optimizer step so far, this one's included (more than one: gradient accumulation)
         self.trace.meta["passes_per_step"] = self.passes / (self.step + 1)
         self.trace.add_sample(self.step, row, g)
@@ -1608,6 +1609,18 @@ class Recorder:
                 lr = math.nan
             rows.append([lr, list(names)])
         self.trace.meta["lr_groups"] = rows
+
+    def _note_lr_base(self) -> None:
+        """The rate a schedule scales (``initial_lr``: torch's schedulers, and those built on them, set it on
+        each group when made), for the first group, whose rate is the one recorded."""
+        groups = getattr(self.optimizer, "param_groups", None)
+        base = groups[0].get("initial_lr") if groups else None
+        try:
+            base = float(base) if base is not None else math.nan
+        except (TypeError, ValueError):
+            base = math.nan
+        if base == base and base > 0:
+            self.trace.meta["lr_base"] = base
 
     def _lr(self, sync: bool = True) -> float:
         """The first parameter group's learning rate; NaN when unknown, or when it is a tensor on an

@@ -187,6 +187,10 @@ class Thresholds:
                            "factor by which the learning rate falls below its peak that ends learning (a schedule "
                            "decaying that far while the loss has not come down: a scheduler stepped per batch with "
                            "a step size meant in epochs)", slider=False)
+    lr_held: float = _f(10.0, "lr held", "log", 1.5, 1e6,
+                        "factor below the optimizer's base learning rate (the one its schedule scales) that the rate "
+                        "stays under for the whole run, its peak included, for a schedule to hold it down (a warm-up "
+                        "longer than the run)", slider=False)
     lr_jump_window: int = _f(16, "lr jump window", "linear", 1, 1000,
                              "steps after a jump of the learning rate within which a failure is blamed on it",
                              slider=False)

@@ -259,3 +259,44 @@ def test_a_warmup_long_over_does_not_hide_a_rate_too_low(opt_of):
     top = train(Run(model, opt, teacher_classes(16, 4), steps=500, before_step=lambda s, o: sched.step() if s else None)
                 ).explain()[0]
     assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+
+
+def _scheduled(opt_of, make_schedule, steps: int = 300):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = opt_of(model.parameters())
+    sched = make_schedule(opt)
+    return train(Run(model, opt, teacher_classes(16, 4), steps=steps,
+                     before_step=lambda s, o: sched.step() if s else None)).explain()
+
+
+_OPTIMIZERS = [lambda p: torch.optim.Adam(p, lr=1e-3), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)]
+
+
+@pytest.mark.parametrize("opt_of", _OPTIMIZERS, ids=["adam", "sgd"])
+@pytest.mark.parametrize("make_schedule", [
+    lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1e-3, total_iters=100_000),
+    lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 100_000))], ids=["linear", "lambda"])
+def test_a_warmup_longer_than_the_run_is_the_schedules_fix_not_the_base_rates(opt_of, make_schedule):
+    """A warm-up planned over 100k steps in a 300-step run: the rate ends hundreds of times below the
+    optimizer's, and raising that base would only scale the warm-up's rates alike. The warm-up is named."""
+    hs = _scheduled(opt_of, make_schedule)
+    top = hs[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("shorten the schedule's warm-up")
+    assert not any("raise the learning rate" in h.suggestion or "larger learning rate" in h.suggestion for h in hs)
+
+
+@pytest.mark.parametrize("opt_of", _OPTIMIZERS, ids=["adam", "sgd"])
+def test_a_warmup_over_a_tenth_of_the_run_stays_quiet(opt_of):
+    hs = _scheduled(opt_of, lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1e-3, total_iters=30))
+    assert not [h for h in hs if h.confidence >= CONFIDENT]
+
+
+def test_a_schedule_factor_far_below_one_is_the_schedules_fix():
+    """A LambdaLR whose lambda returns the rate itself (1e-3) where a multiplier is meant: the rate is the
+    base times 1e-3 all run."""
+    hs = _scheduled(_OPTIMIZERS[0], lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1e-3))
+    top = hs[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("check the schedule: it holds the learning rate at 1.00e-06")

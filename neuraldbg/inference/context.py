@@ -66,6 +66,8 @@ class Context:
     loss_no_gradient: str = ""
     # how many times over a schedule still raising the learning rate at the end of the run has raised it (NaN: not)
     lr_rising: float = math.nan
+    # the rate the optimizer's schedule scales (its first group's ``initial_lr``; NaN: no schedule seen)
+    lr_base: float = math.nan
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so
     bounded_output: tuple | None = None
     loss_min: float = math.nan      # the lowest finite loss recorded
@@ -198,6 +200,16 @@ class Context:
         """The learning rate started at less than half of its largest value (a warm-up, or a schedule that
         raised it); unknown learning rates count as warmed up."""
         return not (self.lr_first == self.lr_first and self.lr_peak > 0 and self.lr_first >= 0.5 * self.lr_peak)
+
+    def schedule_hold(self) -> float:
+        """How many times below the optimizer's base learning rate (the one its schedule scales) the rate is at
+        the end of the run, when a schedule held it ``lr_held`` times below that base or more all along, its
+        peak included: a warm-up longer than the run, a schedule's factor far below 1. NaN otherwise (a
+        schedule that reached its base and decayed from it is read from its peak)."""
+        base, peak, lr = self.lr_base, self.lr_peak, self.lr
+        if base == base and peak == peak and lr == lr and lr > 0 and peak * self.th.lr_held <= base:
+            return base / lr
+        return math.nan
 
     def lr_at(self, step: int) -> float:
         """The learning rate at the last sample at or before ``step`` (NaN: unknown)."""

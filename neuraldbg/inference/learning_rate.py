@@ -74,9 +74,12 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
                              severity=below_ratio(typical, ctx.th.update_negligible), persistence=persistence(ev, ctx),
                              needs_harm=True, loss_kinds=losses.FLAT,
                              facts={"update_typical": typical, "divided": divided}))
-    elif not named and ctx.all(Signal.LOSS, LossState.PLATEAU) and ctx.lr_rising != ctx.lr_rising:
-        # (a loss flat over a window, not the first steps' stall; a rate a schedule is still raising, a warm-up
-        # under way, has moved the weights little so far by design)
+    if (not named and not (small and small[0].end is None) and ctx.all(Signal.LOSS, LossState.PLATEAU)
+            and (ctx.lr_rising != ctx.lr_rising or ctx.schedule_hold() == ctx.schedule_hold())):
+        # updates above negligible (from some step on) that add up to little: a loss flat over a window, not
+        # the first steps' stall; a rate a schedule is still raising, a warm-up under way, has moved the weights
+        # little so far by design, unless it stayed far below the rate the schedule raises it to for the whole
+        # run (a warm-up longer than the run)
         out += _still(ctx, divided) + _group_still(ctx)
     return out
 

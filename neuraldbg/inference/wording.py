@@ -462,6 +462,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                   f"of their norm (`{f['layer']}`, the layer that moved most, lr {fmt(f['lr'])})"] if k == "still" else
                  [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                   f"the weights per step (lr {fmt(ctx.lr)})"])
+        if (hold := ctx.schedule_hold()) == hold:
+            lines.insert(0, f"a schedule holds the learning rate at {_held_where(ctx, hold)}"
+                            + (f", still raising it (x{fmt(ctx.lr_rising)} so far)" if ctx.lr_rising == ctx.lr_rising
+                               else "") + ", and it never came nearer")
         if f.get("divided", math.nan) == f.get("divided"):
             lines.insert(0, f"the loss's gradient at the output is ~{fmt(1 / f['divided'])}x a mean's: the loss is "
                             f"divided by ~{f['divided']:.0f} before backward, and under {ctx.optimizer} every step "
@@ -1175,6 +1179,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         # negligible already at the peak: the peak is what to raise, not the remnant the schedule left
         return (f"raise the learning rate from {number(peak)} (its peak, before a schedule cut it to "
                 f"{number(ctx.lr)}) to ~{number(peak * 1e3)} (updates of ~1e-3 x the weights per step are typical)")
+    hold = ctx.schedule_hold()
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and hold == hold and k in ("negligible", "still"):
+        return _schedule_held(ctx, hold)
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "group":
         # a rate that moves its layers by about their norm over a run this long, up to the other group's
         target = min(f["lr_group"] / f["moved"] if f["moved"] > 0 else math.inf, f["lr_other"])
@@ -1299,11 +1306,30 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         # the rate at the end is a schedule's remnant: the one to raise is the one the run had at its peak
         text += (f"; the loss stayed flat and {_SCHEDULE_CUT.format(peak=number(ctx.lr_peak), lr=number(ctx.lr))}, "
                  f"then try a larger learning rate than {number(ctx.lr_peak)} (x3)")
+    elif lr_way != "lower" and (hold := ctx.schedule_hold()) == hold:
+        text += "; then " + _schedule_held(ctx, hold)
     elif lr_way != "lower":
         text += f"; then try a larger learning rate than {lr} (x3) or a schedule"
     else:
         text += f"; the updates were large: try a smaller learning rate than {lr} or a warm-up"
     return text
+
+
+def _held_where(ctx: Context, held: float) -> str:
+    at = int(ctx.lr_rows[-1][0]) if ctx.lr_rows else ctx.last_step
+    return f"{number(ctx.lr)} at step {at}, {fmt(held)}x below the optimizer's {number(ctx.lr_base)}"
+
+
+def _schedule_held(ctx: Context, held: float) -> str:
+    """The fix of a rate a schedule held far below the optimizer's base rate all run: the schedule's, not the
+    base rate (raising it would only scale the schedule's rates alike)."""
+    where = _held_where(ctx, held)
+    if ctx.lr_rising == ctx.lr_rising:
+        return (f"shorten the schedule's warm-up: it had raised the learning rate only to {where}; warm up over "
+                "~5-10% of the run's steps (LinearLR's total_iters, the warm-up steps of a LambdaLR or of "
+                "num_warmup_steps) and leave the base rate as it is")
+    return (f"check the schedule: it holds the learning rate at {where} (a LambdaLR multiplies the base rate by "
+            "what its lambda returns; a warm-up's length counts the scheduler's steps, not epochs)")
 
 
 _SCHEDULE_CUT = ("a schedule took the learning rate from {peak} down to {lr}: check what drives it (a "
