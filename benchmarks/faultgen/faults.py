@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import models as M
@@ -239,6 +240,30 @@ def _negative_bias(b: Build) -> None:
     site = b.sites().middle("relu", blocking=True)
     with torch.no_grad():
         b.param(site.bias).fill_(-20.0)
+
+
+def dropout_as_keep_prob(b: Build) -> None:
+    """``F.dropout(h, p=keep_prob)`` on the middle ReLU-family activation's input, with keep_prob 1.0 (a keep
+    probability passed where PyTorch takes the probability of dropping, as in a port from TensorFlow 1):
+    in training every element is dropped, so the activation reads 0 for every input."""
+    site = b.sites().middle("relu", blocking=True)
+    dict(b.model.named_modules())[site.pre].register_forward_hook(
+        lambda m, i, out: F.dropout(out, p=1.0, training=m.training))
+
+
+def dropout_schedule_to_one(b: Build) -> None:
+    """A dropout schedule on the middle ReLU-family activation's input whose p rises linearly from 0 to
+    1.0 at ``RAMP_CROSS`` of the run (a schedule of the keep probability's complement run past its end):
+    ever fewer elements pass, then none, and the activation reads 0 for every input."""
+    site = b.sites().middle("relu", blocking=True)
+    p = {"now": 0.0}
+    end = RAMP_CROSS * b.steps
+
+    def rise(step, opt, end=end):
+        p["now"] = min(1.0, step / end)
+    b.schedule.append(rise)
+    dict(b.model.named_modules())[site.pre].register_forward_hook(
+        lambda m, i, out: F.dropout(out, p=p["now"], training=m.training))
 
 
 def dead_expect(kind: str, **need):
@@ -608,6 +633,21 @@ def _mechanism_list() -> list[Mechanism]:
                   only("mlp_relu", "cnn_bn", "residual_cnn", "autoencoder"), _sparsity_ramp,
                   lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place),),
                                    gradual_onset(b)), worse_than_twin, gradual=True),
+        Mechanism("dropout_as_keep_prob", "dead_units",
+                  "functional dropout on the middle ReLU-family activation's input called with a keep probability "
+                  "of 1.0 as its p: in training every element is dropped, the activation outputs 0 for every input",
+                  only("mlp_relu", "mlp_gelu", "cnn_bn", "cnn_bn_functional", "autoencoder"),
+                  dropout_as_keep_prob,
+                  lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
+                                      b.sites().middle("relu", blocking=True).pre),), (0, 2)),
+                  worse_than_twin),
+        Mechanism("dropout_schedule_to_one", "dead_units",
+                  "a dropout schedule on the middle ReLU-family activation's input whose p rises from 0 to 1.0 by 60% "
+                  "of the run: ever fewer elements pass, then none",
+                  only("mlp_relu", "cnn_bn", "cnn_bn_functional", "autoencoder"), dropout_schedule_to_one,
+                  lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
+                                      b.sites().middle("relu", blocking=True).pre),), gradual_onset(b)),
+                  worse_than_twin, gradual=True),
         # -- saturated activations -------------------------------------------------------------------
         Mechanism("squash_bias_shift", "saturated_activations",
                   "the bias before the middle tanh/sigmoid set to +20: it sits at its upper bound for every input",

@@ -147,28 +147,24 @@ def mask_sign_flipped(b: Build) -> None:
         dict(b.model.named_modules())[a.place].key_bias = bias
 
 
-def dropout_as_keep_prob(b: Build) -> None:
-    """``F.dropout(h, p=keep_prob)`` on the middle ReLU-family activation's input, with keep_prob 1.0 (a keep
-    probability passed where PyTorch takes the probability of dropping, as in a port from TensorFlow 1):
-    in training every element is dropped, so the activation reads 0 for every input."""
+def norm_scale_zero(b: Build) -> None:
+    """The normalisation before the middle ReLU gets its scale (``weight``, gamma) initialised to 0, a
+    zero-init meant for a residual branch's last norm applied to every norm: it outputs its bias (0) for
+    every input, and a ReLU at 0 passes no gradient back to the scale."""
     site = b.sites().middle("relu", blocking=True)
-    dict(b.model.named_modules())[site.pre].register_forward_hook(
-        lambda m, i, out: F.dropout(out, p=1.0, training=m.training))
+    with torch.no_grad():
+        b.param(f"{site.pre}.weight").zero_()
 
 
-def dropout_schedule_to_one(b: Build) -> None:
-    """A dropout schedule on the middle ReLU-family activation's input whose p rises linearly from 0 to
-    1.0 at ``RAMP_CROSS`` of the run (a schedule of the keep probability's complement run past its end):
-    ever fewer elements pass, then none, and the activation reads 0 for every input."""
+def unit_mask_zeros(b: Build) -> None:
+    """A unit mask (meant to prune a few units of the middle ReLU-family activation's input) made with
+    ``torch.zeros`` where ``torch.ones`` was meant: every unit is multiplied by 0."""
     site = b.sites().middle("relu", blocking=True)
-    p = {"now": 0.0}
-    end = K.RAMP_CROSS * b.steps
 
-    def rise(step, opt, end=end):
-        p["now"] = min(1.0, step / end)
-    b.schedule.append(rise)
-    dict(b.model.named_modules())[site.pre].register_forward_hook(
-        lambda m, i, out: F.dropout(out, p=p["now"], training=m.training))
+    def mask(m, i, out):
+        shape = (out.shape[1],) + (1,) * (out.dim() - 2)
+        return out * torch.zeros(shape, dtype=out.dtype, device=out.device)
+    dict(b.model.named_modules())[site.pre].register_forward_hook(mask)
 
 
 # -- did it bite? ------------------------------------------------------------------------------------
@@ -277,21 +273,21 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
     Mechanism("one_layer_scaled", "bad_initialization",
               "the middle weight layer x1000 at initialisation",
               K.only("mlp_relu", "mlp_gelu", "autoencoder"), scale_middle(1000.0), one_layer_expect, K.worse_than_twin),
-    Mechanism("dropout_as_keep_prob", "dead_units",
-              "functional dropout on the middle ReLU-family activation's input called with a keep probability "
-              "of 1.0 as its p: in training every element is dropped, the activation outputs 0 for every input",
-              K.only("mlp_relu", "mlp_gelu", "cnn_bn", "cnn_bn_functional", "autoencoder"),
-              dropout_as_keep_prob,
+    Mechanism("norm_scale_zero", "dead_units",
+              "the normalisation before the middle ReLU has its scale initialised to 0 (a residual branch's "
+              "zero-init applied to every norm): the ReLU reads 0 for every input and passes no gradient",
+              lambda f: f.name in ("cnn_bn", "cnn_bn_functional"), norm_scale_zero,
+              lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
+                                  b.sites().middle("relu", blocking=True).pre),
+                                V("bad_initialization", b.sites().middle("relu", blocking=True).pre)), (0, 2)),
+              K.worse_than_twin),
+    Mechanism("unit_mask_zeros", "dead_units",
+              "a unit mask on the middle ReLU-family activation's input made with torch.zeros where torch.ones "
+              "was meant: the activation reads 0 for every input",
+              K.only("mlp_relu", "mlp_gelu", "cnn_bn", "cnn_bn_functional"), unit_mask_zeros,
               lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
                                   b.sites().middle("relu", blocking=True).pre),), (0, 2)),
               K.worse_than_twin),
-    Mechanism("dropout_schedule_to_one", "dead_units",
-              "a dropout schedule on the middle ReLU-family activation's input whose p rises from 0 to 1.0 by 60% "
-              "of the run: ever fewer elements pass, then none",
-              K.only("mlp_relu", "cnn_bn", "cnn_bn_functional", "autoencoder"), dropout_schedule_to_one,
-              lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
-                                  b.sites().middle("relu", blocking=True).pre),), K.gradual_onset(b)),
-              K.worse_than_twin, gradual=True),
     Mechanism("attention_mask_sign_flipped", "attention_collapse",
               "hand-written attention whose padding mask (+1e4 on the last key) is added with the wrong sign: "
               "every query attends to that one key",
