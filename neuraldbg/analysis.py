@@ -290,6 +290,8 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
                   lr_peak=lr_peak, lr_rising=_lr_rising(trace, thresholds), th=thresholds,
                   lr_base=float(trace.meta.get("lr_base", math.nan)),
+                  dropout={str(k): [(int(r[0]), float(r[1])) for r in v] for k, v in
+                           (trace.meta.get("dropout") or {}).items()},
                   lr_rows=tuple(zip(trace.globals.steps.tolist(), trace.global_column("lr").tolist()))
                   if trace.globals.n else (), has_loss=trace.loss.n > 0, ranks=ranks,
                   sampled=tuple(int(s) for s in table.steps),

@@ -146,6 +146,20 @@ def _table() -> dict[Callable, OpSpec]:
 
 
 OPS: dict[Callable, OpSpec] = _table()
+
+# dropouts: the share of entries each drops in training (its ``p``) is read; their output is their input's
+# for attribution, so ``F.relu(F.dropout(self.bn2(x)))`` is "F.relu after `bn2`", as without the dropout
+DROPOUTS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+                      torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout})
+
+
+def dropout_rate(args, kwargs) -> float | None:
+    """The share a dropout call drops: its ``p`` when it runs in training, 0 when not; None if unreadable."""
+    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+    train = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not isinstance(train, bool):
+        return None
+    return float(p) if train else 0.0
 ACTIVATION_KINDS = frozenset({Kind.RELU, Kind.BOUNDED, Kind.SMOOTH})
 # ops that write a chosen value (an attention mask's -inf) rather than compute one
 _FILLS = frozenset(getattr(torch.Tensor, n) for n in ("masked_fill", "masked_fill_", "fill_", "new_full", "index_fill",
@@ -265,6 +279,12 @@ class ModuleTracker:
         """The innermost module running now (``""``, the model, outside any submodule)."""
         return self.stack[-1] if self.stack else ""
 
+    def alias(self, out, t) -> None:
+        """``out`` stands for ``t`` (a dropout of it): produced by the module that produced ``t``, if any."""
+        hit = self._outputs.get(id(t)) if isinstance(t, torch.Tensor) else None
+        if hit is not None and hit[0]() is t and isinstance(out, torch.Tensor):
+            self._outputs[id(out)] = (weakref.ref(out), hit[1])
+
     def producer(self, t) -> str | None:
         """The module whose output ``t`` is, if any, in this pass."""
         hit = self._outputs.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -286,13 +306,18 @@ class FunctionalObserver(TorchFunctionMode):
     """Sees functional activations and attention during one sampled forward pass and hands each,
     attributed, to ``sink(owner, relation, spec, output, attention_logits)``."""
 
-    def __init__(self, tracker: ModuleTracker, skip: set[int], sink: Sink, attention: Callable):
+    def __init__(self, tracker: ModuleTracker, skip: set[int], sink: Sink, attention: Callable,
+                 dropout: Callable[[str, float], None] | None = None,
+                 dropout_leaves: frozenset[int] | set[int] = frozenset()):
         super().__init__()
         self.tracker = tracker
         self.skip_names = {tracker.names[i] for i in skip if i in tracker.names}  # activation modules: their row
         self.sink = sink
         self.attention = attention          # (func, args, kwargs) -> logits or None
+        self.dropout = dropout              # (owner, share dropped) of a functional dropout
+        self.dropout_names = {tracker.names[i] for i in dropout_leaves if i in tracker.names}  # read by their module
         self._marked: dict[int, weakref.ref] = {}
+        self._activated: dict[int, tuple[weakref.ref, str]] = {}   # an activation's output -> its owner
         # a mask x > 0 (positive) or x < 0 -> (the mask, x, positive)
         self._gates: dict[int, tuple[weakref.ref, weakref.ref, bool]] = {}
 
@@ -309,6 +334,19 @@ class FunctionalObserver(TorchFunctionMode):
         mask in another dtype."""
         hit = self._gates.get(id(t)) if isinstance(t, torch.Tensor) else None
         return hit[1]() if hit is not None and hit[0]() is t and hit[2] == positive else None
+
+    def _dropout(self, args, kwargs, out) -> None:
+        x = first_tensor(args, kwargs)
+        self.tracker.alias(out, x)
+        if self.dropout is None or self.tracker.inner in self.dropout_names or not torch.is_grad_enabled():
+            return
+        rate = dropout_rate(args, kwargs)
+        if rate is None:
+            return
+        # the module whose output it drops; else the owner of the activation whose output it drops
+        hit = self._activated.get(id(x)) if isinstance(x, torch.Tensor) else None
+        owner = self.tracker.producer(x) or (hit[1] if hit is not None and hit[0]() is x else None)
+        self.dropout(owner if owner is not None else self.tracker.inner, rate)
 
     def _gate(self, func, args, kwargs, out) -> tuple[torch.Tensor, OpSpec] | None:
         """Follows masks ``x > 0`` and ``x < 0`` through what keeps their shape; returns ``x`` and the ReLU's row
@@ -352,6 +390,9 @@ class FunctionalObserver(TorchFunctionMode):
         kwargs = kwargs or {}
         spec = OPS.get(func)
         out = func(*args, **kwargs)
+        if func in DROPOUTS:
+            self._dropout(args, kwargs, out)
+            return out
         if spec is not None and spec.label == _CLAMP and not _clamps_at_zero(args, kwargs):
             spec = None
         if spec is None and (func in _COMPARES or self._gates):
@@ -386,6 +427,8 @@ class FunctionalObserver(TorchFunctionMode):
             return out
         owner, rel = self.tracker.attribute(spec.role, x)
         self.sink(owner, rel, _with_bounds(spec, args, kwargs), out, None)
+        if spec.role == Role.ACTIVATION:
+            self._activated[id(out)] = (weakref.ref(out), owner)
         return out
 
 

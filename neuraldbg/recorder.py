@@ -269,6 +269,9 @@ class Recorder:
         # functional operations: which module runs, which produced a tensor; their rows ("sites")
         self._tracker = ModuleTracker({id(m): name for name, m in self.inner.named_modules()})
         self._activation_leaves = activation_leaves(self.inner)
+        # dropout modules, read by themselves on sampled steps (name, module); functional ones by the function mode
+        self._dropouts = [(name, m, self._index_of_name[name]) for name, m in self.inner.named_modules()
+                          if isinstance(m, nn.modules.dropout._DropoutNd) and name in self._index_of_name]
         self._observer: FunctionalObserver | None = None
         self._tracking = False       # the tracker's hooks are on (a sampled eager pass)
         self._ops_found = False      # the function mode has seen a functional operation
@@ -786,7 +789,9 @@ class Recorder:
         if not ops:
             return
         try:
-            self._observer = FunctionalObserver(self._tracker, self._activation_leaves, self._on_op, _attention_logits)
+            self._observer = FunctionalObserver(self._tracker, self._activation_leaves, self._on_op, _attention_logits,
+                                                dropout=self._on_dropout,
+                                                dropout_leaves={id(m) for _, m, _ in self._dropouts})
             self._observer.__enter__()
         except BaseException:
             self._observer = None
@@ -1028,6 +1033,24 @@ class Recorder:
             if self.layers[idx].order is None:
                 self.layers[idx].order = self._next_order
                 self._next_order += 1
+
+    def _on_dropout(self, owner: str, rate: float) -> None:
+        """A functional dropout seen by the observer (a sampled pass): the share it drops, for ``owner``."""
+        if self._rec is not None and not self._rec.forward_done and not self._replaying:
+            self._ops_found = True  # the function mode runs on every sampled pass from now on: a rate may change
+            self._note_dropout(owner, rate)
+
+    MAX_DROPOUT_ROWS = 64  # per place: the rates a schedule of the dropout goes through, as sampled
+
+    def _note_dropout(self, owner: str, rate: float) -> None:
+        """Into the trace's meta (``dropout``): per place, [step, share dropped] from the first sampled pass and
+        wherever the share changed since."""
+        rows = self.trace.meta.setdefault("dropout", {}).setdefault(owner, [])
+        step = int(self._pass_step)
+        if rows and rows[-1][0] == step:  # several dropouts of one place in a pass: the most it drops
+            rows[-1][1] = max(rows[-1][1], float(rate))
+        elif (not rows or rows[-1][1] != rate) and len(rows) < self.MAX_DROPOUT_ROWS:
+            rows.append([step, float(rate)])
 
     def _site(self, owner: str, rel: Relation, spec: OpSpec) -> int:
         """The row of the ``n``-th call of ``spec`` attributed to ``owner`` within one call of it (a cell
@@ -1528,6 +1551,9 @@ class Recorder:
                 [limits[rec.dtype[i]] for i in idx], dtype=np.float32)
         g[0] = self._lr()
         self._note_lr_groups()
+        for name, m, idx in self._dropouts:
+            if idx in rec.fwd:  # it ran (and changed its input) in this pass
+                self._note_dropout(name, float(m.p) if m.training else 0.0)
         self._note_lr_base()
         # backward passes per optimizer step so far, this one's included (more than one: gradient accumulation)
         self.trace.meta["passes_per_step"] = self.passes / (self.step + 1)

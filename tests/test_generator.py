@@ -23,12 +23,6 @@ CAUSES = {c.value for c in Cause if not c.multi_rank}  # one process: the genera
 KNOWN_MISSES: dict[str, str] = {  # slice case -> the verdict measured today (top hypotheses)
     "autoencoder/shuffled_labels/s1d0w0h0n150b16":
         "no hypothesis at 0.5: dead_units@decoder.1 0.25 step 17",
-    "cnn_bn_functional/dropout_as_keep_prob/s0d0w0h0n150b16": "dead_units@(model) 0.98 step 0 (F.relu after a dropout)",
-    "cnn_bn_functional/dropout_as_keep_prob/s1d0w0h0n150b16": "dead_units@(model) 0.98 step 0 (F.relu after a dropout)",
-    "cnn_bn/dropout_schedule_to_one/s1d0w0h0n150b16": "learning_rate_too_high@(model) 0.89 step 95, `5` dead in it",
-    "cnn_bn_functional/dropout_schedule_to_one/s0d0w0h0n150b16": "dead_units@(model) 0.98 step 96",
-    "cnn_bn_functional/dropout_schedule_to_one/s1d0w0h0n150b16":
-        "learning_rate_too_high@(model) 0.79 step 95, F.relu dead in it",
 }
 
 

@@ -11,7 +11,7 @@ from .context import Context
 from .evidence import Candidate, past_fraction, persistence
 
 # a layer this dead passes a constant to the layers after it
-_ALL_DEAD = 0.99
+ALL_DEAD = 0.99
 
 
 def _downstream(ctx: Context, ev: SemanticEvent) -> list[SemanticEvent]:
@@ -36,13 +36,41 @@ def _loss_kinds(ctx: Context, ev: SemanticEvent) -> frozenset:
     return kinds if ctx.from_start(ev) else kinds | {losses.LossState.DIVERGING, losses.LossState.SLOW}
 
 
-def candidates(ctx: Context) -> list[Candidate]:
+def _dropped(ctx: Context) -> list[Candidate]:
+    """A dropout that drops (nearly) all of its input in training (``p=1.0``: a keep probability passed as the
+    share to drop, or a schedule of ``p`` run up to 1): what follows it reads 0, a constant, and no gradient
+    goes back through it. A fact of the code, from the first sampled pass that saw it so; a failure where the
+    loss shows one. A rate a schedule raised to it harms from where it passed ``dropout_high`` (what is kept
+    is scaled by 1 / (1 - p): the activations, gradients and updates after it grow as they thin out) and acts
+    from where it began to rise without a break. Named at the dropout's place (the module it follows, or is);
+    the units dead after it, the gradients that vanish before it and the updates it inflates are in its
+    chain."""
     out = []
+    for place, rows in ctx.dropout.items():
+        i = next((i for i, (_, p) in enumerate(rows) if p >= ALL_DEAD), None)
+        if i is None:
+            continue
+        full_step, rate = rows[i]
+        while i > 0 and 0 < rows[i - 1][1] < rows[i][1]:
+            i -= 1
+        rise = rows[i:]
+        step = next(s for s, p in rise if p >= ctx.th.dropout_high)
+        after = [e for e in ctx.events if e.bad and e.step >= step and e.signal in (
+            Signal.ACTIVATION, Signal.GAIN, Signal.GRADIENT, Signal.UPDATE, Signal.SPIKE)]
+        out.append(Candidate(Cause.DEAD_UNITS, place, step, "dropped", [], severity=1.0, persistence=1.0,
+                             certain=True, needs_harm=True, lasting=True, symptoms=after,
+                             acting_from=rise[0][0] if rise[0][0] < step else None, loss_kinds=losses.SLOWED,
+                             facts={"rate": rate, "full_step": full_step, "rows": rows, "rise_from": rise[0]}))
+    return out
+
+
+def candidates(ctx: Context) -> list[Candidate]:
+    out = _dropped(ctx)
     for ev in ctx.all(Signal.ACTIVATION, ActState.DEAD):
         frac = _share(ev, "dead_fraction")
         worst = max(frac, _share(ev, "dead_peak", frac))
         blocked = ctx.linked(LinkKind.BLOCKS, ev)
-        downstream = _downstream(ctx, ev) if frac >= _ALL_DEAD else []
+        downstream = _downstream(ctx, ev) if frac >= ALL_DEAD else []
         penalised = ev.layer in ctx.loss_terms
         out.append(Candidate(Cause.DEAD_UNITS, ev.layer, ev.step, "penalised" if penalised else "dead", [ev],
                              severity=past_fraction(worst, ctx.th.dead_fraction), persistence=persistence(ev, ctx),

@@ -66,6 +66,9 @@ class Context:
     loss_no_gradient: str = ""
     # how many times over a schedule still raising the learning rate at the end of the run has raised it (NaN: not)
     lr_rising: float = math.nan
+    # per place of a dropout (the module it follows or is, "" for the model's own forward): (step, share it
+    # drops in training) where sampled passes saw that share first
+    dropout: dict = field(default_factory=dict)
     # the rate the optimizer's schedule scales (its first group's ``initial_lr``; NaN: no schedule seen)
     lr_base: float = math.nan
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so

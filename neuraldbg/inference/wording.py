@@ -217,6 +217,15 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [_falls(f), "a cross-entropy, a binary cross-entropy or a squared error cannot be negative: targets "
                 "outside the loss's range make it unbounded below, and the model learns to push its outputs without "
                 "limit"]
+    if c.cause == Cause.DEAD_UNITS and k == "dropped":
+        where = _dropout_where(ctx, c.layer)
+        lines = [f"the dropout {where} drops {f['rate']:.0%} of its input in training from step {f['full_step']}: "
+                 "what follows it reads 0 for every input, and no gradient goes back through it"]
+        start, first = f["rise_from"]
+        if first < f["rate"]:
+            lines.append(f"the share it drops rose from {first:.0%} at step {start} to {f['rate']:.0%}, past "
+                         f"{ctx.th.dropout_high:.0%} from step {c.step}: what it keeps is scaled by 1 / (1 - p)")
+        return lines + symptom_lines(c.symptoms, 2)
     if c.cause == Cause.DEAD_UNITS:
         lines = [f"{f['fraction']:.0%} of the units of `{c.layer}` are dead: they output 0 for every input from step "
                  f"{c.step}"]
@@ -359,6 +368,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the model's output does not depend on its input: in a replay of the pass at step {f['replayed']}, "
                 "the input is not in the computation of the output at all",
                 "the model can only learn one output for every sample"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "dropout":
+        return [f"the dropout {_dropout_where(ctx, c.layer)} drops {f['rate']:.0%} of its input in training from "
+                f"step {c.step}: the layers after it learn from the {1 - f['rate']:.0%} left"]
     if c.cause == Cause.LOSS_PLATEAU and k == "read_early":
         info = ctx.layers.get(c.layer)
         kind = f" ({info.type_name})" if info is not None else ""
@@ -693,7 +705,8 @@ def symptom_lines(events: list[SemanticEvent], limit: int = 4) -> list[str]:
         elif signal == Signal.FINITE:
             lines.append(f"NaN/Inf in {names(evs)} from step {min(e.step for e in evs)}")
         else:
-            lines.append(f"{signal} {state} in {names(evs)} from step {min(e.step for e in evs)}")
+            where = f" in {names(evs)}" if any(e.layer for e in evs) else ""  # (the model as a whole: the updates)
+            lines.append(f"{signal} {state}{where} from step {min(e.step for e in evs)}")
     return lines
 
 
@@ -1003,6 +1016,13 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("check the targets' range: binary_cross_entropy(_with_logits) needs targets in [0, 1] (divide 0/255 "
                 "masks by 255), cross_entropy class indices in [0, classes) or probabilities summing to 1; if the loss "
                 "is meant to go negative (a Gaussian NLL), check that its variance is bounded below")
+    if c.cause == Cause.DEAD_UNITS and k == "dropped":
+        where, first = _dropout_where(ctx, c.layer), f["rise_from"][1]
+        if first < f["rate"]:
+            return (f"keep the dropout {where} at p=0.5 or below: its p rose from {first:.2g} to {f['rate']:.2g} (a "
+                    "schedule of it run past its end); p is the share dropped, and at 1 nothing passes")
+        return (f"give the dropout {where} the share to drop, not to keep: p = 1 - keep_prob (p={f['rate']:g} drops "
+                "every input in training, so nothing reaches the layers after it); 0.1-0.5 is usual, 0 for none")
     if c.cause == Cause.DEAD_UNITS and k == "penalised":
         return (f"lower the weight of the penalty on `{c.layer}`'s output ({_term(f.get('term'))} in the loss), or "
                 "stop it growing (cap it, or warm it up to a fixed value); the units it has already killed stay dead: "
@@ -1215,6 +1235,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("make the forward compute from its argument: it is replaced on the way (torch.zeros_like(x), "
                 "torch.randn_like(x), a batch stored from an earlier call) or another variable is read (self.x, a "
                 "global, a name reused in the forward); check that model(x) changes when x does")
+    if k == "dropout":
+        return (f"lower the dropout {_dropout_where(ctx, c.layer)} from p={f['rate']:g}: it drops that share of its "
+                "input in training, and what is left is too little to learn from; 0.1-0.5 is usual (p is the share "
+                "dropped: 1 - keep_prob)")
     if k == "read_early":
         return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
                 "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
@@ -1313,6 +1337,14 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     else:
         text += f"; the updates were large: try a smaller learning rate than {lr} or a warm-up"
     return text
+
+
+def _dropout_where(ctx: Context, place: str) -> str:
+    """A dropout's place in words: a dropout module, or the module whose output a functional one drops."""
+    info = ctx.layers.get(place)
+    if info is not None and info.kind == Kind.DROPOUT:
+        return f"`{place}`"
+    return f"after `{place}`" if place else "in the model's forward"
 
 
 def _held_where(ctx: Context, held: float) -> str:

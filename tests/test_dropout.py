@@ -1,0 +1,125 @@
+"""A dropout that drops all of its input in training (``p=1.0``: a keep probability passed as the share to
+drop, or a schedule of ``p`` run up to 1) is dead units at the dropout, whose chain holds the gradients that
+vanish before it; one that drops most of it (0.9) is the plateau's reason. Read from nn.Dropout modules and
+from functional dropouts alike (the function mode sees ``F.dropout``), and named where the dropout is: the
+module it follows, or is. Usual rates, and a dropout off outside training, stay quiet."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo import Run, teacher_classes, train
+
+CONFIDENT = 0.5
+
+
+class Mlp(nn.Module):
+    """ReLU MLP with a dropout after its first layer, as a module or a function."""
+
+    def __init__(self, p, functional: bool, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 4)
+        self.p, self.functional = p, functional
+        self.drop = nn.Dropout(p if isinstance(p, float) else 0.0)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x))
+        h = F.dropout(h, self.p, self.training) if self.functional else self.drop(h)
+        return self.fc3(F.relu(self.fc2(h)))
+
+
+class Cnn(nn.Module):
+    """Conv-BatchNorm blocks written with functions, a dropout on the second norm's output."""
+
+    def __init__(self, p: float, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv1, self.bn1 = nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+        self.p = p
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = F.relu(F.dropout(self.bn2(self.conv2(h)), self.p, self.training))
+        return self.head(h.mean(dim=(2, 3)))
+
+
+def _mlp(p, functional: bool, seed: int = 0, steps: int = 300, schedule=None):
+    model = Mlp(p, functional, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def before(step, _):
+        if schedule is not None:
+            model.p = model.drop.p = schedule(step)
+    return train(Run(model, opt, teacher_classes(16, 4, seed=seed), steps=steps, before_step=before)).explain()
+
+
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_dropout_of_everything_is_dead_units_at_the_dropout(functional, seed):
+    hs = _mlp(1.0, functional, seed)
+    top = hs[0]
+    assert top.cause == "dead_units" and top.confidence >= CONFIDENT
+    assert top.layer == ("fc1" if functional else "drop")  # where it drops: after fc1's activation, or the module
+    assert top.suggestion.startswith("give the dropout")
+    assert "1 - keep_prob" in top.suggestion
+    # what it blocks is in its chain, not a verdict of its own
+    assert not [h for h in hs if h.confidence >= CONFIDENT and h.cause == "vanishing_gradients"]
+    assert any("vanishing" in line and "fc1" in line for line in top.chain)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_functional_dropout_of_a_norms_output_is_named_at_the_norm(seed):
+    """``F.relu(F.dropout(self.bn2(...), 1.0))``: the ReLU reads the dropout, which drops bn2's output."""
+    model = Cnn(1.0, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def data(step):
+        x, y = teacher_classes(64, 4, seed=seed)(step)
+        return x.view(-1, 1, 8, 8), y
+    top = train(Run(model, opt, data, steps=200)).explain()[0]
+    assert top.cause == "dead_units" and top.confidence >= CONFIDENT and top.layer == "bn2"
+    assert top.suggestion.startswith("give the dropout after `bn2`")
+
+
+def test_a_dropout_schedule_run_up_to_one_is_named_from_where_it_rose():
+    """p from 0 to 1 by step 180 of 300: the loss gives way as fewer elements pass, before none do."""
+    hs = _mlp(0.0, True, schedule=lambda step: min(1.0, step / 180))
+    top = hs[0]
+    assert top.cause == "dead_units" and top.confidence >= CONFIDENT and top.layer == "fc1"
+    assert top.suggestion.startswith("keep the dropout after `fc1` at p=0.5 or below")
+    assert not [h for h in hs if h.confidence >= CONFIDENT and h.cause.startswith("learning_rate")]
+
+
+@pytest.mark.parametrize("p", [0.9, 0.95])
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_dropout_of_most_of_the_input_is_the_plateaus_reason(p, functional, seed):
+    """Named first either way; confident at 0.95, and at 0.9 where the loss stays flat (one seed's loss comes
+    down 5% over the run: a weaker failure, named below 0.5)."""
+    top = _mlp(p, functional, seed)[0]
+    assert top.cause == "loss_plateau" and top.layer == ("fc1" if functional else "drop")
+    assert top.suggestion.startswith(f"lower the dropout {'after `fc1`' if functional else '`drop`'} from p={p:g}")
+    if p == 0.95 or any("stays flat" in line for line in top.chain):
+        assert top.confidence >= CONFIDENT
+
+
+@pytest.mark.parametrize("p,functional", [(0.1, False), (0.5, True), (0.5, False)])
+def test_usual_dropout_rates_stay_quiet(p, functional):
+    assert not [h for h in _mlp(p, functional) if h.confidence >= CONFIDENT]
+
+
+def test_a_dropout_of_one_outside_training_stays_quiet():
+    """``F.dropout(h, 1.0, training=False)`` (a model evaluated, or a dropout switched off) drops nothing."""
+    class Off(Mlp):
+        def forward(self, x):
+            h = F.dropout(F.relu(self.fc1(x)), 1.0, training=False)
+            return self.fc3(F.relu(self.fc2(h)))
+    model = Off(0.0, True, 0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    hs = train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()
+    assert not [h for h in hs if h.confidence >= CONFIDENT]
