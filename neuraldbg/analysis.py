@@ -292,6 +292,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   lr_base=float(trace.meta.get("lr_base", math.nan)),
                   dropout={str(k): [(int(r[0]), float(r[1])) for r in v] for k, v in
                            (trace.meta.get("dropout") or {}).items()},
+                  dropout_inside=tuple(trace.meta.get("dropout_inside") or ()),
                   lr_rows=tuple(zip(trace.globals.steps.tolist(), trace.global_column("lr").tolist()))
                   if trace.globals.n else (), has_loss=trace.loss.n > 0, ranks=ranks,
                   sampled=tuple(int(s) for s in table.steps),

@@ -150,16 +150,23 @@ OPS: dict[Callable, OpSpec] = _table()
 # dropouts: the share of entries each drops in training (its ``p``) is read; their output is their input's
 # for attribution, so ``F.relu(F.dropout(self.bn2(x)))`` is "F.relu after `bn2`", as without the dropout
 DROPOUTS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
-                      torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout})
+                      torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout,
+                      torch.dropout_, torch.alpha_dropout_, torch.feature_dropout_, torch.feature_alpha_dropout_})
 
 
 def dropout_rate(args, kwargs) -> float | None:
     """The share a dropout call drops: its ``p`` when it runs in training, 0 when not; None if unreadable."""
     p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
     train = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not isinstance(train, bool):
+    if isinstance(p, torch.Tensor):  # a 0-d tensor on the host (one on a device would wait for it: not read)
+        p = p.item() if p.numel() == 1 and p.device.type == "cpu" else None
+    try:
+        rate = float(p) if p is not None and not isinstance(p, (bool, str)) else None  # (numpy's floats too)
+    except (TypeError, ValueError):
+        rate = None
+    if rate is None or rate != rate or not isinstance(train, bool):
         return None
-    return float(p) if train else 0.0
+    return rate if train else 0.0
 ACTIVATION_KINDS = frozenset({Kind.RELU, Kind.BOUNDED, Kind.SMOOTH})
 # ops that write a chosen value (an attention mask's -inf) rather than compute one
 _FILLS = frozenset(getattr(torch.Tensor, n) for n in ("masked_fill", "masked_fill_", "fill_", "new_full", "index_fill",
@@ -307,14 +314,14 @@ class FunctionalObserver(TorchFunctionMode):
     attributed, to ``sink(owner, relation, spec, output, attention_logits)``."""
 
     def __init__(self, tracker: ModuleTracker, skip: set[int], sink: Sink, attention: Callable,
-                 dropout: Callable[[str, float], None] | None = None,
+                 dropout: Callable[[str, float, bool], None] | None = None,
                  dropout_leaves: frozenset[int] | set[int] = frozenset()):
         super().__init__()
         self.tracker = tracker
         self.skip_names = {tracker.names[i] for i in skip if i in tracker.names}  # activation modules: their row
         self.sink = sink
         self.attention = attention          # (func, args, kwargs) -> logits or None
-        self.dropout = dropout              # (owner, share dropped) of a functional dropout
+        self.dropout = dropout              # (owner, share dropped, inside the owner) of a functional dropout
         self.dropout_names = {tracker.names[i] for i in dropout_leaves if i in tracker.names}  # read by their module
         self._marked: dict[int, weakref.ref] = {}
         self._activated: dict[int, tuple[weakref.ref, str]] = {}   # an activation's output -> its owner
@@ -346,7 +353,7 @@ class FunctionalObserver(TorchFunctionMode):
         # the module whose output it drops; else the owner of the activation whose output it drops
         hit = self._activated.get(id(x)) if isinstance(x, torch.Tensor) else None
         owner = self.tracker.producer(x) or (hit[1] if hit is not None and hit[0]() is x else None)
-        self.dropout(owner if owner is not None else self.tracker.inner, rate)
+        self.dropout(owner if owner is not None else self.tracker.inner, rate, owner is None)
 
     def _gate(self, func, args, kwargs, out) -> tuple[torch.Tensor, OpSpec] | None:
         """Follows masks ``x > 0`` and ``x < 0`` through what keeps their shape; returns ``x`` and the ReLU's row

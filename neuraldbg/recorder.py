@@ -178,8 +178,8 @@ def _disable_under_compile(fn):
 class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
-    __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dtype",
-                 "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads", "stepped", "unchanged")
+    __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
+                 "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads", "stepped", "unchanged")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -201,6 +201,7 @@ class _StepRecord:
         self.unchanged: torch.Tensor | None = None  # 16-bit weights: the share of entries the update left as they were
         self.prev_params: list | None = None
         self.forward_done = False
+        self.dropout: dict[str, float] = {}  # per place: the most a dropout there drops in this pass
         self.grads = True  # the layers' output gradients are retained and measured on this step
         self.stepped: torch.Tensor | None = None  # per-layer gradient norms as the optimizer steps on them
 
@@ -272,6 +273,7 @@ class Recorder:
         # dropout modules, read by themselves on sampled steps (name, module); functional ones by the function mode
         self._dropouts = [(name, m, self._index_of_name[name]) for name, m in self.inner.named_modules()
                           if isinstance(m, nn.modules.dropout._DropoutNd) and name in self._index_of_name]
+        self._dropout_inside: set[str] = set()  # places whose dropout runs inside their own forward
         self._observer: FunctionalObserver | None = None
         self._tracking = False       # the tracker's hooks are on (a sampled eager pass)
         self._ops_found = False      # the function mode has seen a functional operation
@@ -1034,23 +1036,30 @@ class Recorder:
                 self.layers[idx].order = self._next_order
                 self._next_order += 1
 
-    def _on_dropout(self, owner: str, rate: float) -> None:
-        """A functional dropout seen by the observer (a sampled pass): the share it drops, for ``owner``."""
-        if self._rec is not None and not self._rec.forward_done and not self._replaying:
+    def _on_dropout(self, owner: str, rate: float, inside: bool) -> None:
+        """A functional dropout seen by the observer (a sampled pass): the share it drops, for ``owner`` (inside
+        its forward, or on its output)."""
+        rec = self._rec
+        if rec is not None and not rec.forward_done and not self._replaying:
             self._ops_found = True  # the function mode runs on every sampled pass from now on: a rate may change
-            self._note_dropout(owner, rate)
+            rec.dropout[owner] = max(rec.dropout.get(owner, 0.0), rate)
+            if inside and owner not in self._dropout_inside:
+                self._dropout_inside.add(owner)
+                self.trace.meta["dropout_inside"] = sorted(self._dropout_inside)
 
     MAX_DROPOUT_ROWS = 64  # per place: the rates a schedule of the dropout goes through, as sampled
 
-    def _note_dropout(self, owner: str, rate: float) -> None:
-        """Into the trace's meta (``dropout``): per place, [step, share dropped] from the first sampled pass and
-        wherever the share changed since."""
-        rows = self.trace.meta.setdefault("dropout", {}).setdefault(owner, [])
-        step = int(self._pass_step)
-        if rows and rows[-1][0] == step:  # several dropouts of one place in a pass: the most it drops
-            rows[-1][1] = max(rows[-1][1], float(rate))
-        elif (not rows or rows[-1][1] != rate) and len(rows) < self.MAX_DROPOUT_ROWS:
-            rows.append([step, float(rate)])
+    def _note_dropouts(self, rec: _StepRecord) -> None:
+        """Into the trace's meta (``dropout``): per place, [step, the most its dropouts drop in training] from
+        the first sampled pass and wherever that share changed since."""
+        for name, m, idx in self._dropouts:
+            if idx in rec.fwd:  # it ran (and changed its input) in this pass
+                rec.dropout[name] = max(rec.dropout.get(name, 0.0), float(m.p) if m.training else 0.0)
+        table = self.trace.meta.setdefault("dropout", {}) if rec.dropout else None
+        for owner, rate in rec.dropout.items():
+            rows = table.setdefault(owner, [])
+            if (not rows or rows[-1][1] != rate) and len(rows) < self.MAX_DROPOUT_ROWS:
+                rows.append([int(self.step), rate])
 
     def _site(self, owner: str, rel: Relation, spec: OpSpec) -> int:
         """The row of the ``n``-th call of ``spec`` attributed to ``owner`` within one call of it (a cell
@@ -1551,9 +1560,7 @@ class Recorder:
                 [limits[rec.dtype[i]] for i in idx], dtype=np.float32)
         g[0] = self._lr()
         self._note_lr_groups()
-        for name, m, idx in self._dropouts:
-            if idx in rec.fwd:  # it ran (and changed its input) in this pass
-                self._note_dropout(name, float(m.p) if m.training else 0.0)
+        self._note_dropouts(rec)
         self._note_lr_base()
         # backward passes per optimizer step so far, this one's included (more than one: gradient accumulation)
         self.trace.meta["passes_per_step"] = self.passes / (self.step + 1)
@@ -1640,7 +1647,10 @@ class Recorder:
         """The rate a schedule scales (``initial_lr``: torch's schedulers, and those built on them, set it on
         each group when made), for the first group, whose rate is the one recorded."""
         groups = getattr(self.optimizer, "param_groups", None)
-        base = groups[0].get("initial_lr") if groups else None
+        # (a scheduler wraps the optimizer's step when made: an initial_lr restored from a checkpoint without one
+        # says nothing of this run)
+        wrapped = getattr(getattr(self.optimizer, "step", None), "_wrapped_by_lr_sched", False)
+        base = groups[0].get("initial_lr") if groups and wrapped else None
         try:
             base = float(base) if base is not None else math.nan
         except (TypeError, ValueError):

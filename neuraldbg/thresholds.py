@@ -188,8 +188,9 @@ class Thresholds:
                            "decaying that far while the loss has not come down: a scheduler stepped per batch with "
                            "a step size meant in epochs)", slider=False)
     dropout_high: float = _f(0.8, "dropout high", "linear", 0.3, 0.99,
-                             "share of its input a dropout drops in training from which a loss that stops improving "
-                             "is put down to it (0.1-0.5 is usual; a keep probability passed as p drops the rest)",
+                             "share of its input a dropout drops in training from which the plateau's fix names it "
+                             "first, and from which a schedule of p rising to 1 harms (0.1-0.5 is usual; a keep "
+                             "probability passed as p drops the rest)",
                              slider=False)
     lr_held: float = _f(10.0, "lr held", "log", 1.5, 1e6,
                         "factor below the optimizer's base learning rate (the one its schedule scales) that the rate "

@@ -98,14 +98,59 @@ def test_a_dropout_schedule_run_up_to_one_is_named_from_where_it_rose():
 @pytest.mark.parametrize("p", [0.9, 0.95])
 @pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_a_dropout_of_most_of_the_input_is_the_plateaus_reason(p, functional, seed):
-    """Named first either way; confident at 0.95, and at 0.9 where the loss stays flat (one seed's loss comes
-    down 5% over the run: a weaker failure, named below 0.5)."""
-    top = _mlp(p, functional, seed)[0]
-    assert top.cause == "loss_plateau" and top.layer == ("fc1" if functional else "drop")
-    assert top.suggestion.startswith(f"lower the dropout {'after `fc1`' if functional else '`drop`'} from p={p:g}")
-    if p == 0.95 or any("stays flat" in line for line in top.chain):
-        assert top.confidence >= CONFIDENT
+def test_a_dropout_of_most_of_the_input_comes_first_in_the_plateaus_fix(p, functional, seed):
+    """A plateau under a dropout of 0.9 or more names it first, as the likely reason, and keeps the general
+    checks after it (a loss flat for another reason, random labels, would be so with any dropout). At 0.95
+    the loss stays flat at every seed; at 0.9 one seed's comes down 5% over the run, no plateau."""
+    hs = _mlp(p, functional, seed)
+    plateaus = [h for h in hs if h.cause == "loss_plateau"]
+    if p == 0.95:
+        assert hs and hs[0] is plateaus[0] and hs[0].confidence >= CONFIDENT
+    where = "after `fc1`" if functional else "`drop`"
+    for h in plateaus:
+        assert h.suggestion.startswith(f"lower the dropout {where} from p={p:g} if it is not meant that strong")
+        assert "check that the model can learn at all" in h.suggestion
+    assert not [h for h in hs if h.confidence >= CONFIDENT and h.cause != "loss_plateau"]
+
+
+def test_a_jump_of_the_rate_to_one_is_no_schedule():
+    """p held at 0.1, then set to 1.0 at once at step 150: dated there, with the keep probability's fix."""
+    hs = _mlp(0.1, True, schedule=lambda step: 0.1 if step < 150 else 1.0)
+    top = hs[0]
+    assert top.cause == "dead_units" and top.confidence >= CONFIDENT and top.layer == "fc1"
+    assert 150 <= top.step <= 200
+    assert top.suggestion.startswith("give the dropout after `fc1` the share to drop")
+
+
+def test_two_dropouts_of_one_place_read_as_the_one_that_drops_most():
+    """A place with a dropout that drops nothing beside one that drops everything: the rate read per pass is
+    the larger (the two no longer take turns in the record)."""
+    class Two(Mlp):
+        def forward(self, x):
+            h = F.relu(self.fc1(x))
+            h = F.dropout(F.dropout(h, 0.0, self.training), 1.0, self.training)
+            return self.fc3(F.relu(self.fc2(h)))
+    model = Two(0.0, True, 0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    dbg = train(Run(model, opt, teacher_classes(16, 4), steps=300))
+    assert [r[1] for r in dbg.trace.meta["dropout"]["fc1"]] == [1.0]
+    assert dbg.explain()[0].cause == "dead_units"
+
+
+def test_a_dropout_called_inside_a_modules_forward_is_placed_in_it():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 64)
+
+        def forward(self, x):
+            return F.dropout(F.relu(self.fc(x)) * 1.0, 1.0, self.training)
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    top = train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()[0]
+    assert top.cause == "dead_units" and top.layer == "0"
+    assert top.suggestion.startswith("give the dropout in `0` the share to drop")
 
 
 @pytest.mark.parametrize("p,functional", [(0.1, False), (0.5, True), (0.5, False)])

@@ -300,3 +300,19 @@ def test_a_schedule_factor_far_below_one_is_the_schedules_fix():
     top = hs[0]
     assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
     assert top.suggestion.startswith("check the schedule: it holds the learning rate at 1.00e-06")
+
+
+def test_an_initial_lr_restored_without_a_scheduler_is_no_schedule():
+    """An optimizer restored from a checkpoint keeps the scheduler's ``initial_lr`` of the run that saved it;
+    lowered by hand to 1e-6 with no scheduler now, the rate is what to raise."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    saved = torch.optim.Adam(model.parameters(), lr=1e-3)
+    torch.optim.lr_scheduler.CosineAnnealingLR(saved, 100)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt.load_state_dict(saved.state_dict())
+    for group in opt.param_groups:
+        group["lr"] = 1e-6
+    top = train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("raise the learning rate from 1.00e-06")

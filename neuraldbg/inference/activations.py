@@ -51,7 +51,8 @@ def _dropped(ctx: Context) -> list[Candidate]:
         if i is None:
             continue
         full_step, rate = rows[i]
-        while i > 0 and 0 < rows[i - 1][1] < rows[i][1]:
+        # (rows are where the rate changed: a rate held since the first row, then raised at once, is no rise)
+        while i > 1 and 0 < rows[i - 1][1] < rows[i][1] and rows[i - 2][1] < rows[i - 1][1]:
             i -= 1
         rise = rows[i:]
         step = next(s for s, p in rise if p >= ctx.th.dropout_high)

@@ -69,6 +69,7 @@ class Context:
     # per place of a dropout (the module it follows or is, "" for the model's own forward): (step, share it
     # drops in training) where sampled passes saw that share first
     dropout: dict = field(default_factory=dict)
+    dropout_inside: tuple = ()      # the places among those whose dropout runs inside their own forward
     # the rate the optimizer's schedule scales (its first group's ``initial_lr``; NaN: no schedule seen)
     lr_base: float = math.nan
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so

@@ -12,7 +12,6 @@ from ..events import SemanticEvent
 from ..layers import Kind
 from ..losspath import LossMisuse
 from ..states import LossState, Signal, UpdateState, WeightState
-from .activations import ALL_DEAD
 from .context import Context
 from .data import unbounded_fall
 from .evidence import Candidate, below_ratio, clip01, past_fraction, past_ratio, persistence
@@ -41,7 +40,7 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 def candidates(ctx: Context) -> list[Candidate]:
     out = (_not_stepped(ctx) + _no_gradient(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx)
-           + _dropout_high(ctx) + _unoptimized(ctx) + _out_of_range(ctx))
+           + _unoptimized(ctx) + _out_of_range(ctx))
     if ctx.loss_unbounded:
         # a loss whose code has no floor (negated, an NLL of raw outputs, a log-likelihood left positive) falls
         # below zero without end: the model is trained away from its targets, whatever the data
@@ -149,22 +148,6 @@ def _read_early(ctx: Context) -> list[Candidate]:
                              loss_kinds=frozenset() if still else frozenset(_FLAT) | {LossState.STALLED},
                              facts={"read": int(early[-1][3]), "steps_in_time": int(early[-1][2])}))
     return out
-
-
-def _dropout_high(ctx: Context) -> list[Candidate]:
-    """A dropout that drops ``dropout_high`` of its input in training or more, short of all of it (that is
-    ``activations``' dead units): what is left may be too little to learn from. No failure by itself (a wide
-    layer keeps enough): it needs a loss that stops improving, from the first sampled pass that saw the rate
-    on. Named at the dropout's place, the one that drops the most (one that comes to drop all of it is
-    ``activations``' only)."""
-    found = [(p, place, step) for place, rows in ctx.dropout.items() for step, p in rows
-             if ctx.th.dropout_high <= p < ALL_DEAD and max(r[1] for r in rows) < ALL_DEAD]
-    if not found:
-        return []
-    p, place, step = max(found, key=lambda r: (r[0], -r[2]))
-    return [Candidate(Cause.LOSS_PLATEAU, place, step, "dropout", [], severity=past_fraction(p, ctx.th.dropout_high),
-                      persistence=1.0, needs_harm=True, lasting=True,
-                      loss_kinds=frozenset(_FLAT) | {LossState.STALLED}, facts={"rate": p})]
 
 
 def _input_unused(ctx: Context) -> list[Candidate]:

@@ -14,6 +14,7 @@ from ..formatting import number, percent
 from ..layers import Kind
 from ..losspath import LossMisuse
 from ..states import LossState, LrState, Signal, TargetState
+from .activations import ALL_DEAD
 from .context import Context
 from .evidence import Candidate
 
@@ -368,9 +369,6 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the model's output does not depend on its input: in a replay of the pass at step {f['replayed']}, "
                 "the input is not in the computation of the output at all",
                 "the model can only learn one output for every sample"]
-    if c.cause == Cause.LOSS_PLATEAU and k == "dropout":
-        return [f"the dropout {_dropout_where(ctx, c.layer)} drops {f['rate']:.0%} of its input in training from "
-                f"step {c.step}: the layers after it learn from the {1 - f['rate']:.0%} left"]
     if c.cause == Cause.LOSS_PLATEAU and k == "read_early":
         info = ctx.layers.get(c.layer)
         kind = f" ({info.type_name})" if info is not None else ""
@@ -1235,10 +1233,6 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("make the forward compute from its argument: it is replaced on the way (torch.zeros_like(x), "
                 "torch.randn_like(x), a batch stored from an earlier call) or another variable is read (self.x, a "
                 "global, a name reused in the forward); check that model(x) changes when x does")
-    if k == "dropout":
-        return (f"lower the dropout {_dropout_where(ctx, c.layer)} from p={f['rate']:g}: it drops that share of its "
-                "input in training, and what is left is too little to learn from; 0.1-0.5 is usual (p is the share "
-                "dropped: 1 - keep_prob)")
     if k == "read_early":
         return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
                 "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
@@ -1319,6 +1313,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         text = ("lower the weight of the terms the loss adds to its classification (a weight penalty, an auxiliary "
                 "loss) by 10-100x: they held most of the loss at the start, and what came down is theirs; else "
                 + text)
+    if (strong := _strong_dropout(ctx)) is not None:
+        rate, place = strong
+        text = (f"lower the dropout {_dropout_where(ctx, place)} from p={rate:g} if it is not meant that strong: it "
+                "drops that share of its input in training (p is the share dropped, 1 - keep_prob; 0.1-0.5 is "
+                "usual); else " + text)
     if (frozen := _frozen(ctx)) is not None:
         held, _ = frozen
         text = (f"if {layer_list(held)} should learn, unfreeze them (requires_grad_(True) on their parameters) and "
@@ -1340,16 +1339,28 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
 
 
 def _dropout_where(ctx: Context, place: str) -> str:
-    """A dropout's place in words: a dropout module, or the module whose output a functional one drops."""
+    """A dropout's place in words: a dropout module, a module whose own forward calls one, or the module whose
+    output a functional one drops."""
     info = ctx.layers.get(place)
     if info is not None and info.kind == Kind.DROPOUT:
         return f"`{place}`"
-    return f"after `{place}`" if place else "in the model's forward"
+    if not place:
+        return "in the model's forward"
+    return f"in `{place}`" if place in ctx.dropout_inside else f"after `{place}`"
+
+
+def _strong_dropout(ctx: Context) -> tuple[float, str] | None:
+    """The dropout that drops the largest share of its input in training, ``dropout_high`` of it or more but
+    short of all of it (that is dead units), as (share, place); None when there is none."""
+    found = [(p, place) for place, rows in ctx.dropout.items() for _, p in rows
+             if ctx.th.dropout_high <= p < ALL_DEAD]
+    return max(found, key=lambda r: r[0]) if found else None
 
 
 def _held_where(ctx: Context, held: float) -> str:
     at = int(ctx.lr_rows[-1][0]) if ctx.lr_rows else ctx.last_step
-    return f"{number(ctx.lr)} at step {at}, {fmt(held)}x below the optimizer's {number(ctx.lr_base)}"
+    times = f"{held:,.0f}" if held >= 100 else fmt(held)
+    return f"{number(ctx.lr)} at step {at}, {times}x below the optimizer's {number(ctx.lr_base)}"
 
 
 def _schedule_held(ctx: Context, held: float) -> str:
@@ -1357,9 +1368,13 @@ def _schedule_held(ctx: Context, held: float) -> str:
     base rate (raising it would only scale the schedule's rates alike)."""
     where = _held_where(ctx, held)
     if ctx.lr_rising == ctx.lr_rising:
-        return (f"shorten the schedule's warm-up: it had raised the learning rate only to {where}; warm up over "
-                "~5-10% of the run's steps (LinearLR's total_iters, the warm-up steps of a LambdaLR or of "
-                "num_warmup_steps) and leave the base rate as it is")
+        # a linear warm-up from ~0 at this pace reaches its base near the step read times the factor left
+        at = int(ctx.lr_rows[-1][0]) if ctx.lr_rows else ctx.last_step
+        return (f"shorten the schedule's warm-up: it had raised the learning rate only to {where}, and at this "
+                f"pace reaches it near step ~{float(f'{max(at, 1) * held:.2g}'):,.0f}; unless the run is meant to "
+                "last many times "
+                "that, warm up over ~5-10% of its steps (LinearLR's total_iters, the warm-up steps of a LambdaLR or "
+                "of num_warmup_steps) and leave the base rate as it is")
     return (f"check the schedule: it holds the learning rate at {where} (a LambdaLR multiplies the base rate by "
             "what its lambda returns; a warm-up's length counts the scheduler's steps, not epochs)")
 
