@@ -316,3 +316,13 @@ def test_an_initial_lr_restored_without_a_scheduler_is_no_schedule():
     top = train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()[0]
     assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
     assert top.suggestion.startswith("raise the learning rate from 1.00e-06")
+
+
+def test_a_one_cycle_schedule_too_high_names_the_rate_at_its_peak():
+    """OneCycleLR(max_lr=1.0) under Adam diverges; the rate it ends at is a hundredth of the peak, so the
+    rate to lower is the peak, not the end's."""
+    hs = _scheduled(_OPTIMIZERS[0], lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1.0, total_steps=300))
+    top = hs[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT
+    peak = float(top.suggestion.removeprefix("lower the learning rate from ").split(" ")[0])
+    assert peak >= 0.5 and "(its peak;" in top.suggestion

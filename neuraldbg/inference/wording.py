@@ -936,6 +936,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     f, k = c.facts, c.kind
     lr, lr10 = ctx.lr_text()
     may_lower = lr_way != "raise"
+    peak = ctx.lr_peak
+    if may_lower and peak == peak and ctx.lr == ctx.lr and peak >= ctx.th.lr_jump * ctx.lr > 0:
+        # a schedule brought the rate down from a peak (a one-cycle, a decay): a rate to lower is that peak, not
+        # what the run ends at
+        lr, lr10 = f"{number(peak)} (its peak; {number(ctx.lr)} at the end)", number(peak / 10)
     if c.cause.multi_rank:
         return _rank_fix(c, ctx)
     if c.cause == Cause.DATA:
