@@ -633,11 +633,9 @@ class LossCurve:
     progress: np.ndarray
     chance: float = math.nan   # the loss of predicting the classes' frequencies, when known (see chance_level)
     trained: bool = False      # it starts far below that chance level: a model trained already (a second run)
-    uniform: bool = False      # that level is a uniform prediction's (the classes' frequencies not read)
 
 
-# losses whose chance is known (a cross-entropy over a sequence's positions, its classes on dimension 1, too)
-_MEAN_CLASS_LOSSES = frozenset({"NllLoss", "NllLoss2D", "BinaryCrossEntropyWithLogits"})
+_MEAN_CLASS_LOSSES = frozenset({"NllLoss", "BinaryCrossEntropyWithLogits"})  # losses whose chance is known
 
 
 def chance_level(trace: Trace, th: Thresholds | None = None) -> float:
@@ -650,16 +648,11 @@ def chance_levels(trace: Trace, th: Thresholds) -> tuple[float, float]:
     (nats), from the classes of the sampled batches (meta ``batch_classes``), for a recorded loss that is a
     cross-entropy averaged over the batch and nothing else (a binary one with logits included; summed, with
     terms added or label smoothing, it is not known), and the loss of a uniform prediction over the classes
-    seen (log of their number: where a model initialised as usual starts; where no class is read, as for a
-    sequence's outputs, the log of the number the cross-entropy reads). NaNs when not known."""
+    seen (log of their number: where a model initialised as usual starts). NaNs when not known."""
     paths = trace.meta.get("loss_paths") or []
     if not paths or any(not p or p[0] not in _MEAN_CLASS_LOSSES for p in paths):
         return math.nan, math.nan
-    chance, uniform = class_chance(trace, th)
-    classes = trace.meta.get("loss_classes")
-    if uniform != uniform and isinstance(classes, int) and classes >= 2:
-        uniform = math.log(classes)
-    return chance, uniform
+    return class_chance(trace, th)
 
 
 def class_chance(trace: Trace, th: Thresholds) -> tuple[float, float]:
@@ -705,17 +698,15 @@ def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uni
     recent = _rolling_median(filled, wp)
     progress = (start - recent) / scale
     # from its very first value (a loss that climbs above chance at its second step diverged; it did not start there)
-    # (with the classes' frequencies unknown, a uniform prediction is the reference: chance for balanced classes)
-    known = [v for v in (chance, uniform) if v == v]
-    floor, ref = (max(known), known[0]) if known else (math.nan, math.nan)
-    from_chance = ref > 0 and min(start, float(filled[0])) > th.above_chance * floor
+    floor = max(chance, uniform) if uniform == uniform else chance
+    from_chance = chance > 0 and min(start, float(filled[0])) > th.above_chance * floor
     if from_chance:
-        progress = (ref - recent) / ref
+        progress = (chance - recent) / chance
     # a loss that starts far below chance is a model trained already (the cell run again, a checkpoint): a flat
     # stretch is where its training ends, not a plateau
     trained = chance > 0 and start < th.loss_trained * chance
     return LossCurve(filled=filled, ok=ok, smooth=smooth, start=start, best=best, scale=scale, progress=progress,
-                     chance=ref if from_chance else math.nan, trained=trained, uniform=chance != chance)
+                     chance=chance if from_chance else math.nan, trained=trained)
 
 
 # the trend test reads at most this many losses, evenly spaced (its cost is quadratic)
@@ -773,7 +764,7 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
                "oscillation": _at(osc)}
     if chance > 0:
         values_.update({"chance": lambda r: chance, "latest": lambda r: float(smooth[-1]),
-                        "from_chance": lambda r: 1.0, "uniform": lambda r: float(c.uniform)})
+                        "from_chance": lambda r: 1.0})
     stalled = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best),
                "progress": lambda r: float(c.progress[-1]), "trend_z": lambda r: z}
     # spikes: a loss far above its recent level (its rolling median), by spike_factor times its typical

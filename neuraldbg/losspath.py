@@ -144,15 +144,6 @@ def _size(fn, dim: int) -> int | None:
     return int(shape[dim]) if -len(shape) <= dim < len(shape) else None
 
 
-def class_count(loss_fn) -> int | None:
-    """The number of classes a negative log-likelihood (a cross-entropy's last op) reads: the size of its
-    input's dimension 1, kept with the node after the backward pass; None for another loss or when not known."""
-    if op_name(loss_fn) not in ("NllLoss", "NllLoss2D"):
-        return None
-    nxt = tuple(getattr(loss_fn, "next_functions", ()))
-    return _size(nxt[0][0], 1) if nxt and nxt[0][0] is not None else None
-
-
 def _weighted(fn) -> bool:
     """A loss node given weights per class or sample (``weight``, ``pos_weight``): a saved tensor there (read
     after the backward pass freed it, asking for it raises; never given, it reads None)."""

@@ -518,9 +518,6 @@ class Recorder:
         self._loss_path_tries += 1
         if paths:
             self.trace.meta["loss_paths"] = paths
-            classes = losspath.class_count(loss.grad_fn)
-            if classes is not None and classes >= 2:  # a cross-entropy over that many classes
-                self.trace.meta["loss_classes"] = classes
             if made:
                 self.trace.meta["output_op"] = made
         # found, or not found in the first few losses (a loss that does not come from the output): not looked for

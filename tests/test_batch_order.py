@@ -292,33 +292,3 @@ def test_a_batch_handed_over_as_a_dict_has_its_classes_read():
     dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda s: ({"x": data(s)[0]}, data(s)[1]),
                     steps=200))
     assert dbg.trace.meta["batch_classes"] and dbg.explain()[0].cause == "data"
-
-
-def test_a_sequence_cross_entropy_counts_from_a_uniform_prediction_when_it_starts_far_above_it():
-    """Token outputs (batch, time, classes) under a cross-entropy of their flattened view: no class is read
-    off them, but the loss's log-softmax says how many classes there are, so a loss that starts far above
-    log(classes) (outputs of a large initial scale) counts its progress from there, as a classifier's does
-    from chance."""
-    import math
-
-    from neuraldbg.health import chance_levels
-    from neuraldbg.states import Signal
-
-    vocab = 16
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Embedding(vocab, 32), nn.Linear(32, vocab))
-    with torch.no_grad():
-        model[1].weight.mul_(10.0)
-
-    def data(step):
-        g = torch.Generator().manual_seed(step)
-        x = torch.randint(0, vocab, (32, 12), generator=g)
-        return x, torch.roll(x, 1, dims=1)  # the previous token: a position's own input does not give it
-    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, steps=200,
-                    loss=lambda out, y: F.cross_entropy(out.reshape(-1, vocab), y.reshape(-1))))
-    chance, uniform = chance_levels(dbg.trace, dbg.thresholds)
-    assert chance != chance and uniform == pytest.approx(math.log(vocab))
-    assert dbg.trace.loss.data[0] > 1.5 * uniform
-    counted = [e for e in dbg.analysis().events if e.signal == Signal.LOSS and e.values.get("from_chance")]
-    assert counted and all(e.values["uniform"] for e in counted)
-    assert "predicting every class alike" in next(line for h in dbg.explain() for line in h.chain if "chance" in line)

@@ -96,8 +96,7 @@ def loss_text(ev: SemanticEvent) -> str:
         return f"{what} stays flat: {span}"
     if ev.after in (LossState.PLATEAU, LossState.SLOW) and v.get("from_chance"):  # progress counted from chance
         how = "does not come clearly" if ev.after == LossState.PLATEAU else "hardly comes"
-        gives = "predicting every class alike" if v.get("uniform") else "predicting the classes' frequencies"
-        return (f"the loss {how} below chance, {fmt(chance)} (what {gives} gives): "
+        return (f"the loss {how} below chance, {fmt(chance)} (what predicting the classes' frequencies gives): "
                 f"{fmt(v.get('start', math.nan))} at the start, {fmt(v.get('latest', math.nan))} at the end")
     if ev.after == LossState.PLATEAU:
         return (f"the loss stays flat ({fmt(v.get('start', math.nan))} at the start, "
