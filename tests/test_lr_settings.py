@@ -325,4 +325,26 @@ def test_a_one_cycle_schedule_too_high_names_the_rate_at_its_peak():
     top = hs[0]
     assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT
     peak = float(top.suggestion.removeprefix("lower the learning rate from ").split(" ")[0])
-    assert peak >= 0.5 and "(its peak;" in top.suggestion
+    assert peak >= 0.5 and "(its peak," in top.suggestion
+
+
+def test_a_rate_decayed_to_zero_after_diverging_names_its_peak_and_a_raise_keeps_the_rate():
+    """Adam at 1.0, decayed to 0 from step 200 to 250: the fix lowers the peak (the end's 0 is no rate to
+    lower). Random labels under a cosine decay get the plateau's fix, whose larger rate is the end's."""
+    hs = _scheduled(_OPTIMIZERS[0], lambda o: torch.optim.lr_scheduler.LambdaLR(
+        o, lambda s: 1000.0 * max(0.0, min(1.0, (250 - s) / 50))))
+    top = hs[0]
+    assert top.cause == "learning_rate_too_high"
+    assert top.suggestion.startswith("lower the learning rate from 1 (its peak, 0 at the end) to ~0.1")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 300, eta_min=1e-5)
+    labels = teacher_classes(16, 4)
+
+    def shuffled(step):
+        x, y = labels(step)
+        return x, y[torch.randperm(len(y), generator=torch.Generator().manual_seed(step))]
+    plateau = train(Run(model, opt, shuffled, steps=300, before_step=lambda s, o: sched.step() if s else None))
+    for h in plateau.explain():
+        assert "(its peak" not in h.suggestion or not h.suggestion.count("larger learning rate")

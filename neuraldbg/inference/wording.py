@@ -935,11 +935,12 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     f, k = c.facts, c.kind
     lr, lr10 = ctx.lr_text()
     may_lower = lr_way != "raise"
+    # the rate a fix that lowers it starts from: the peak, where a schedule brought the rate down from it (a
+    # one-cycle, a decay, to 0 too), not what the run ends at
+    high, high10 = lr, lr10
     peak = ctx.lr_peak
-    if may_lower and peak == peak and ctx.lr == ctx.lr and peak >= ctx.th.lr_jump * ctx.lr > 0:
-        # a schedule brought the rate down from a peak (a one-cycle, a decay): a rate to lower is that peak, not
-        # what the run ends at
-        lr, lr10 = f"{number(peak)} (its peak; {number(ctx.lr)} at the end)", number(peak / 10)
+    if peak == peak and ctx.lr == ctx.lr and peak > 0 and peak >= ctx.th.lr_jump * ctx.lr:
+        high, high10 = f"{number(peak)} (its peak, {number(ctx.lr)} at the end)", number(peak / 10)
     if c.cause.multi_rank:
         return _rank_fix(c, ctx)
     if c.cause == Cause.DATA:
@@ -1035,7 +1036,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         text = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{c.layer}` by "
                 "nn.LeakyReLU(0.01)" if prev else f"replace `{c.layer}` by nn.LeakyReLU(0.01)")
         if not ctx.from_start(c.step) and may_lower:
-            text += f"; if the units died during training, lower the learning rate from {lr} to ~{lr10}"
+            text += f"; if the units died during training, lower the learning rate from {high} to ~{high10}"
             if ctx.lr_rising == ctx.lr_rising:
                 text += f" (the schedule keeps raising it: x{fmt(ctx.lr_rising)} so far; cap it)"
         return text
@@ -1052,9 +1053,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             text = "add a learning-rate warm-up (linear from ~0 over the first 5-10% of the steps)"
         elif not ctx.warmed_up():
             text = ("add a learning-rate warm-up (linear from ~0 over the first 5-10% of the steps) or lower the "
-                    f"learning rate from {lr} to ~{lr10}")
+                    f"learning rate from {high} to ~{high10}")
         else:
-            text = f"lower the learning rate from {lr} to ~{lr10} or lengthen its warm-up"
+            text = f"lower the learning rate from {high} to ~{high10} or lengthen its warm-up"
         text += ("; to keep the attention stable at the rate you want, normalise queries and keys (QK-norm: a "
                  "LayerNorm on q and on k per head) or soft-cap the logits (cap * tanh(logits / cap), cap ~ 30-50)")
         if f["hand_written"]:
@@ -1103,7 +1104,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "torch.autocast(device_type, dtype=torch.float16) with a torch.amp.GradScaler"
                     + ("; if they must stay float16, give the optimizer eps=1e-4" if has_eps else ""))
         if k in ("weights", "overflow"):
-            return ((f"lower the learning rate from {lr} to ~{lr10} and clip gradients " if may_lower else
+            return ((f"lower the learning rate from {high} to ~{high10} and clip gradients " if may_lower else
                      "clip gradients ") + "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))")
         return "run the failing step under torch.autograd.detect_anomaly() to find the operation"
     if c.cause == Cause.EXPLODING_GRADIENTS:
@@ -1113,7 +1114,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             text += (f" and initialise the recurrent weights of `{f['origin']}` orthogonally with gain <= 1 "
                      "(nn.init.orthogonal_)")
         if may_lower:
-            text += f"; if it persists, lower the learning rate from {lr} to ~{lr10}"
+            text += f"; if it persists, lower the learning rate from {high} to ~{high10}"
         if c.layer != f["origin"]:
             text = f"check the backward of `{c.layer}` (a gradient scale or reversal coefficient far above 1?); " + text
         return text
@@ -1150,7 +1151,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.loss_summed:
         return ("average the loss over the batch (reduction='mean', or divide the summed loss by the batch size): "
                 "summed, its gradient and so every step grow with the batch size; or lower the learning rate from "
-                f"{lr} by as many times as the batch has samples")
+                f"{high} by as many times as the batch has samples")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.lr_rising == ctx.lr_rising:
         at = ctx.lr_at(c.step)
         below = f"; keep its peak below ~{fmt(at / 3)} (it was {fmt(at)} when the failure began)" if at == at else ""
@@ -1165,7 +1166,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 f"{times} the learning rate ({lr}) at a steady gradient; or lower the learning rate by as much; clip "
                 "gradients at max_norm=1.0")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
-        text = (f"lower the learning rate from {lr} to ~{lr10} (or add a warm-up), and clip gradients at max_norm=1.0")
+        text = (f"lower the learning rate from {high} to ~{high10} (or add a warm-up), and clip gradients at "
+                "max_norm=1.0")
         if f.get("spikes"):
             text += f" (a clip caps a spike like the one in `{f['spikes'][0].layer}`)"
         jump = f.get("jump")
@@ -1339,7 +1341,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     elif lr_way != "lower":
         text += f"; then try a larger learning rate than {lr} (x3) or a schedule"
     else:
-        text += f"; the updates were large: try a smaller learning rate than {lr} or a warm-up"
+        text += f"; the updates were large: try a smaller learning rate than {high} or a warm-up"
     return text
 
 
