@@ -348,3 +348,12 @@ def test_a_rate_decayed_to_zero_after_diverging_names_its_peak_and_a_raise_keeps
     plateau = train(Run(model, opt, shuffled, steps=300, before_step=lambda s, o: sched.step() if s else None))
     for h in plateau.explain():
         assert "(its peak" not in h.suggestion or not h.suggestion.count("larger learning rate")
+
+
+def test_a_rate_a_schedule_raised_at_once_is_brought_back_to_where_it_was():
+    """SGD at 0.05, raised 100x at step 150: the run failed with the raise, so the fix names the rate before
+    it (a tenth of the raised rate would still be 10x above it)."""
+    hs = _run(lambda s: 1.0 if s < 150 else 100.0, lr=0.05)
+    top = hs.explain()[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT and 150 <= top.step <= 160
+    assert top.suggestion.startswith("bring the learning rate back toward 0.05, its value before step 15")

@@ -1166,14 +1166,19 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 f"{times} the learning rate ({lr}) at a steady gradient; or lower the learning rate by as much; clip "
                 "gradients at max_norm=1.0")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH:
-        text = (f"lower the learning rate from {high} to ~{high10} (or add a warm-up), and clip gradients at "
-                "max_norm=1.0")
+        jump = f.get("jump")
+        before = jump.values.get("lr_before", math.nan) if jump is not None else math.nan
+        if jump is not None and before == before and before > 0:
+            # the failure began with a rise of the rate: the rate before it is the one to come back to (a tenth of
+            # the raised one may still be far above it)
+            text = (f"bring the learning rate back toward {fmt(before)}, its value before step {jump.step}: a "
+                    f"schedule raised it to {fmt(jump.values.get('lr', math.nan))} there, and the failure began with "
+                    "it; check what raised it, and clip gradients at max_norm=1.0")
+        else:
+            text = (f"lower the learning rate from {high} to ~{high10} (or add a warm-up), and clip gradients at "
+                    "max_norm=1.0")
         if f.get("spikes"):
             text += f" (a clip caps a spike like the one in `{f['spikes'][0].layer}`)"
-        jump = f.get("jump")
-        if jump is not None:
-            before = fmt(jump.values.get("lr_before", math.nan))
-            text += f"; it was {before} before step {jump.step}: check the schedule that raised it"
         return text
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "decayed":
         return (f"keep the learning rate near {fmt(f['lr_peak'])} until the loss settles: a scheduler stepped every "
