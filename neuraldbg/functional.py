@@ -355,6 +355,23 @@ class FunctionalObserver(TorchFunctionMode):
         owner = self.tracker.producer(x) or (hit[1] if hit is not None and hit[0]() is x else None)
         self.dropout(owner if owner is not None else self.tracker.inner, rate, owner is None)
 
+    def _attention_dropout(self, func, args, kwargs, owner: str) -> None:
+        """The dropout an attention function applies to its weights, inside the module that calls it
+        (``scaled_dot_product_attention`` drops whenever its ``dropout_p`` is above 0; a module's attention
+        forward, in training)."""
+        if self.dropout is None:
+            return
+        if func is F.scaled_dot_product_attention:
+            p, train = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0), True
+        elif func is F.multi_head_attention_forward:
+            p = kwargs.get("dropout_p", args[10] if len(args) > 10 else None)
+            train = kwargs.get("training", args[13] if len(args) > 13 else True)
+        else:
+            return
+        rate = dropout_rate((None, p, train), {})
+        if rate is not None:
+            self.dropout(owner, rate, True)
+
     def _gate(self, func, args, kwargs, out) -> tuple[torch.Tensor, OpSpec] | None:
         """Follows masks ``x > 0`` and ``x < 0`` through what keeps their shape; returns ``x`` and the ReLU's row
         when ``out`` is ``x`` times its positive mask (``torch.where(x > 0, x, 0)``) or ``x`` with its negative
@@ -425,6 +442,7 @@ class FunctionalObserver(TorchFunctionMode):
         if spec.role == Role.ATTENTION:
             owner, rel = self.tracker.inner, Relation.IN
             self.sink(owner, rel, spec, _first_float(out), self.attention(func, args, kwargs))
+            self._attention_dropout(func, args, kwargs, owner)
             return out
         if not isinstance(out, torch.Tensor) or not out.is_floating_point():
             return out

@@ -168,3 +168,51 @@ def test_a_dropout_of_one_outside_training_stays_quiet():
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     hs = train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()
     assert not [h for h in hs if h.confidence >= CONFIDENT]
+
+
+class Attend(nn.Module):
+    """Tokens -> one attention layer (``nn.MultiheadAttention``, or ``F.scaled_dot_product_attention`` with
+    its own dropout) -> mean -> classes; the task needs the attention (the class of the token the first one
+    points at)."""
+
+    def __init__(self, p: float, sdpa: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.head, self.p, self.sdpa = nn.Embedding(8, 32), nn.Linear(32, 4), p, sdpa
+        self.mha = nn.MultiheadAttention(32, 2, dropout=p, batch_first=True)
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, x):
+        h = self.emb(x)
+        if self.sdpa:
+            q, k, v = self.qkv(h).chunk(3, dim=-1)
+            a = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0)
+        else:
+            a = self.mha(h, h, h, need_weights=False)[0]
+        return self.head(a[:, 0])
+
+
+def _tokens(step):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randint(0, 8, (64, 6), generator=g)
+    x[:, 0] = torch.randint(1, 6, (64,), generator=g)
+    return x, x.gather(1, x[:, :1]).squeeze(1) % 4
+
+
+@pytest.mark.parametrize("sdpa", [False, True], ids=["multihead", "sdpa"])
+def test_an_attention_that_drops_all_its_weights_is_read(sdpa):
+    """``nn.MultiheadAttention(dropout=1.0)``: dead units in it. ``F.scaled_dot_product_attention`` with
+    ``dropout_p=1.0`` in the model's own forward: its rate is read and its consequence is in the top
+    hypothesis's chain (the head's shrunk scale, which the dropout makes, is named first there)."""
+    model = Attend(1.0, sdpa)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), _tokens, steps=200))
+    assert dbg.trace.meta["dropout"] == {("" if sdpa else "mha"): [[0, 1.0]]}
+    top = dbg.explain()[0]
+    assert top.confidence >= CONFIDENT
+    if not sdpa:
+        assert top.cause == "dead_units" and top.layer == "mha"
+        assert top.suggestion.startswith("give the dropout in `mha` the share to drop")
+    assert any("drops 100% of its input" in line for line in top.chain)
+    healthy = Attend(0.1, sdpa)
+    assert not [h for h in train(Run(healthy, torch.optim.Adam(healthy.parameters(), lr=3e-3), _tokens,
+                                     steps=200)).explain() if h.confidence >= CONFIDENT]
