@@ -61,7 +61,7 @@ def _dropped(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.DEAD_UNITS, place, step, "dropped", [], severity=1.0, persistence=1.0,
                              certain=True, needs_harm=True, lasting=True, symptoms=after,
                              acting_from=rise[0][0] if rise[0][0] < step else None, loss_kinds=losses.SLOWED,
-                             facts={"rate": rate, "full_step": full_step, "rows": rows, "rise_from": rise[0]}))
+                             facts={"rate": rate, "full_step": full_step, "rise_from": rise[0]}))
     return out
 
 
