@@ -208,9 +208,8 @@ def test_an_attention_that_drops_all_its_weights_is_read(sdpa):
     dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), _tokens, steps=200))
     assert dbg.trace.meta["dropout"] == {("" if sdpa else "mha"): [[0, 1.0]]}
     top = dbg.explain()[0]
-    assert top.confidence >= CONFIDENT
+    assert top.confidence >= CONFIDENT and top.cause == "dead_units" and top.layer == ("" if sdpa else "mha")
     if not sdpa:
-        assert top.cause == "dead_units" and top.layer == "mha"
         assert top.suggestion.startswith("give the dropout in `mha` the share to drop")
     assert any("drops 100% of its input" in line for line in top.chain)
     healthy = Attend(0.1, sdpa)

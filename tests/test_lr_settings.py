@@ -177,6 +177,23 @@ def test_a_parameter_group_whose_rate_leaves_its_layers_still_is_named(seed):
     assert not [h for h in _grouped(1e-4, seed) if h.cause == "learning_rate_too_low"]
 
 
+@pytest.mark.parametrize("first", ["head", "body"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_fix_that_lowers_the_rate_quotes_the_group_that_moved_most(first, seed):
+    """Adam with the head's group at lr 1.0 and the body's at 1e-4, in either order: the head's updates are
+    the run's largest, so the fix lowers the head's group's rate, whichever group comes first (the recorded
+    rate is the first group's)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    head = {"params": model[4].parameters(), "lr": 1.0}
+    body = {"params": list(model[0].parameters()) + list(model[2].parameters()), "lr": 1e-4}
+    opt = torch.optim.Adam([head, body] if first == "head" else [body, head])
+    top = train(Run(model, opt, teacher_classes(16, 4, seed=seed), steps=300)).explain()[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT
+    assert "lower the learning rate from 1 (`4`'s parameter group) to ~0.1" in top.suggestion
+    assert "1.00e-04" not in top.suggestion
+
+
 class SubclassedAdam(torch.optim.Adam):
     """An optimizer of the user's own that steps as Adam does."""
 

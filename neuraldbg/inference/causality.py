@@ -310,7 +310,7 @@ def explained_loss(c: Candidate, ctx: Context) -> list:
 
 
 def _explains(a: Candidate, b: Candidate, ctx: Context) -> bool:
-    if a is b:
+    if a is b or b.kind == "dropped":  # a rate set in the code: nothing in the run makes a dropout drop all
         return False
     divergence = [e for e in a.loss if e.after == LossState.DIVERGING]
     diverged = bool(divergence) and b.step > divergence[0].step

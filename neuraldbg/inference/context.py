@@ -220,8 +220,24 @@ class Context:
         known = [lr for s, lr in self.lr_rows if s <= step and lr == lr]
         return known[-1] if known else math.nan
 
+    def lr_group(self) -> tuple[float, str] | None:
+        """With parameter groups at different learning rates: the rate of the group holding the layer that moved
+        most against its weights over the run, and that layer. A fix on the rate is about that group: a rate too
+        high shows there as the largest updates, and a rate too low is raised where the weights moved at all.
+        None with one rate, or when no layer's movement is known."""
+        if len({lr for lr, _ in self.lr_groups if lr == lr}) < 2 or not self.layers_moved:
+            return None
+        most = max(self.layers_moved, key=self.layers_moved.__getitem__)
+        return next(((lr, most) for lr, names in self.lr_groups if most in names and lr == lr), None)
+
+    def lr_now(self) -> float:
+        """The current learning rate a fix quotes: its parameter group's (see ``lr_group``), else the recorded one."""
+        group = self.lr_group()
+        return group[0] if group is not None else self.lr
+
     def lr_text(self) -> tuple[str, str]:
-        """The current learning rate and a tenth of it, as text."""
-        if self.lr == self.lr and self.lr > 0:
-            return number(self.lr), number(self.lr / 10)
+        """The current learning rate a fix quotes and a tenth of it, as text."""
+        lr = self.lr_now()
+        if lr == lr and lr > 0:
+            return number(lr), number(lr / 10)
         return "its current value", "a tenth of it"

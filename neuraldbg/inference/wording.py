@@ -937,10 +937,16 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     may_lower = lr_way != "raise"
     # the rate a fix that lowers it starts from: the peak, where a schedule brought the rate down from it (a
     # one-cycle, a decay, to 0 too), not what the run ends at
-    high, high10 = lr, lr10
+    # with parameter groups at different rates, the group whose layers moved most (its rate is the one quoted)
+    group = ctx.lr_group()
+    where = f"`{group[1]}`'s parameter group" if group is not None else ""
+    high, high10 = (f"{lr} ({where})" if where else lr), lr10
     peak = ctx.lr_peak
     if peak == peak and ctx.lr == ctx.lr and peak > 0 and peak >= ctx.th.lr_jump * ctx.lr:
-        high, high10 = f"{number(peak)} (its peak, {number(ctx.lr)} at the end)", number(peak / 10)
+        now = ctx.lr_now()
+        peak *= now / ctx.lr if ctx.lr > 0 else 1.0  # a schedule scales every group's rate alike
+        high, high10 = (f"{number(peak)} (its peak, {number(now)} at the end{'; ' + where if where else ''})",
+                        number(peak / 10))
     if c.cause.multi_rank:
         return _rank_fix(c, ctx)
     if c.cause == Cause.DATA:
@@ -1224,7 +1230,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "division shrinks every step as much; divide only the value you log, or raise the learning rate "
                 f"from {fmt(f.get('lr', ctx.lr))} by as many times")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
-        lrv = f.get("lr", ctx.lr)
+        lrv = f.get("lr", ctx.lr_now())
         # moved too little over the run: a rate that moves the weights by about their norm over a run this long
         gain = 1 / f["moved"] if k == "still" and f["moved"] > 0 else 1e3
         target = lrv * gain if lrv == lrv and lrv > 0 else math.nan
@@ -1232,7 +1238,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                else "updates of ~1e-3 x the weights per step are typical; "
                + ("1e-2 to 1e-1 is a usual start for SGD" if ctx.optimizer_kind == "SGD" else
                   "1e-3 is a usual start for Adam"))
-        text = (f"raise the learning rate from {fmt(lrv)} to ~{fmt(target)} ({why})" if target == target else
+        text = (f"raise the learning rate from {fmt(lrv)}{f' ({where})' if where else ''} to ~{fmt(target)} ({why})"
+                if target == target else
                 "set a learning rate above 0 (1e-3 is a usual start for Adam, 1e-2 to 1e-1 for SGD): the optimizer "
                 "steps with lr=0" if lrv == 0 else
                 "raise the learning rate until updates are ~1e-3 x the weights per step")
