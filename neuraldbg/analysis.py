@@ -271,8 +271,12 @@ def _clip_rows(meta: dict) -> list[list[float]]:
 def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) -> Analysis:
     """``ranks``: a ``rankevents.RankEvidence`` when ``trace`` is one rank of a multi-process run (its NaN/Inf
     origin is then the run's first, wherever it came from)."""
-    curve = (health_mod.loss_curve(trace.loss.data, thresholds, *health_mod.chance_levels(trace, thresholds))
-             if trace.loss.n else None)
+    curve = None
+    least, classes_uniform = health_mod.loss_floor(trace)
+    if trace.loss.n:
+        chance, uniform = health_mod.chance_levels(trace, thresholds)
+        curve = health_mod.loss_curve(trace.loss.data, thresholds, chance,
+                                      uniform if uniform == uniform else classes_uniform, least)
     table = health_mod.compute(trace, thresholds, curve)
     events = events_mod.detect(table, thresholds)
     rank = {l.name: int(l.order) for l in trace.layers if l.order is not None}
@@ -293,6 +297,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   dropout={str(k): [(int(r[0]), float(r[1])) for r in v] for k, v in
                            (trace.meta.get("dropout") or {}).items()},
                   dropout_inside=tuple(trace.meta.get("dropout_inside") or ()),
+                  loss_floor=least, loss_uniform=classes_uniform,
                   lr_rows=tuple(zip(trace.globals.steps.tolist(), trace.global_column("lr").tolist()))
                   if trace.globals.n else (), has_loss=trace.loss.n > 0, ranks=ranks,
                   sampled=tuple(int(s) for s in table.steps),

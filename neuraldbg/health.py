@@ -669,12 +669,27 @@ def class_chance(trace: Trace, th: Thresholds) -> tuple[float, float]:
     return (float(-(p * np.log(p)).sum()), math.log(len(p))) if len(p) >= 2 else (math.nan, math.nan)
 
 
-def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uniform: float = math.nan) -> LossCurve:
+def loss_floor(trace: Trace) -> tuple[float, float]:
+    """The least the recorded loss can reach, where the recorder read it (meta ``loss_floor``: the entropy of a
+    cross-entropy's targets, above 0 under label smoothing or soft targets), as the median reading, and the
+    loss of a uniform prediction over its classes (log of their number); NaNs if not read."""
+    rows = [r for r in trace.meta.get("loss_floor") or [] if len(r) >= 3 and math.isfinite(float(r[1]))]
+    if not rows:
+        return math.nan, math.nan
+    return float(np.median([float(r[1]) for r in rows])), math.log(max(int(rows[-1][2]), 1))
+
+
+def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uniform: float = math.nan,
+               least: float = math.nan) -> LossCurve:
     """``chance``: the loss of predicting the classes' frequencies; ``uniform``: of predicting every class
     alike (where a usual initialisation starts; above chance when the classes are imbalanced). A loss that
     starts ``above_chance`` times above both or more (outputs of a large initial scale) counts its progress
     from chance, not from its start: coming down to chance is learning the classes' frequencies, nothing
-    of the input."""
+    of the input. ``least``: the least the loss can reach, when known (``loss_floor``). Where that floor is
+    more than ``loss_progress`` of the start, the loss's way down is from its start (or from a uniform
+    prediction's loss, where lower) to that floor, and its progress is counted along it: a cross-entropy under
+    a label smoothing of 0.9 can come down only ~2% of its start, and a model that learns its classes does
+    so (one that learns nothing stays at the uniform prediction's loss)."""
     v = values.astype(np.float64)
     n = len(v)
     ok = np.isfinite(v)
@@ -690,13 +705,18 @@ def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uni
     # the loss's own scale: its start, or, for a loss that starts near zero or crosses it (a Gaussian
     # NLL), the batch-to-batch change at the start or the way it has come down, whichever is larger
     noise = float(np.median(d[1:w + 1])) if n > 1 else 0.0
-    scale = np.maximum(max(abs(start), noise), start - best) + 1e-12
+    top, reach = start, abs(start)
+    if least == least and th.loss_progress * abs(start) < least < start:
+        # (an initialisation's noise above the uniform prediction is then no small share of the way down)
+        top = min(start, uniform) if least < uniform else start
+        reach = top - least
+    scale = np.maximum(max(reach, noise), start - best) + 1e-12
     # progress: the start against the median of the latest losses, over a window wide enough that
     # batch noise does not pass for progress (a running minimum would take the deepest noisy dip of a
     # flat curve as an improvement)
     wp = max(w, min(th.plateau_steps // 2, n // 4))
     recent = _rolling_median(filled, wp)
-    progress = (start - recent) / scale
+    progress = (top - recent) / scale
     # from its very first value (a loss that climbs above chance at its second step diverged; it did not start there)
     floor = max(chance, uniform) if uniform == uniform else chance
     from_chance = chance > 0 and min(start, float(filled[0])) > th.above_chance * floor

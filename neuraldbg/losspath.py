@@ -626,6 +626,26 @@ def classes_from_gradient(kind: str, g, out, term: bool = False):
         return None
 
 
+def target_entropy(g, out):
+    """The mean entropy of the targets of a cross-entropy over dimension 1 averaged over the batch's rows, read
+    off the gradient ``g`` it left at the logits ``out``: that gradient is (p - q) / N for the predictions p
+    and the targets q (hard, smoothed or soft), so q = p - N g. That entropy is the least the loss can reach
+    (0 for hard targets; near log(classes) under a label smoothing near 1). NaN (a 0-d tensor) unless every
+    row reads as a distribution (entries at least 0 and summing to 1, within ``HARD_TARGET_TOL``): a sum over
+    the rows, class weights or a term added on the output read otherwise."""
+    import torch
+
+    with torch.no_grad():
+        if g.dim() != 2 or g.shape[1] < 2 or out.shape != g.shape:
+            return torch.full((), torch.nan, device=g.device)
+        q = out.detach().float().softmax(dim=1) - g.detach().float() * g.shape[0]
+        ok = ((q >= -HARD_TARGET_TOL).all() & ((q.sum(dim=1) - 1).abs() <= HARD_TARGET_TOL).all()
+              & torch.isfinite(q).all())
+        q = q.clamp(0.0, 1.0)
+        h = -(q * q.clamp_min(1e-30).log()).sum(dim=1).mean()
+        return torch.where(ok, h, torch.full((), torch.nan, device=g.device))
+
+
 def _median(values):
     import torch
     return values.median() if values.numel() else torch.full((), torch.nan, device=values.device)

@@ -1166,6 +1166,7 @@ class Recorder:
         if self._rec is not None:
             self._read_param_grads(self._rec)
             self._read_classes()
+            self._read_floor()
             self._read_blocked()
             if self._leak_tries:
                 self._read_next_tokens()
@@ -1265,6 +1266,30 @@ class Recorder:
         if len(table) >= self.MAX_CLASS_ROWS:
             del table[1::2]
         table.append([int(self._pass_step), found, n])
+
+    _floor_kind: tuple = (None, False)  # (the loss paths, whether they are a cross-entropy of the output's rows)
+
+    def _read_floor(self) -> None:
+        """For a loss taken of a log-softmax over the output's classes (dimension 1) and nothing else of the
+        output (a cross-entropy, with or without label smoothing or soft targets): the least it can reach, the
+        mean entropy of its targets read off the output's gradient (``losspath.target_entropy``). Kept in the
+        trace's meta as ``loss_floor`` [[step, entropy, classes], ...] where the gradient reads as a
+        distribution."""
+        paths = self.trace.meta.get("loss_paths")
+        if self._floor_kind[0] is not paths:
+            ends = [[op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS][-2:] for path in paths or []]
+            self._floor_kind = (paths, bool(ends) and all(len(e) == 2 and e[0] == "LogSoftmax" for e in ends))
+        if not self._floor_kind[1] or len(self._out_grads) != 1 or len(self._out_leaves) != 1:
+            return
+        g, out = self._out_grads[0], self._out_leaves[0]
+        if g is None or out is None:
+            return
+        floor = float(losspath.target_entropy(g, out))
+        if math.isfinite(floor):
+            floors = self.trace.meta.setdefault("loss_floor", [])
+            if len(floors) >= self.MAX_CLASS_ROWS:
+                del floors[1::2]
+            floors.append([int(self._pass_step), floor, int(g.shape[1])])
 
     _bound_kind: tuple = (None, None)  # (the loss paths, the bounds of the output they say a regression is of)
     MAX_BLOCKED = 64  # the latest readings of the share of the output's gradient that its bound blocks

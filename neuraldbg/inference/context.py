@@ -70,6 +70,10 @@ class Context:
     # drops in training) where sampled passes saw that share first
     dropout: dict = field(default_factory=dict)
     dropout_inside: tuple = ()      # the places among those whose dropout runs inside their own forward
+    # the least a cross-entropy can reach, its targets' entropy read off the output's gradient, and the loss of a
+    # uniform prediction over its classes (NaNs: not read)
+    loss_floor: float = math.nan
+    loss_uniform: float = math.nan
     # the rate the optimizer's schedule scales (its first group's ``initial_lr``; NaN: no schedule seen)
     lr_base: float = math.nan
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so

@@ -1332,6 +1332,13 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         text = ("lower the weight of the terms the loss adds to its classification (a weight penalty, an auxiliary "
                 "loss) by 10-100x: they held most of the loss at the start, and what came down is theirs; else "
                 + text)
+    if ctx.loss_uniform - ctx.loss_floor < ctx.th.loss_progress * ctx.loss_uniform:
+        # targets all but uniform: no prediction can take the loss much below a uniform one's
+        text = (f"make the targets less uniform: their entropy ({ctx.loss_floor:.4g}) leaves the loss only "
+                f"{fmt(ctx.loss_uniform - ctx.loss_floor)} of room below a uniform prediction's "
+                f"{ctx.loss_uniform:.4g}, so it cannot show what the model learns; a label_smoothing near 1 does "
+                "this (it is the share moved off the true class: 0.1 is usual), or soft targets spread over every "
+                "class; else " + text)
     if (strong := _strong_dropout(ctx)) is not None:
         rate, place = strong
         text = (f"lower the dropout {_dropout_where(ctx, place)} from p={rate:g} if it is not meant that strong: it "

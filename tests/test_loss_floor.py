@@ -1,0 +1,82 @@
+"""The least a cross-entropy can reach, read off the gradient it leaves at the logits: the entropy of its
+targets (0 for hard ones; near log(classes) under a label smoothing near 1). Its progress is counted down to
+that floor, so a model that learns under a strong label smoothing is no plateau, and one that learns nothing
+still is."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo import Run, teacher_classes, train
+
+CONFIDENT = 0.5
+CLASSES = 4
+
+
+def _smoothed_entropy(eps: float, k: int = CLASSES) -> float:
+    hit, other = 1 - eps + eps / k, eps / k
+    return -(hit * math.log(hit) + (k - 1) * other * math.log(other))
+
+
+def _run(loss, seed: int = 0, shuffled: bool = False, steps: int = 300):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+    task = teacher_classes(16, CLASSES, seed=seed)
+
+    def data(step):
+        x, y = task(step)
+        if shuffled:  # labels drawn at random: nothing of the input predicts them
+            y = torch.randint(0, CLASSES, y.shape, generator=torch.Generator().manual_seed(10_000 + step))
+        return x, y
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=loss, steps=steps))
+
+
+def _floors(dbg) -> list[float]:
+    return [r[1] for r in dbg.trace.meta.get("loss_floor") or []]
+
+
+@pytest.mark.parametrize("module", [False, True], ids=["functional", "module"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_model_that_learns_under_strong_label_smoothing_is_no_plateau(module, seed):
+    """label_smoothing=0.9 over 4 classes: the loss can come down only from 1.386 to 1.372, and the model
+    that learns its classes does so. Its floor is read to the third decimal; nothing is said."""
+    loss = nn.CrossEntropyLoss(label_smoothing=0.9) if module else (
+        lambda out, y: F.cross_entropy(out, y, label_smoothing=0.9))
+    dbg = _run(loss, seed)
+    floors = _floors(dbg)
+    assert floors and all(abs(f - _smoothed_entropy(0.9)) < 1e-3 for f in floors)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def test_random_labels_under_label_smoothing_are_still_a_plateau():
+    """The same loss on labels nothing predicts stays at the uniform prediction's loss: a plateau."""
+    top = _run(lambda out, y: F.cross_entropy(out, y, label_smoothing=0.9), shuffled=True).explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+
+
+def test_targets_all_but_uniform_get_a_fix_on_the_targets():
+    """label_smoothing=0.99: the targets leave the loss ~1e-4 of room; the plateau's fix names them first."""
+    top = _run(lambda out, y: F.cross_entropy(out, y, label_smoothing=0.99)).explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("make the targets less uniform")
+
+
+def test_soft_targets_are_read_and_a_sum_or_a_term_on_the_output_is_not():
+    """Soft targets (probabilities): their entropy. A cross-entropy summed over the rows, or one with a
+    penalty on the output added, leaves a gradient that is no (p - q) / N: no floor is read."""
+    soft = torch.tensor([0.55, 0.15, 0.15, 0.15])
+    dbg = _run(lambda out, y: F.cross_entropy(out, soft[(torch.arange(CLASSES)[None] - y[:, None]) % CLASSES]),
+               steps=60)
+    expected = float(-(soft * soft.log()).sum())
+    assert _floors(dbg) and all(abs(f - expected) < 1e-3 for f in _floors(dbg))
+    assert not _floors(_run(lambda out, y: F.cross_entropy(out, y, reduction="sum"), steps=60))
+    assert not _floors(_run(lambda out, y: F.cross_entropy(out, y) + 0.1 * out.pow(2).mean(), steps=60))
+
+
+def test_hard_targets_read_a_floor_of_zero():
+    floors = _floors(_run(F.cross_entropy, steps=60))
+    assert floors and max(floors) < 1e-4
