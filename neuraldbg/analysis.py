@@ -334,6 +334,8 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   scaled_steps=_scaled_steps(trace.meta, scaled),
                   scaler_scale=_scaler_scale(trace),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}),
+                  norm_values={str(k): float(np.median(v)) for k, v in (trace.meta.get("norm_values") or {}).items()
+                               if v},
                   next_token=dict(trace.meta.get("next_token") or {}))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -179,7 +179,8 @@ class _StepRecord:
     """What one sampled step has gathered so far (device tensors, not yet on the host)."""
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
-                 "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads", "stepped", "unchanged")
+                 "norm_values", "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads",
+                 "stepped", "unchanged")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -202,6 +203,7 @@ class _StepRecord:
         self.prev_params: list | None = None
         self.forward_done = False
         self.dropout: dict[str, float] = {}  # per place: the most a dropout there drops in this pass
+        self.norm_values: dict[str, int] = {}  # per batch normalisation on batch statistics: values per channel
         self.grads = True  # the layers' output gradients are retained and measured on this step
         self.stepped: torch.Tensor | None = None  # per-layer gradient norms as the optimizer steps on them
 
@@ -274,6 +276,10 @@ class Recorder:
         self._dropouts = [(name, m, self._index_of_name[name]) for name, m in self.inner.named_modules()
                           if isinstance(m, nn.modules.dropout._DropoutNd) and name in self._index_of_name]
         self._dropout_inside: set[str] = set()  # places whose dropout runs inside their own forward
+        # batch normalisations, by layer index: how many values their statistics take per channel is read on
+        # sampled passes (those that normalise by the batch's statistics: in training, or without running ones)
+        self._batch_norms = {self._index_of_name[name]: (name, m) for name, m in self.inner.named_modules()
+                             if isinstance(m, nn.modules.batchnorm._BatchNorm) and name in self._index_of_name}
         self._observer: FunctionalObserver | None = None
         self._tracking = False       # the tracker's hooks are on (a sampled eager pass)
         self._ops_found = False      # the function mode has seen a functional operation
@@ -895,6 +901,7 @@ class Recorder:
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         settled = self._settled
         tensor = torch.Tensor
+        batch_norms = self._batch_norms
 
         def hook(module, args, output):
             rec = self._rec
@@ -904,6 +911,9 @@ class Recorder:
                 self._last_out = losspath.Nodes((output,))
             if rec.fwd.get(idx) is not None:
                 return None
+            if idx in batch_norms and type(output) is tensor and output.dim() >= 2 and output.shape[1] > 0 and (
+                    module.training or module.running_mean is None):
+                rec.norm_values[batch_norms[idx][0]] = output.numel() // output.shape[1]
             if (idx in settled and type(output) is tensor and output.is_floating_point()
                     and output.numel() <= BATCH_NUMEL):
                 # the usual case, once a layer is known: kept as it is, sorted out when the pass ends
@@ -1060,6 +1070,20 @@ class Recorder:
             rows = table.setdefault(owner, [])
             if (not rows or rows[-1][1] != rate) and len(rows) < self.MAX_DROPOUT_ROWS:
                 rows.append([int(self.step), rate])
+
+    MAX_NORM_ROWS = 16  # per batch normalisation: its latest readings
+
+    def _note_norm_values(self, rec: _StepRecord) -> None:
+        """Into the trace's meta (``norm_values``): per batch normalisation that ran on the batch's statistics,
+        the number of values each channel's mean and variance were taken over (batch x positions), latest
+        readings last."""
+        if not rec.norm_values:
+            return
+        table = self.trace.meta.setdefault("norm_values", {})
+        for name, n in rec.norm_values.items():
+            rows = table.setdefault(name, [])
+            rows.append(int(n))
+            del rows[:-self.MAX_NORM_ROWS]
 
     def _site(self, owner: str, rel: Relation, spec: OpSpec) -> int:
         """The row of the ``n``-th call of ``spec`` attributed to ``owner`` within one call of it (a cell
@@ -1586,6 +1610,7 @@ class Recorder:
         g[0] = self._lr()
         self._note_lr_groups()
         self._note_dropouts(rec)
+        self._note_norm_values(rec)
         self._note_lr_base()
         # backward passes per optimizer step so far, this one's included (more than one: gradient accumulation)
         self.trace.meta["passes_per_step"] = self.passes / (self.step + 1)

@@ -192,6 +192,10 @@ class Thresholds:
                              "first, and from which a schedule of p rising to 1 harms (0.1-0.5 is usual; a keep "
                              "probability passed as p drops the rest)",
                              slider=False)
+    norm_values: int = _f(3, "norm values", "linear", 1, 64,
+                          "values per channel (batch rows x positions) a batch normalisation's statistics are taken "
+                          "over, at or below which its output keeps little of its input (at 2: the sign of a "
+                          "difference, +-1)", slider=False)
     lr_held: float = _f(10.0, "lr held", "log", 1.5, 1e6,
                         "factor below the optimizer's base learning rate (the one its schedule scales) that the rate "
                         "stays under for the whole run, its peak included, for a schedule to hold it down (a warm-up "

@@ -118,6 +118,8 @@ class Context:
     scaled_steps: float = math.nan
     # one replay of a pass: how far one sample's output gradient reaches the other samples' inputs (see mixing)
     batch_mixing: dict = field(default_factory=dict)
+    # per batch normalisation run on the batch's statistics: the median number of values per channel they took
+    norm_values: dict = field(default_factory=dict)
     # a model trained on next tokens: whether a position's output reads the tokens after it (see ``leak``)
     next_token: dict = field(default_factory=dict)
 

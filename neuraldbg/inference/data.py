@@ -1,6 +1,7 @@
 """Data: NaN/Inf in the input or in the targets, an input out of scale, targets out of the outputs' reach or
 outside the loss's range, batches whose classes are grouped (data read in order, not shuffled), a batch whose
-samples a module mixes (fed another layout than it expects)."""
+samples a module mixes (fed another layout than it expects), a batch normalisation over a handful of values per
+channel."""
 from __future__ import annotations
 
 import math
@@ -95,6 +96,15 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.DATA, str(mix.get("layer") or ""), ctx.first_step, "mixed", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
                              facts=dict(mix)))
+    # a batch normalisation whose statistics are taken over a handful of values per channel (a batch of 2 rows
+    # of features): its output keeps little of its input (at 2 values, which of the two is larger) and each
+    # sample's depends on the others'; the batch's size is a fact of the code, its harm needs a loss that fails
+    few = sorted((n for n, v in ctx.norm_values.items() if v <= ctx.th.norm_values),
+                 key=lambda n: ctx.rank.get(n, 1 << 30))
+    if few:
+        out.append(Candidate(Cause.DATA, few[0], ctx.first_step, "norm_batch", [], severity=1.0, persistence=1.0,
+                             needs_harm=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
+                             facts={"values": ctx.norm_values[few[0]], "layers": few}))
     ahead = ctx.next_token  # (read at a share of next-token targets of at least next_token_share when watching)
     if ahead and ahead.get("share", 1.0) < ctx.th.next_token_share:
         ahead = {}  # a share raised since: no longer a model trained on next tokens

@@ -167,6 +167,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "unscaled":
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
+        if k == "norm_batch":
+            n = f["values"]
+            keeps = ("+-1 in every channel, whichever of the two values is larger" if n <= 2 else
+                     f"statistics of {n:g} values, which carry as much noise as signal")
+            return [f"`{c.layer}` normalises each channel by the batch's own mean and variance, taken over only "
+                    f"{n:g} values (batch rows x positions) in training: its output is {keeps}, and each "
+                    "sample's depends on the other samples of the batch"
+                    + (f" (so do {layer_list(f['layers'][1:])})" if len(f["layers"]) > 1 else "")]
         if k == "mixed":
             where = f"`{c.layer}`" if c.layer else "the model"
             order = "; the outputs also change with the batch's order" if f.get("equivariant") is False else ""
@@ -992,6 +1000,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "targets_broadcast":
             return ("give the outputs and the targets the same shape before the loss: out.squeeze(-1) or "
                     "y.view_as(out) (torch warns: 'Using a target size ... different to the input size')")
+        if k == "norm_batch":
+            return (f"give `{c.layer}` more values per channel: train with larger batches (16 rows or more; "
+                    "drop_last=True in the DataLoader if only a last batch is that small), or normalise each "
+                    "sample alone with nn.LayerNorm / nn.GroupNorm in its place")
         if k == "mixed":
             where = f"`{c.layer}`" if c.layer else "the module that mixes them"
             return (f"give {where} the batch in the layout it expects: nn.LSTM / nn.GRU / nn.RNN / "
