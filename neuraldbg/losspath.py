@@ -626,24 +626,42 @@ def classes_from_gradient(kind: str, g, out, term: bool = False):
         return None
 
 
-def target_entropy(g, out):
-    """The mean entropy of the targets of a cross-entropy over dimension 1 averaged over the batch's rows, read
-    off the gradient ``g`` it left at the logits ``out``: that gradient is (p - q) / N for the predictions p
-    and the targets q (hard, smoothed or soft), so q = p - N g. That entropy is the least the loss can reach
-    (0 for hard targets; near log(classes) under a label smoothing near 1). NaN (a 0-d tensor) unless every
-    row reads as a distribution (entries at least 0 and summing to 1, within ``HARD_TARGET_TOL``): a sum over
-    the rows, class weights or a term added on the output read otherwise."""
+def read_targets(g, out):
+    """What the targets of a cross-entropy over dimension 1 averaged over the batch's rows are, read off the
+    gradient ``g`` it left at the logits ``out``: for targets t summing to s per row that gradient is
+    (s p - t) / N, so q = p - N g = t + (1 - s) p. Returns a (3,) tensor (NaN where not read):
+    - the mean entropy of the targets where every row of q reads as a distribution (entries at least 0, within
+      ``HARD_TARGET_TOL``; they sum to 1 by construction): the least the loss can reach (0 for hard targets,
+      under a loss scaled by any factor too; near log(classes) under a label smoothing near 1);
+    - else, where every row reads as targets in [0, 1] and some row's sum to more than one (several labels
+      marked in a row, a multi-hot vector), the mean number of targets per row and the share of rows with
+      several: a target of 0 has the row's lowest q / p, 1 - s, which gives s and t.
+    A sum over the rows, class weights or a term added on the output read as neither."""
     import torch
 
+    nan = torch.full((3,), torch.nan, device=g.device)
     with torch.no_grad():
         if g.dim() != 2 or g.shape[1] < 2 or out.shape != g.shape:
-            return torch.full((), torch.nan, device=g.device)
-        q = out.detach().float().softmax(dim=1) - g.detach().float() * g.shape[0]
-        ok = ((q >= -HARD_TARGET_TOL).all() & ((q.sum(dim=1) - 1).abs() <= HARD_TARGET_TOL).all()
-              & torch.isfinite(q).all())
-        q = q.clamp(0.0, 1.0)
-        h = -(q * q.clamp_min(1e-30).log()).sum(dim=1).mean()
-        return torch.where(ok, h, torch.full((), torch.nan, device=g.device))
+            return nan
+        p = out.detach().float().softmax(dim=1)
+        q = p - g.detach().float() * g.shape[0]
+        finite = torch.isfinite(q).all()
+        spread = (q >= -HARD_TARGET_TOL).all() & finite
+        ratio = torch.where(p > _READABLE, q / p.clamp_min(_READABLE), torch.inf)
+        low = ratio.amin(dim=1)  # 1 - s per row
+        # hard targets under a loss scaled by c (c * F.cross_entropy, a mean of two losses) read as
+        # q = (1 - c) p + c e_y: every entry of a row but its class's at the row's lowest q / p. Where most rows
+        # read so, the floor is 0 (a smoothed row whose other classes the model predicts alike reads so too, but
+        # not most of them; a row with no entry apart, a gradient of 0, is a fitted one, soft or hard: q is p)
+        apart = ((ratio - low[:, None]).abs() > HARD_TARGET_TOL * low.abs().clamp_min(1.0)[:, None]).sum(dim=1)
+        qc = q.clamp(0.0, 1.0)
+        h = torch.where((apart == 1).float().mean() > 0.5, 0.0, -(qc * qc.clamp_min(1e-30).log()).sum(dim=1).mean())
+        t = q - low[:, None] * p
+        rows = (1 - low) > 1 + HARD_TARGET_TOL
+        several = (~spread & finite & rows.any() & (low <= 1 + HARD_TARGET_TOL).all()
+                   & (t >= -HARD_TARGET_TOL).all() & (t <= 1 + HARD_TARGET_TOL).all())
+        return torch.stack([torch.where(spread, h, nan[0]), torch.where(several, (1 - low).mean(), nan[1]),
+                            torch.where(several, rows.float().mean(), nan[2])])
 
 
 def _median(values):

@@ -1295,10 +1295,11 @@ class Recorder:
 
     def _read_floor(self) -> None:
         """For a loss taken of a log-softmax over the output's classes (dimension 1) and nothing else of the
-        output (a cross-entropy, with or without label smoothing or soft targets): the least it can reach, the
-        mean entropy of its targets read off the output's gradient (``losspath.target_entropy``). Kept in the
-        trace's meta as ``loss_floor`` [[step, entropy, classes], ...] where the gradient reads as a
-        distribution."""
+        output (a cross-entropy, with or without label smoothing or soft targets), what its targets are, read
+        off the output's gradient (``losspath.read_targets``): the least the loss can reach, the mean entropy of
+        its targets, kept in the trace's meta as ``loss_floor`` [[step, entropy, classes], ...] where the
+        gradient reads as a distribution per row; or, as ``target_count`` [[step, mean targets per row, share
+        of rows with several], ...], targets that mark several classes in a row (multi-hot labels)."""
         paths = self.trace.meta.get("loss_paths")
         if self._floor_kind[0] is not paths:
             ends = [[op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS][-2:] for path in paths or []]
@@ -1306,14 +1307,16 @@ class Recorder:
         if not self._floor_kind[1] or len(self._out_grads) != 1 or len(self._out_leaves) != 1:
             return
         g, out = self._out_grads[0], self._out_leaves[0]
-        if g is None or out is None:
+        if g is None or out is None or g.dim() != 2 or out.shape != g.shape:
             return
-        floor = float(losspath.target_entropy(g, out))
-        if math.isfinite(floor):
-            floors = self.trace.meta.setdefault("loss_floor", [])
-            if len(floors) >= self.MAX_CLASS_ROWS:
-                del floors[1::2]
-            floors.append([int(self._pass_step), floor, int(g.shape[1])])
+        floor, count, several = losspath.read_targets(g, out).tolist()
+        for key, row in (("loss_floor", [int(self._pass_step), floor, int(g.shape[1])]),
+                         ("target_count", [int(self._pass_step), count, several])):
+            if math.isfinite(row[1]):
+                rows = self.trace.meta.setdefault(key, [])
+                if len(rows) >= self.MAX_CLASS_ROWS:
+                    del rows[1::2]
+                rows.append(row)
 
     _bound_kind: tuple = (None, None)  # (the loss paths, the bounds of the output they say a regression is of)
     MAX_BLOCKED = 64  # the latest readings of the share of the output's gradient that its bound blocks

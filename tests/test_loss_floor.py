@@ -1,7 +1,7 @@
 """The least a cross-entropy can reach, read off the gradient it leaves at the logits: the entropy of its
 targets (0 for hard ones; near log(classes) under a label smoothing near 1). Its progress is counted down to
 that floor, so a model that learns under a strong label smoothing is no plateau, and one that learns nothing
-still is."""
+still is. Multi-hot labels given to it read as several targets in a row: a fact of the data and the loss."""
 from __future__ import annotations
 
 import math
@@ -77,6 +77,43 @@ def test_soft_targets_are_read_and_a_sum_or_a_term_on_the_output_is_not():
     assert not _floors(_run(lambda out, y: F.cross_entropy(out, y) + 0.1 * out.pow(2).mean(), steps=60))
 
 
-def test_hard_targets_read_a_floor_of_zero():
-    floors = _floors(_run(F.cross_entropy, steps=60))
+@pytest.mark.parametrize("scale", [1.0, 0.5, 0.1])
+def test_hard_targets_read_a_floor_of_zero_under_any_scale_of_the_loss(scale):
+    """A loss scaled by c leaves (1 - c) p + c e_y where the targets were: hard targets, not soft ones."""
+    floors = _floors(_run(lambda out, y: scale * F.cross_entropy(out, y), steps=60))
     assert floors and max(floors) < 1e-4
+
+
+def _multi_label(loss, seed: int = 0, steps: int = 200):
+    """Five labels per sample, each set where a fixed linear teacher's score passes 0.5 (about two a row)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(16, 5, generator=g)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+
+    def data(step):
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(seed * 1000 + step))
+        return x, (x @ w > 0.5).float()
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=loss, steps=steps))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_cross_entropy_given_several_labels_a_row_is_named(seed):
+    """Multi-hot targets under F.cross_entropy: a softmax cannot predict labels that hold together. Read off
+    the gradient (about two targets a row), named as the targets' fact with the binary loss as its fix; the
+    same task under binary_cross_entropy_with_logits is quiet."""
+    dbg = _multi_label(F.cross_entropy, seed)
+    rows = dbg.trace.meta["target_count"]
+    assert rows and all(1.5 < r[1] < 3.0 and 0 < r[2] < 1 for r in rows)
+    top = dbg.explain()[0]
+    assert top.cause == "data" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("for several labels per sample, train with F.binary_cross_entropy_with_logits")
+    right = _multi_label(F.binary_cross_entropy_with_logits, seed)
+    assert "target_count" not in right.trace.meta
+    assert not [h for h in right.explain() if h.confidence >= CONFIDENT]
+
+
+def test_targets_of_one_class_or_a_distribution_are_never_read_as_several():
+    """Hard labels, smoothed ones and soft ones each sum to 1 in a row: no count is read."""
+    for loss in (F.cross_entropy, lambda out, y: F.cross_entropy(out, y, label_smoothing=0.3)):
+        assert "target_count" not in _run(loss, steps=60).trace.meta

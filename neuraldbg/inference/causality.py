@@ -69,7 +69,8 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a.kind == "constant":  # every unit computes one value for all samples: on or off for all, no signal
         return b.cause in (C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.DEAD_UNITS, C.SATURATED_ACTIVATIONS,
                            C.VANISHING_GRADIENTS) and _after(a, b)
-    if a.kind == "norm_batch":  # what follows a normalisation that keeps little of its input
+    if a.kind in ("norm_batch", "targets_several"):  # what follows a normalisation that keeps little of its
+        # input, or targets a softmax cannot fit
         return b.cause in (C.LEARNING_RATE_TOO_HIGH, C.LEARNING_RATE_TOO_LOW, C.LOSS_PLATEAU, C.DEAD_UNITS,
                            C.SATURATED_ACTIVATIONS, C.VANISHING_GRADIENTS, C.EXPLODING_GRADIENTS,
                            C.BAD_INITIALIZATION) and _after(a, b)

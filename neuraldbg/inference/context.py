@@ -74,6 +74,9 @@ class Context:
     # uniform prediction over its classes (NaNs: not read)
     loss_floor: float = math.nan
     loss_uniform: float = math.nan
+    # a cross-entropy's targets that mark several classes in a row, read off the output's gradient on sampled
+    # passes: (step, mean targets per row, share of rows with several)
+    target_count: tuple = ()
     # the rate the optimizer's schedule scales (its first group's ``initial_lr``; NaN: no schedule seen)
     lr_base: float = math.nan
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so

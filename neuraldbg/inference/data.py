@@ -1,7 +1,7 @@
 """Data: NaN/Inf in the input or in the targets, an input out of scale, targets out of the outputs' reach or
 outside the loss's range, batches whose classes are grouped (data read in order, not shuffled), a batch whose
 samples a module mixes (fed another layout than it expects), a batch normalisation over a handful of values per
-channel."""
+channel, a cross-entropy given several classes in a row."""
 from __future__ import annotations
 
 import math
@@ -105,6 +105,15 @@ def candidates(ctx: Context) -> list[Candidate]:
         out.append(Candidate(Cause.DATA, few[0], ctx.first_step, "norm_batch", [], severity=1.0, persistence=1.0,
                              needs_harm=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
                              facts={"values": ctx.norm_values[few[0]], "layers": few}))
+    several = [r for r in ctx.target_count if r[2] > 0]
+    if len(several) >= ctx.th.persist:
+        # a cross-entropy given several classes in a row (multi-hot labels): a softmax spreads one unit of
+        # probability over a row's classes, so they cannot all be predicted; a fact of the targets and the loss
+        out.append(Candidate(Cause.DATA, "input", int(several[0][0]), "targets_several", [], severity=1.0,
+                             persistence=1.0, certain=True, lasting=True, acting_from=ctx.first_step,
+                             loss_kinds=losses.ANY | {LossState.SLOW},
+                             facts={"per_row": sorted(r[1] for r in several)[len(several) // 2],
+                                    "share": sorted(r[2] for r in several)[len(several) // 2]}))
     ahead = ctx.next_token  # (read at a share of next-token targets of at least next_token_share when watching)
     if ahead and ahead.get("share", 1.0) < ctx.th.next_token_share:
         ahead = {}  # a share raised since: no longer a model trained on next tokens

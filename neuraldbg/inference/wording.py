@@ -167,6 +167,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "unscaled":
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
+        if k == "targets_several":
+            return [f"the cross-entropy's targets mark several classes in a row: {fmt(f['per_row'])} per row on "
+                    f"average, {fmt(100 * f['share'])}% of the rows with more than one (read off the gradient at the "
+                    "output), where it takes one class per row or a distribution over them",
+                    "a softmax gives each row one unit of probability to spread: the classes marked together cannot "
+                    "all be predicted, and the loss cannot come down to 0"]
         if k == "norm_batch":
             n = f["values"]
             keeps = ("+-1 in every channel, whichever of the two values is larger" if n <= 2 else
@@ -1000,6 +1006,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "targets_broadcast":
             return ("give the outputs and the targets the same shape before the loss: out.squeeze(-1) or "
                     "y.view_as(out) (torch warns: 'Using a target size ... different to the input size')")
+        if k == "targets_several":
+            return ("for several labels per sample, train with F.binary_cross_entropy_with_logits "
+                    "(nn.BCEWithLogitsLoss) on the raw outputs and predict each label with out > 0; for one label per "
+                    "sample, pass class indices (or targets that sum to 1 per row)")
         if k == "norm_batch":
             return (f"give `{c.layer}` more values per channel: train with larger batches (16 rows or more; "
                     "drop_last=True in the DataLoader if only a last batch is that small), or normalise each "
