@@ -706,10 +706,11 @@ def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uni
     # NLL), the batch-to-batch change at the start or the way it has come down, whichever is larger
     noise = float(np.median(d[1:w + 1])) if n > 1 else 0.0
     top, reach = start, abs(start)
-    if least == least and th.loss_progress * abs(start) < least < start:
-        # (an initialisation's noise above the uniform prediction is then no small share of the way down)
-        top = min(start, uniform) if least < uniform else start
-        reach = top - least
+    if least == least and least > th.loss_progress * abs(start):
+        # (an initialisation's noise above the uniform prediction is then no small share of the way down; targets
+        # as uniform as the prediction, a label smoothing of 1, leave no way down at all)
+        top = min(start, uniform) if uniform == uniform else start
+        reach = max(top - least, 0.0)
     scale = np.maximum(max(reach, noise), start - best) + 1e-12
     # progress: the start against the median of the latest losses, over a window wide enough that
     # batch noise does not pass for progress (a running minimum would take the deepest noisy dip of a

@@ -627,41 +627,67 @@ def classes_from_gradient(kind: str, g, out, term: bool = False):
 
 
 def read_targets(g, out):
-    """What the targets of a cross-entropy over dimension 1 averaged over the batch's rows are, read off the
-    gradient ``g`` it left at the logits ``out``: for targets t summing to s per row that gradient is
-    (s p - t) / N, so q = p - N g = t + (1 - s) p. Returns a (3,) tensor (NaN where not read):
-    - the mean entropy of the targets where every row of q reads as a distribution (entries at least 0, within
-      ``HARD_TARGET_TOL``; they sum to 1 by construction): the least the loss can reach (0 for hard targets,
-      under a loss scaled by any factor too; near log(classes) under a label smoothing near 1);
-    - else, where every row reads as targets in [0, 1] and some row's sum to more than one (several labels
-      marked in a row, a multi-hot vector), the mean number of targets per row and the share of rows with
-      several: a target of 0 has the row's lowest q / p, 1 - s, which gives s and t.
-    A sum over the rows, class weights or a term added on the output read as neither."""
+    """What the targets of a cross-entropy over dimension 1 averaged over its rows are, read off the gradient
+    ``g`` it left at the logits ``out``: for targets t summing to s in a row that gradient is (s p - t) / N, N
+    the rows the mean counts (rows with no gradient at all, an ignored index or a mask, are left out of both),
+    so q = p - N g = t + (1 - s) p. Only forms that tell themselves apart are read. Returns a (3,) tensor
+    (NaN where not read):
+    - the least the loss can reach, the mean entropy of the targets: 0 where most rows read as a hard target
+      under a loss scaled by some factor c (q = (1 - c) p + c e_y: every entry but the class's at one ratio of
+      p; a loss divided for gradient accumulation, a mean of two losses); else the entropy of q where every
+      row reads as a hard or a smoothed target (every entry but its largest equal: a label smoothing, 0
+      included). Soft targets of other shapes (a teacher's, mixup), or smoothed ones under a scaled loss, are
+      not told from a scale and are not read;
+    - where most rows read as 0/1 targets and some sum to more than one (several labels marked in a row, a
+      multi-hot vector), the mean number of targets per row and the share of rows with several, over those
+      rows (a target of 0 has the row's lowest q / p, 1 - s, which gives s and t).
+    Class weights or a term added on the output read as neither. The tolerance widens with the gradient's
+    precision (bfloat16 keeps 8 bits)."""
     import torch
 
     nan = torch.full((3,), torch.nan, device=g.device)
+    tol = max(HARD_TARGET_TOL, 4 * torch.finfo(g.dtype).eps) if g.is_floating_point() else HARD_TARGET_TOL
     with torch.no_grad():
         if g.dim() != 2 or g.shape[1] < 2 or out.shape != g.shape:
             return nan
+        g = g.detach().float()
         p = out.detach().float().softmax(dim=1)
-        q = p - g.detach().float() * g.shape[0]
-        finite = torch.isfinite(q).all()
-        spread = (q >= -HARD_TARGET_TOL).all() & finite
-        ratio = torch.where(p > _READABLE, q / p.clamp_min(_READABLE), torch.inf)
-        low = ratio.amin(dim=1)  # 1 - s per row
-        # hard targets under a loss scaled by c (c * F.cross_entropy, a mean of two losses) read as
-        # q = (1 - c) p + c e_y: every entry of a row but its class's at the row's lowest q / p. Where most rows
-        # read so, the floor is 0 (a smoothed row whose other classes the model predicts alike reads so too, but
-        # not most of them; a row with no entry apart, a gradient of 0, is a fitted one, soft or hard: q is p)
-        apart = ((ratio - low[:, None]).abs() > HARD_TARGET_TOL * low.abs().clamp_min(1.0)[:, None]).sum(dim=1)
-        qc = q.clamp(0.0, 1.0)
-        h = torch.where((apart == 1).float().mean() > 0.5, 0.0, -(qc * qc.clamp_min(1e-30).log()).sum(dim=1).mean())
-        t = q - low[:, None] * p
-        rows = (1 - low) > 1 + HARD_TARGET_TOL
-        several = (~spread & finite & rows.any() & (low <= 1 + HARD_TARGET_TOL).all()
-                   & (t >= -HARD_TARGET_TOL).all() & (t <= 1 + HARD_TARGET_TOL).all())
-        return torch.stack([torch.where(spread, h, nan[0]), torch.where(several, (1 - low).mean(), nan[1]),
-                            torch.where(several, rows.float().mean(), nan[2])])
+        # N: every row (a row of targets all 0 counts in the mean and leaves no gradient), or the rows with a
+        # gradient (an ignored index or a mask leaves a row out of the mean): the one whose targets read
+        # (a prediction's ratio is read as precisely as the gradient: in 16 bits, only where it is not tiny)
+        readable = _READABLE if tol <= HARD_TARGET_TOL else tol
+        read = _targets_of(p, g, g.shape[0], tol, readable)
+        counted = (g != 0).any(dim=1)
+        return torch.where(torch.isnan(read).all() & ~counted.all(),
+                           _targets_of(p[counted], g[counted], counted.sum(), tol, readable), read)
+
+
+def _targets_of(p, g, n, tol: float, readable: float):
+    """``read_targets`` for predictions ``p`` and gradient rows ``g`` of a mean over ``n`` rows."""
+    import torch
+
+    q = p - g * n
+    finite = torch.isfinite(q).all() & (q.shape[0] > 0)
+    ratio = torch.where(p > readable, q / p.clamp_min(readable), torch.inf)
+    low = ratio.amin(dim=1)  # 1 - s per row
+    apart = ((ratio - low[:, None]).abs() > tol * low.abs().clamp_min(1.0)[:, None]).sum(dim=1)
+    scaled = (apart == 1).float().mean() > 0.5
+    top = q.amax(dim=1, keepdim=True)
+    rest = torch.where(q == top, torch.nan, q)  # (a row whose largest entries tie is no smoothed one)
+    smoothed = ((q >= -tol).all() & ((rest.nan_to_num(-1.0).amax(dim=1) - rest.nan_to_num(2.0).amin(dim=1))
+                                     <= tol).all())
+    qc = q.clamp(0.0, 1.0)
+    h = -(qc * qc.clamp_min(1e-30).log()).sum(dim=1).mean()
+    floor = torch.where(scaled, 0.0, torch.where(smoothed, h, torch.nan))
+    t = q - low[:, None] * p
+    # rows of 0/1 targets (a row with every label set has no 0 to read s by, and reads otherwise)
+    binary = ((t.abs() <= tol) | ((t - 1).abs() <= tol)).all(dim=1)
+    rows = ((1 - low) > 1 + tol) & binary
+    several = finite & (binary.float().mean() > 0.5) & rows.any() & ~scaled
+    count = ((1 - low) * binary).sum() / binary.sum().clamp_min(1)
+    nan = torch.full((), torch.nan, device=g.device)
+    return torch.stack([torch.where(finite, floor, nan), torch.where(several, count, nan),
+                        torch.where(several, rows.sum() / binary.sum().clamp_min(1), nan)])
 
 
 def _median(values):

@@ -209,6 +209,15 @@ class _StepRecord:
 
 
 
+def _synced(module: nn.Module) -> int:
+    """How many processes a batch normalisation's statistics are taken over: a SyncBatchNorm's, its process
+    group's (the whole world's by default), in training under torch.distributed; else 1."""
+    if not (isinstance(module, nn.SyncBatchNorm) and module.training and torch.distributed.is_available()
+            and torch.distributed.is_initialized()):
+        return 1
+    return int(torch.distributed.get_world_size(module.process_group))
+
+
 def _precision_meta(params: list, optimizer) -> dict:
     """The dtype most of the watched weights are stored in, the optimizer's ``eps`` (what an update in that
     dtype divides by), its ``momentum`` (SGD's, RMSprop's: a step sums ~1 / (1 - momentum) gradients) and its
@@ -913,7 +922,7 @@ class Recorder:
                 return None
             if idx in batch_norms and type(output) is tensor and output.dim() >= 2 and output.shape[1] > 0 and (
                     module.training or module.running_mean is None):
-                rec.norm_values[batch_norms[idx][0]] = output.numel() // output.shape[1]
+                rec.norm_values[batch_norms[idx][0]] = output.numel() // output.shape[1] * _synced(module)
             if (idx in settled and type(output) is tensor and output.is_floating_point()
                     and output.numel() <= BATCH_NUMEL):
                 # the usual case, once a layer is known: kept as it is, sorted out when the pass ends

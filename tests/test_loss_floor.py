@@ -65,15 +65,16 @@ def test_targets_all_but_uniform_get_a_fix_on_the_targets():
     assert top.suggestion.startswith("make the targets less uniform")
 
 
-def test_soft_targets_are_read_and_a_sum_or_a_term_on_the_output_is_not():
-    """Soft targets (probabilities): their entropy. A cross-entropy summed over the rows, or one with a
-    penalty on the output added, leaves a gradient that is no (p - q) / N: no floor is read."""
+def test_smoothed_soft_targets_are_read_and_a_sum_or_a_term_on_the_output_is_not():
+    """Soft targets of a smoothed shape (0.55 on the class, the rest alike): their entropy. A cross-entropy
+    summed over the rows reads as hard targets under a scale (floor 0); one with a penalty on the output
+    added is not read."""
     soft = torch.tensor([0.55, 0.15, 0.15, 0.15])
     dbg = _run(lambda out, y: F.cross_entropy(out, soft[(torch.arange(CLASSES)[None] - y[:, None]) % CLASSES]),
                steps=60)
     expected = float(-(soft * soft.log()).sum())
     assert _floors(dbg) and all(abs(f - expected) < 1e-3 for f in _floors(dbg))
-    assert not _floors(_run(lambda out, y: F.cross_entropy(out, y, reduction="sum"), steps=60))
+    assert max(_floors(_run(lambda out, y: F.cross_entropy(out, y, reduction="sum"), steps=60))) < 1e-4
     assert not _floors(_run(lambda out, y: F.cross_entropy(out, y) + 0.1 * out.pow(2).mean(), steps=60))
 
 
@@ -117,3 +118,30 @@ def test_targets_of_one_class_or_a_distribution_are_never_read_as_several():
     """Hard labels, smoothed ones and soft ones each sum to 1 in a row: no count is read."""
     for loss in (F.cross_entropy, lambda out, y: F.cross_entropy(out, y, label_smoothing=0.3)):
         assert "target_count" not in _run(loss, steps=60).trace.meta
+
+
+def test_ignored_rows_and_weights_are_no_multi_hot_labels():
+    """An ignore_index (~10% of the rows) under label smoothing: the mean counts the other rows, which read
+    as the smoothed targets they are (the floor, no several labels); class weights under smoothing, and a
+    smoothed loss divided for gradient accumulation, read as neither (they are not told from a scale)."""
+    def ignored(out, y):
+        y = y.clone()
+        y[::10] = -100
+        return F.cross_entropy(out, y, ignore_index=-100, label_smoothing=0.1)
+    dbg = _run(ignored, steps=100)
+    assert "target_count" not in dbg.trace.meta
+    assert _floors(dbg) and all(abs(f - _smoothed_entropy(0.1)) < 1e-3 for f in _floors(dbg))
+    weight = torch.linspace(0.9, 1.1, CLASSES)
+    for loss in (lambda out, y: F.cross_entropy(out, y, weight=weight, label_smoothing=0.1),
+                 lambda out, y: F.cross_entropy(out, y, label_smoothing=0.1) / 8):
+        dbg = _run(loss, steps=100)
+        assert "target_count" not in dbg.trace.meta and not _floors(dbg)
+        assert not [h for h in dbg.explain() if h.cause == "data"]
+
+
+def test_uniform_targets_leave_no_way_down():
+    """label_smoothing=1.0: the targets' entropy is the uniform prediction's loss; a plateau, with the fix on
+    the targets."""
+    top = _run(lambda out, y: F.cross_entropy(out, y, label_smoothing=1.0)).explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("make the targets less uniform: their entropy (1.386) equals")

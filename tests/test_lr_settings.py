@@ -374,3 +374,17 @@ def test_a_rate_a_schedule_raised_at_once_is_brought_back_to_where_it_was():
     top = hs.explain()[0]
     assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT and 150 <= top.step <= 160
     assert top.suggestion.startswith("bring the learning rate back toward 0.05, its value before step 15")
+
+
+def test_a_groups_rate_is_quoted_as_it_is_when_the_first_group_has_its_own_schedule():
+    """The recorded peak is the first group's: a body decayed by its own schedule while the head's rate stays
+    at 1.0 gets the head's 1 quoted, not the body's peak-to-end ratio applied to it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam([{"params": list(model[0].parameters()) + list(model[2].parameters()), "lr": 1e-3},
+                            {"params": model[4].parameters(), "lr": 1.0}])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, [lambda s: 0.97 ** s, lambda s: 1.0])
+    top = train(Run(model, opt, teacher_classes(16, 4), steps=300, before_step=lambda step, _: step and sched.step())
+                ).explain()[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT
+    assert "lower the learning rate from 1 (`4`'s parameter group) to ~0.1" in top.suggestion

@@ -956,10 +956,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     where = f"`{group[1]}`'s parameter group" if group is not None else ""
     high, high10 = (f"{lr} ({where})" if where else lr), lr10
     peak = ctx.lr_peak
-    if peak == peak and ctx.lr == ctx.lr and peak > 0 and peak >= ctx.th.lr_jump * ctx.lr:
-        now = ctx.lr_now()
-        peak *= now / ctx.lr if ctx.lr > 0 else 1.0  # a schedule scales every group's rate alike
-        high, high10 = (f"{number(peak)} (its peak, {number(now)} at the end{'; ' + where if where else ''})",
+    # (the peak is the first group's, whose rate is the one recorded: quoted for it alone)
+    if (peak == peak and ctx.lr == ctx.lr and peak > 0 and peak >= ctx.th.lr_jump * ctx.lr
+            and (group is None or group[0] == ctx.lr)):
+        high, high10 = (f"{number(peak)} (its peak, {number(ctx.lr)} at the end{'; ' + where if where else ''})",
                         number(peak / 10))
     if c.cause.multi_rank:
         return _rank_fix(c, ctx)
@@ -1354,13 +1354,15 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         text = ("lower the weight of the terms the loss adds to its classification (a weight penalty, an auxiliary "
                 "loss) by 10-100x: they held most of the loss at the start, and what came down is theirs; else "
                 + text)
-    if ctx.loss_uniform - ctx.loss_floor < ctx.th.loss_progress * ctx.loss_uniform:
+    room = ctx.loss_uniform - ctx.loss_floor
+    if room < ctx.th.loss_progress * ctx.loss_uniform:
         # targets all but uniform: no prediction can take the loss much below a uniform one's
-        text = (f"make the targets less uniform: their entropy ({ctx.loss_floor:.4g}) leaves the loss only "
-                f"{fmt(ctx.loss_uniform - ctx.loss_floor)} of room below a uniform prediction's "
-                f"{ctx.loss_uniform:.4g}, so it cannot show what the model learns; a label_smoothing near 1 does "
-                "this (it is the share moved off the true class: 0.1 is usual), or soft targets spread over every "
-                "class; else " + text)
+        left = (f"leaves the loss only {fmt(room)} of room below" if room > 1e-6 * ctx.loss_uniform else
+                "equals")
+        text = (f"make the targets less uniform: their entropy ({ctx.loss_floor:.4g}) {left} the loss of a uniform "
+                f"prediction ({ctx.loss_uniform:.4g}), so the loss cannot show what the model learns; a "
+                "label_smoothing near 1 does this (it is the share moved off the true class: 0.1 is usual); else "
+                + text)
     if (strong := _strong_dropout(ctx)) is not None:
         rate, place = strong
         text = (f"lower the dropout {_dropout_where(ctx, place)} from p={rate:g} if it is not meant that strong: it "
