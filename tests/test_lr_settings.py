@@ -388,3 +388,16 @@ def test_a_groups_rate_is_quoted_as_it_is_when_the_first_group_has_its_own_sched
                 ).explain()[0]
     assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT
     assert "lower the learning rate from 1 (`4`'s parameter group) to ~0.1" in top.suggestion
+
+
+def test_a_plateau_scheduler_fed_a_rising_metric_gets_its_mode_named():
+    """ReduceLROnPlateau(mode='min') stepped every batch with a metric that rises (an accuracy): it cuts the
+    rate again and again; the fix names its mode beside a per-batch step size."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", patience=5, factor=0.3)
+    top = train(Run(model, opt, teacher_classes(16, 4), steps=300,
+                    before_step=lambda step, _: sched.step(float(step)))).explain()[0]
+    assert top.cause == "learning_rate_too_low" and top.confidence >= CONFIDENT
+    assert "ReduceLROnPlateau cuts it as fast when its mode does not match its metric" in top.suggestion

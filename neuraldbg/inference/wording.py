@@ -1211,7 +1211,9 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "decayed":
         return (f"keep the learning rate near {fmt(f['lr_peak'])} until the loss settles: a scheduler stepped every "
                 "batch with a step size meant in epochs (StepLR, ExponentialLR, MultiStepLR) decays it that fast; call "
-                "scheduler.step() once per epoch, or give the step size in batches")
+                "scheduler.step() once per epoch, or give the step size in batches (a ReduceLROnPlateau cuts it as "
+                "fast when its mode does not match its metric, mode='max' for an accuracy, or its patience is meant "
+                "in epochs)")
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "eps":
         return (f"lower the optimizer's eps from {fmt(f['eps'])} to its default (1e-8 for Adam): it must stay far "
                 "below the gradients' size for the update to be ~lr per step; leave the learning rate as it is")
