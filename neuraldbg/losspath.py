@@ -683,10 +683,12 @@ def _targets_of(p, g, n, tol: float, readable: float):
     # rows of 0/1 targets (a row with every label set has no 0 to read s by, and reads otherwise)
     binary = ((t.abs() <= tol) | ((t - 1).abs() <= tol)).all(dim=1)
     rows = ((1 - low) > 1 + tol) & binary
-    several = finite & (binary.float().mean() > 0.5) & rows.any() & ~scaled
+    # (rows of one label among them read as hard ones, unscaled: only a scale other than 1 rules the count out)
+    rescaled = ((apart == 1) & (low.abs() > tol)).float().mean() > 0.5
+    several = finite & (binary.float().mean() > 0.5) & rows.any() & ~rescaled
     count = ((1 - low) * binary).sum() / binary.sum().clamp_min(1)
     nan = torch.full((), torch.nan, device=g.device)
-    return torch.stack([torch.where(finite, floor, nan), torch.where(several, count, nan),
+    return torch.stack([torch.where(finite & ~several, floor, nan), torch.where(several, count, nan),
                         torch.where(several, rows.sum() / binary.sum().clamp_min(1), nan)])
 
 

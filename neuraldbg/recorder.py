@@ -287,7 +287,7 @@ class Recorder:
         self._dropout_inside: set[str] = set()  # places whose dropout runs inside their own forward
         # batch normalisations, by layer index: how many values their statistics take per channel is read on
         # sampled passes (those that normalise by the batch's statistics: in training, or without running ones)
-        self._batch_norms = {self._index_of_name[name]: (name, m) for name, m in self.inner.named_modules()
+        self._batch_norms = {self._index_of_name[name]: name for name, m in self.inner.named_modules()
                              if isinstance(m, nn.modules.batchnorm._BatchNorm) and name in self._index_of_name}
         self._observer: FunctionalObserver | None = None
         self._tracking = False       # the tracker's hooks are on (a sampled eager pass)
@@ -922,7 +922,7 @@ class Recorder:
                 return None
             if idx in batch_norms and type(output) is tensor and output.dim() >= 2 and output.shape[1] > 0 and (
                     module.training or module.running_mean is None):
-                rec.norm_values[batch_norms[idx][0]] = output.numel() // output.shape[1] * _synced(module)
+                rec.norm_values[batch_norms[idx]] = output.numel() // output.shape[1] * _synced(module)
             if (idx in settled and type(output) is tensor and output.is_floating_point()
                     and output.numel() <= BATCH_NUMEL):
                 # the usual case, once a layer is known: kept as it is, sorted out when the pass ends

@@ -114,6 +114,24 @@ def test_a_cross_entropy_given_several_labels_a_row_is_named(seed):
     assert not [h for h in right.explain() if h.confidence >= CONFIDENT]
 
 
+def test_rows_of_one_label_among_them_still_read_as_several():
+    """A second label on about a third of the rows, one on the rest: the rows of one label read as hard
+    targets, unscaled, and the count is still read."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 5))
+    w = torch.randn(16, 5, generator=torch.Generator().manual_seed(0))
+
+    def data(step):
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
+        y = F.one_hot((x @ w).argmax(1), 5).float()
+        y[x[:, 0] > 0.5, 4] = 1.0
+        return x, y
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=F.cross_entropy, steps=150))
+    rows = dbg.trace.meta["target_count"]
+    assert rows and all(1.0 < r[1] < 1.6 and 0.1 < r[2] < 0.6 for r in rows)
+    assert dbg.explain()[0].cause == "data"
+
+
 def test_targets_of_one_class_or_a_distribution_are_never_read_as_several():
     """Hard labels, smoothed ones and soft ones each sum to 1 in a row: no count is read."""
     for loss in (F.cross_entropy, lambda out, y: F.cross_entropy(out, y, label_smoothing=0.3)):

@@ -122,7 +122,7 @@ def _still(ctx: Context, divided: float) -> list[Candidate]:
     moved = ctx.layers_moved[most]
     if not moved < ctx.th.weights_still:
         return []
-    lr = next((g_lr for g_lr, names in ctx.lr_groups if most in names), ctx.lr)
+    lr = ctx.lr_now()  # (with groups at different rates, the group of the layer that moved most)
     return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "still", [],
                       severity=below_ratio(moved, ctx.th.weights_still), persistence=1.0, needs_harm=True,
                       lasting=True, loss_kinds=losses.FLAT,
