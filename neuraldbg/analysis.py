@@ -198,9 +198,17 @@ def _output_blocked(trace: Trace, start: float) -> dict:
             "floor": float(np.median(held)) / start, "reads": int(late.sum())}
 
 
-def _cleared(counts) -> tuple[int, int]:
-    """(steps checked, steps whose gradients were cleared before the optimizer stepped)."""
-    return (int(counts[0]), int(counts[1])) if counts else (0, 0)
+def _cleared(counts, clip) -> tuple[int, int]:
+    """(steps checked, steps whose gradients were cleared before the optimizer stepped): set to None, as
+    counted on every step, or zeroed in place, as read on the sampled steps whose gradients are read again as
+    the optimizer steps (a norm of exactly 0 where the backward pass left one: a clip leaves a share of it).
+    Whichever reading finds the larger share."""
+    checked, cleared = (int(counts[0]), int(counts[1])) if counts else (0, 0)
+    read = [r for r in clip or [] if len(r) >= 2 and r[0] > 0]
+    zeroed = sum(r[1] == 0 for r in read)
+    if zeroed * max(checked, 1) > cleared * len(read):
+        return len(read), zeroed
+    return checked, cleared
 
 
 def _carried(counts) -> float:
@@ -307,7 +315,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   unreached=int(trace.meta.get("steps_unreached", 0)), unupdated=_unupdated(trace, thresholds),
                   foreign_steps=_foreign_steps(trace), unregistered=_unregistered(trace, thresholds),
                   linear_maps=int(trace.meta.get("linear_maps", 0)), remade=_remade(trace, thresholds, steps),
-                  cleared=_cleared(trace.meta.get("steps_cleared")),
+                  cleared=_cleared(trace.meta.get("steps_cleared"), trace.meta.get("grad_clip")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   loss_nonfinite_op=nonfinite_op,
                   loss_op_rescaled=bool(nonfinite_op) and losspath.transformed(trace.meta.get("loss_paths"),

@@ -1460,13 +1460,14 @@ class Recorder:
         self._in_step = True
         if self._rec is None and self._sample_now:  # the step's forward runs inside optimizer.step (a closure)
             self._rec = _StepRecord()
+        cleared = None
         if self._awaiting and self._trains:
             cleared = self._cleared()
             if cleared is not None:  # counted as (checked, cleared)
                 checked, was = self.trace.meta.get("steps_cleared", (0, 0))
                 self.trace.meta["steps_cleared"] = (checked + 1, was + int(cleared))
         rec = self._rec
-        if rec is not None and self._params:
+        if rec is not None and self._params and not cleared:  # a step on no gradients is no update to measure
             rec.prev_params = self._pnorms.snapshot()
             if rec.params is not None and self._clip_read_now():  # read at backward end: clipped since?
                 rec.stepped = self._pnorms.grads(len(self.layers))

@@ -261,11 +261,13 @@ def _step_first(opt, loss, step):
     loss.backward()
 
 
-@pytest.mark.parametrize("update", [_clear_between(True), _step_first], ids=["zero_grad_between", "step_first"])
+@pytest.mark.parametrize("update", [_clear_between(True), _clear_between(False), _step_first],
+                         ids=["zero_grad_between", "zeroed_in_place_between", "step_first"])
 def test_gradients_cleared_between_backward_and_step_are_named(update):
     """``zero_grad()`` between ``loss.backward()`` and ``optimizer.step()`` (or ``step()`` before
     ``backward()``): the optimizer steps on no gradient, the weights never move. Not a learning rate too low
-    ("raise it 1000x" changes nothing): the order of the calls, and the fix says which."""
+    ("raise it 1000x" changes nothing), nor a clip (zeroed in place, the gradients' norm at the step is exactly
+    0): the order of the calls, and the fix says which."""
     dbg = _classifier_run(F.cross_entropy, steps=60, update=update)
     hyps = dbg.explain()
     top = hyps[0]
@@ -273,6 +275,27 @@ def test_gradients_cleared_between_backward_and_step_are_named(update):
     assert "cleared" in top.chain[0] and "zero_grad(), then loss.backward(), then optimizer.step()" in top.suggestion
     assert not any(h.cause == "learning_rate_too_low" and h.confidence >= CONFIDENT for h in hyps)
     assert not contradictions(hyps)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["to_none", "in_place"])
+def test_gradients_cleared_on_some_steps_read_as_no_clip(set_to_none):
+    """A loop that clears the gradients between ``backward()`` and ``step()`` on one batch in three only: it
+    trains on the other two. A step on no gradient is no clip (which leaves a share of the norm) and no
+    negligible update (the optimizer had nothing to step on): no learning rate too low, nothing confident."""
+    def update(opt, loss, step):
+        loss.backward()
+        if step % 3 == 2:
+            opt.zero_grad(set_to_none=set_to_none)
+        opt.step()
+        opt.zero_grad()
+    dbg = _classifier_run(F.cross_entropy, steps=300, update=update)
+    if set_to_none:
+        checked, cleared = dbg.trace.meta["steps_cleared"]
+        assert 0.25 < cleared / checked < 0.45
+    else:  # read on the sampled steps whose gradients are read again as the optimizer steps
+        assert any(r[1] == 0 for r in dbg.trace.meta.get("grad_clip", [])), "a cleared step was read"
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+    assert not any(h.cause == "learning_rate_too_low" for h in dbg.explain()), dbg.report()
 
 
 def test_gradient_accumulation_is_not_cleared_gradients():

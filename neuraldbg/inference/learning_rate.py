@@ -185,8 +185,9 @@ def _clipped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
     ``max_norm`` far below their norm, ``clip_grad_value_`` with a tiny value): the clip, not the learning
     rate, sets the updates' size. Seen by comparing their norm at backward end with the one the optimizer
     steps on, on sampled steps. No failure by itself (Adam's updates barely depend on the gradients' scale):
-    it needs a loss that does not come down, or barely."""
-    rows = [r for r in ctx.grad_clip if len(r) >= 2 and r[0] > 0]
+    it needs a loss that does not come down, or barely. A step with no gradient left at all (cleared or zeroed
+    between ``backward()`` and ``step()``) is no clip, which leaves a share of the norm: it is not counted."""
+    rows = [r for r in ctx.grad_clip if len(r) >= 2 and r[0] > 0 and r[1] > 0]
     if len(rows) < ctx.th.persist:
         return []
     ratios = sorted(r[1] / r[0] for r in rows)
