@@ -307,6 +307,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   dropout_inside=tuple(trace.meta.get("dropout_inside") or ()),
                   loss_floor=least, loss_uniform=classes_uniform,
                   target_count=tuple(tuple(r) for r in trace.meta.get("target_count") or [] if len(r) >= 3),
+                  target_loss=str(trace.meta.get("target_loss") or ""),
                   lr_rows=tuple(zip(trace.globals.steps.tolist(), trace.global_column("lr").tolist()))
                   if trace.globals.n else (), has_loss=trace.loss.n > 0, ranks=ranks,
                   sampled=tuple(int(s) for s in table.steps),

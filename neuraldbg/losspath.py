@@ -692,6 +692,56 @@ def _targets_of(p, g, n, tol: float, readable: float):
                         torch.where(several, rows.sum() / binary.sum().clamp_min(1), nan)])
 
 
+def bce_of_softmax(paths) -> str:
+    """Whether every path is a binary cross-entropy (a mean, or a sum) of a softmax over the output's rows
+    (dimension 1), taken in the loss's code (``"logits"``: the output is the softmax's input) or as the model's
+    last operation (``"probabilities"``: the output is the softmax's); ``""`` otherwise (class weights included:
+    they are not read)."""
+    kinds = set()
+    for path in paths or []:
+        ops = [op for op in path if op.split("@")[0] not in SHAPE_OPS]
+        at = ops.index("Softmax") if "Softmax" in ops else -1
+        if at < 1 or ops[at - 1] not in ("BinaryCrossEntropy", "BinaryCrossEntropy" + _SUM) or len(ops) - at > 2:
+            return ""
+        kinds.add("probabilities" if at == len(ops) - 1 else "logits")
+    return kinds.pop() if len(kinds) == 1 else ""
+
+
+def read_bce_targets(g, out, of_logits: bool, count: float):
+    """For a binary cross-entropy of a softmax over dimension 1 (``F.binary_cross_entropy(F.softmax(out, 1),
+    t)``, or of a model's own softmax output): how many targets each row marks, read off the gradient ``g`` at
+    ``out`` (the softmax's input when ``of_logits``, else its output p) for a loss over ``count`` entries (their
+    number for a mean, 1 for a sum). Each entry's loss -t log p - (1 - t) log(1 - p) leaves count x dL/dp =
+    u = (p - t) / (p (1 - p)): 1 / (1 - p) where t = 0, -1 / p where t = 1. At the softmax's input, count x g / p
+    is u less a constant of the row, which its entry of largest u gives (a 0, unless every target of the row is
+    1). Returns a (2,) tensor: the mean number of targets per row and the share of rows with several, over the
+    rows that read as 0/1 targets, where most rows do and some have several; NaN otherwise."""
+    import torch
+
+    nan = torch.full((2,), torch.nan, device=g.device)
+    tol = max(HARD_TARGET_TOL, 4 * torch.finfo(g.dtype).eps) if g.is_floating_point() else HARD_TARGET_TOL
+    readable = _READABLE if tol <= HARD_TARGET_TOL else tol
+    with torch.no_grad():
+        if g.dim() != 2 or g.shape[1] < 2 or out.shape != g.shape:
+            return nan
+        g = g.detach().float()
+        p = out.detach().float().softmax(dim=1) if of_logits else out.detach().float()
+        ok = ((p > readable) & (1 - p > readable)).all(dim=1)
+        p, g = p[ok].clamp(readable, 1 - readable), g[ok]
+        u = count * g / p if of_logits else count * g
+        zero, one = 1 / (1 - p), -1 / p
+        if of_logits:
+            top = u.argmax(dim=1, keepdim=True)
+            u = u + (zero.gather(1, top) - u.gather(1, top))
+        t1 = (u - one).abs() <= tol * one.abs()
+        binary = (t1 | ((u - zero).abs() <= tol * zero)).all(dim=1)
+        marked = (t1 & binary[:, None]).sum(dim=1).float()
+        rows = binary.sum()
+        several = (ok.sum() > 0) & (rows > 0.5 * ok.shape[0]) & ((marked > 1) & binary).any()
+        return torch.where(several, torch.stack([marked.sum() / rows.clamp_min(1),
+                                                 ((marked > 1) & binary).sum() / rows.clamp_min(1)]), nan)
+
+
 def _median(values):
     import torch
     return values.median() if values.numel() else torch.full((), torch.nan, device=values.device)

@@ -1300,7 +1300,9 @@ class Recorder:
             del table[1::2]
         table.append([int(self._pass_step), found, n])
 
-    _floor_kind: tuple = (None, False)  # (the loss paths, whether they are a cross-entropy of the output's rows)
+    # (the loss paths, what they take of the output's rows: "log_softmax" (a cross-entropy), "logits" or
+    # "probabilities" (a binary cross-entropy of a softmax, in the loss or the model), "" (none of these))
+    _floor_kind: tuple = (None, "")
 
     def _read_floor(self) -> None:
         """For a loss taken of a log-softmax over the output's classes (dimension 1) and nothing else of the
@@ -1308,17 +1310,27 @@ class Recorder:
         off the output's gradient (``losspath.read_targets``): the least the loss can reach, the mean entropy of
         its targets, kept in the trace's meta as ``loss_floor`` [[step, entropy, classes], ...] where the
         gradient reads as a distribution per row; or, as ``target_count`` [[step, mean targets per row, share
-        of rows with several], ...], targets that mark several classes in a row (multi-hot labels)."""
+        of rows with several], ...], targets that mark several classes in a row (multi-hot labels). For a
+        binary cross-entropy of a softmax over the rows (``losspath.read_bce_targets``), the same count, and
+        ``target_loss`` = "bce_softmax" in the meta."""
         paths = self.trace.meta.get("loss_paths")
         if self._floor_kind[0] is not paths:
             ends = [[op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS][-2:] for path in paths or []]
-            self._floor_kind = (paths, bool(ends) and all(len(e) == 2 and e[0] == "LogSoftmax" for e in ends))
-        if not self._floor_kind[1] or len(self._out_grads) != 1 or len(self._out_leaves) != 1:
+            log_softmax = bool(ends) and all(len(e) == 2 and e[0] == "LogSoftmax" for e in ends)
+            self._floor_kind = (paths, "log_softmax" if log_softmax else losspath.bce_of_softmax(paths))
+        kind = self._floor_kind[1]
+        if not kind or len(self._out_grads) != 1 or len(self._out_leaves) != 1:
             return
         g, out = self._out_grads[0], self._out_leaves[0]
         if g is None or out is None or g.dim() != 2 or out.shape != g.shape:
             return
-        floor, count, several = losspath.read_targets(g, out).tolist()
+        if kind == "log_softmax":
+            floor, count, several = losspath.read_targets(g, out).tolist()
+        else:
+            floor, n = math.nan, 1 if losspath.summed(paths) else g.numel()
+            count, several = losspath.read_bce_targets(g, out, kind == "logits", n).tolist()
+            if math.isfinite(count):
+                self.trace.meta["target_loss"] = "bce_softmax"
         for key, row in (("loss_floor", [int(self._pass_step), floor, int(g.shape[1])]),
                          ("target_count", [int(self._pass_step), count, several])):
             if math.isfinite(row[1]):

@@ -114,6 +114,51 @@ def test_a_cross_entropy_given_several_labels_a_row_is_named(seed):
     assert not [h for h in right.explain() if h.confidence >= CONFIDENT]
 
 
+def _softmax_bce(out, y):
+    return F.binary_cross_entropy(F.softmax(out, dim=1), y)
+
+
+def _softmax_bce_summed(out, y):
+    return F.binary_cross_entropy(torch.softmax(out, dim=1), y, reduction="sum")
+
+
+@pytest.mark.parametrize("loss", [_softmax_bce, _softmax_bce_summed], ids=["mean", "sum"])
+def test_a_binary_cross_entropy_of_a_softmax_given_several_labels_a_row_is_named(loss):
+    """Multi-hot targets under a binary cross-entropy of a softmax's outputs: each row's probabilities sum
+    to 1, so its two labels cannot both be near 1. Read off the gradient at the logits through the softmax
+    (about two targets a row), named as the targets' fact, the fix on the softmax; a sigmoid in its place is
+    quiet."""
+    dbg = _multi_label(loss)
+    rows = dbg.trace.meta["target_count"]
+    assert rows and all(1.5 < r[1] < 3.0 and 0 < r[2] < 1 for r in rows)
+    top = dbg.explain()[0]
+    assert top.cause == "data" and top.confidence >= CONFIDENT, dbg.report()
+    assert "remove the softmax" in top.suggestion and "a softmax over each row" in top.chain[0]
+    right = _multi_label(lambda out, y: F.binary_cross_entropy(torch.sigmoid(out), y))
+    assert "target_count" not in right.trace.meta
+    assert not [h for h in right.explain() if h.confidence >= CONFIDENT]
+
+
+def test_a_model_ending_in_a_softmax_under_a_binary_cross_entropy_is_read_too():
+    """The softmax as the model's last module: the gradient at its output reads the targets directly. One
+    label a row (one-hot targets, which a softmax can reach) reads as no count at all."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 5, generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 5), nn.Softmax(dim=1))
+
+    def data(step, one=False):
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
+        return x, F.one_hot((x @ w).argmax(1), 5).float() if one else (x @ w > 0.5).float()
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=F.binary_cross_entropy,
+                    steps=120))
+    assert dbg.trace.meta["target_count"] and dbg.explain()[0].cause == "data"
+    one = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), lambda step: data(step, one=True),
+                    loss=F.binary_cross_entropy, steps=120))
+    assert "target_count" not in one.trace.meta
+    assert not [h for h in one.explain() if h.cause == "data"]
+
+
 def test_rows_of_one_label_among_them_still_read_as_several():
     """A second label on about a third of the rows, one on the rest: the rows of one label read as hard
     targets, unscaled, and the count is still read."""
@@ -163,3 +208,20 @@ def test_uniform_targets_leave_no_way_down():
     top = _run(lambda out, y: F.cross_entropy(out, y, label_smoothing=1.0)).explain()[0]
     assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
     assert top.suggestion.startswith("make the targets less uniform: their entropy (1.386) equals")
+
+
+def test_soft_or_rescaled_targets_of_a_softmax_bce_are_not_counted():
+    """The reading holds only where every entry of most rows reads as a 0 or a 1 at the loss's own scale: soft
+    targets, or the loss divided (gradient accumulation), read as nothing; multi-hot ones read exactly."""
+    from neuraldbg import losspath
+    torch.manual_seed(0)
+    z = torch.randn(64, 6, requires_grad=True)
+    hot = (torch.rand(64, 6) < 0.4).float()
+    for t, scale, counted in ((hot, 1.0, True), (torch.rand(64, 6), 1.0, False), (hot, 0.25, False)):
+        g, = torch.autograd.grad(_softmax_bce(z, t) * scale, z)
+        count, share = losspath.read_bce_targets(g, z, True, g.numel()).tolist()
+        if counted:
+            assert count == pytest.approx(float(hot.sum(1).mean()), rel=1e-4)
+            assert share == pytest.approx(float((hot.sum(1) > 1).float().mean()), rel=1e-4)
+        else:
+            assert math.isnan(count) and math.isnan(share)

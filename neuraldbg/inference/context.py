@@ -77,6 +77,8 @@ class Context:
     # a cross-entropy's targets that mark several classes in a row, read off the output's gradient on sampled
     # passes: (step, mean targets per row, share of rows with several)
     target_count: tuple = ()
+    # the loss they were read under: "" (a cross-entropy), "bce_softmax" (a binary cross-entropy of a softmax)
+    target_loss: str = ""
     # the rate the optimizer's schedule scales (its first group's ``initial_lr``; NaN: no schedule seen)
     lr_base: float = math.nan
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so

@@ -107,12 +107,14 @@ def candidates(ctx: Context) -> list[Candidate]:
                              facts={"values": ctx.norm_values[few[0]], "layers": few}))
     several = [r for r in ctx.target_count if r[2] > 0]
     if len(several) >= ctx.th.persist:
-        # a cross-entropy given several classes in a row (multi-hot labels): a softmax spreads one unit of
-        # probability over a row's classes, so they cannot all be predicted; a fact of the targets and the loss
+        # a cross-entropy given several classes in a row (multi-hot labels), or a binary cross-entropy of a
+        # softmax's outputs: a softmax spreads one unit of probability over a row's classes, so they cannot all be
+        # predicted; a fact of the targets and the loss
         out.append(Candidate(Cause.DATA, "input", int(several[0][0]), "targets_several", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, acting_from=ctx.first_step,
                              loss_kinds=losses.ANY | {LossState.SLOW},
-                             facts={"per_row": sorted(r[1] for r in several)[len(several) // 2],
+                             facts={"loss": ctx.target_loss,
+                                    "per_row": sorted(r[1] for r in several)[len(several) // 2],
                                     "share": sorted(r[2] for r in several)[len(several) // 2]}))
     ahead = ctx.next_token  # (read at a share of next-token targets of at least next_token_share when watching)
     if ahead and ahead.get("share", 1.0) < ctx.th.next_token_share:

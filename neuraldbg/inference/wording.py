@@ -168,9 +168,15 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
         if k == "targets_several":
-            return [f"the cross-entropy's targets mark several classes in a row: {fmt(f['per_row'])} per row on "
-                    f"average, {fmt(100 * f['share'])}% of the rows with more than one (read off the gradient at the "
-                    "output), where it takes one class per row or a distribution over them",
+            read = (f"{fmt(f['per_row'])} per row on average, {fmt(100 * f['share'])}% of the rows with more than one "
+                    "(read off the gradient at the output)")
+            if f.get("loss") == "bce_softmax":
+                return [f"the binary cross-entropy is taken of a softmax over each row's outputs, and its targets "
+                        f"mark several labels in a row: {read}",
+                        "a softmax gives each row one unit of probability to spread: the labels marked together cannot "
+                        "all be predicted near 1, and the loss cannot come down to 0"]
+            return [f"the cross-entropy's targets mark several classes in a row: {read}, where it takes one class per "
+                    "row or a distribution over them",
                     "a softmax gives each row one unit of probability to spread: the classes marked together cannot "
                     "all be predicted, and the loss cannot come down to 0"]
         if k == "norm_batch":
@@ -1006,6 +1012,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "targets_broadcast":
             return ("give the outputs and the targets the same shape before the loss: out.squeeze(-1) or "
                     "y.view_as(out) (torch warns: 'Using a target size ... different to the input size')")
+        if k == "targets_several" and f.get("loss") == "bce_softmax":
+            return ("give each label its own probability: remove the softmax and train with "
+                    "F.binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss) on the raw outputs (a sigmoid per "
+                    "label), and predict each label with out > 0")
         if k == "targets_several":
             return ("for several labels per sample, train with F.binary_cross_entropy_with_logits "
                     "(nn.BCEWithLogitsLoss) on the raw outputs and predict each label with out > 0; for one label per "
