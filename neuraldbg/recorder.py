@@ -399,6 +399,8 @@ class Recorder:
                 for idx, (m, l) in enumerate(zip(self.modules, self.layers)):
                     if isinstance(m, nn.RNNBase):
                         self._handles.append(m.register_forward_pre_hook(self._make_time_hook(idx)))
+                    elif isinstance(m, nn.Embedding):  # the tokens' positions that the loss reaches
+                        self._handles.append(m.register_forward_hook(self._make_position_hook(idx)))
             if self.compiled:  # permanent, excluded from the graph: no recompiles
                 for m, h in zip(self.modules, self._fwd_hooks):
                     self._handles.append(m.register_forward_hook(_disable_under_compile(h)))
@@ -967,6 +969,37 @@ class Recorder:
             x.register_hook(lambda g, step=step, t=time_dim: self._through_time(name, step, g, t))
             return args
         return pre
+
+    def _make_position_hook(self, idx: int):
+        """After an embedding of a 2-D batch of tokens on a sampled pass: which of their positions the loss's
+        gradient reaches, along each of the two dimensions (a causal model whose output is read at position 0
+        gives a gradient to the first token only: nothing after it can change the prediction)."""
+        name = self.layers[idx].name
+
+        def hook(module, args, out):
+            if self._rec is None or self._replaying or not args or not torch.is_grad_enabled():
+                return None
+            x = args[0]
+            if (type(x) is not torch.Tensor or x.dim() != 2 or type(out) is not torch.Tensor or out.dim() != 3
+                    or not out.requires_grad or max(x.shape) < 2):
+                return None
+            step = self.step
+            out.register_hook(lambda g, step=step: self._positions_read(name, step, g))
+            return None
+        return hook
+
+    def _positions_read(self, name: str, step: int, g: torch.Tensor) -> None:
+        """One row a sampled pass: [step, size of dimension 0, positions along it up to the last one the
+        gradient reaches, the same for dimension 1]."""
+        rows = self.trace.meta.setdefault("positions_read", {}).setdefault(name, [])
+        if len(rows) >= self.MAX_TIME_SAMPLES:
+            return
+        with torch.no_grad():
+            hit = g.detach().ne(0).any(dim=2)
+            if not bool(hit.any()):
+                return
+            reached = [int(hit.any(dim=1 - d).nonzero().max()) + 1 for d in (0, 1)]
+        rows.append([int(step), int(g.shape[0]), reached[0], int(g.shape[1]), reached[1]])
 
     def _through_time(self, name: str, step: int, g: torch.Tensor, time_dim: int) -> None:
         """One row a sampled pass: [step, gradient at the first time step / the most any step gets, time

@@ -3,11 +3,13 @@ where ``out[:, -1]`` was meant): no module hook sees which time step the head re
 layer's input per time step does (a unidirectional layer's step t reaches only its outputs from t on). With a
 loss that does not improve it is a plateau at the layer, with the readout's fix, never a larger learning rate;
 a head that reads the end, or a task the first step decides, train quietly; a bidirectional layer read at its
-start has read the whole sequence."""
+start has read the whole sequence. The same holds of a causal Transformer read at its first position, seen at
+the tokens' embedding: only the first position's gets a gradient."""
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from faultgen.score import contradictions
@@ -91,3 +93,104 @@ def test_rows_written_before_they_kept_the_reached_steps_are_read_without_them()
     dbg = _run("lstm", 0, steps=120)
     dbg.trace.meta["through_time"]["rnn"] = [r[:3] for r in dbg.trace.meta["through_time"]["rnn"]]
     assert not [h for h in dbg.explain() if "out[:, -1]" in h.suggestion]
+
+
+VOCAB, LENGTH, WIDTH = 10, 12, 32
+
+
+def _tokens(decided_by: str = "all"):
+    """Token sequences labelled by whether token 3 appears twice or more (the whole sequence decides), or
+    by their first token."""
+    def data(step: int):
+        x = torch.randint(0, VOCAB, (64, LENGTH), generator=torch.Generator().manual_seed(step))
+        return x, (x[:, 0] >= VOCAB // 2).long() if decided_by == "first" else ((x == 3).sum(1) >= 2).long()
+    return data
+
+
+class CausalAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, h):
+        b, t, _ = h.shape
+        q, k, v = (z.view(b, t, 2, WIDTH // 2).transpose(1, 2) for z in self.qkv(h).chunk(3, dim=-1))
+        return self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, WIDTH))
+
+
+class CausalClassifier(nn.Module):
+    """Token and position embeddings, causal self-attention blocks, and a head on one position: written by
+    hand, or with ``nn.TransformerEncoder`` on (positions, batch, width) inputs."""
+
+    def __init__(self, at: int, seed: int, library: bool = False):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Embedding(LENGTH, WIDTH)
+        self.library, self.at = library, at
+        if library:
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(WIDTH, 2, 64, dropout=0.0), 2,
+                                             enable_nested_tensor=False)
+        else:
+            self.attn = nn.ModuleList(CausalAttention() for _ in range(2))
+            self.norms = nn.ModuleList(nn.LayerNorm(WIDTH) for _ in range(2))
+        self.head = nn.Linear(WIDTH, 2)
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1])
+        if self.library:  # positions first, as nn.TransformerEncoder takes them by default
+            h = (self.emb(x) + self.pos(positions)).transpose(0, 1)
+            mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            return self.head(self.enc(h, mask=mask, is_causal=True)[self.at])
+        h = self.emb(x) + self.pos(positions)
+        for attn, norm in zip(self.attn, self.norms):
+            h = h + attn(norm(h))
+        return self.head(h[:, self.at])
+
+
+def _causal(at: int, seed: int = 0, library: bool = False, decided_by: str = "all"):
+    model = CausalClassifier(at, seed, library)
+    return train(Run(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _tokens(decided_by), steps=300))
+
+
+@pytest.mark.parametrize("library, seed", [(False, 0), (True, 1)], ids=["by_hand", "encoder_positions_first"])
+def test_a_causal_transformer_read_at_its_first_position_is_named_at_the_tokens(library, seed):
+    """Read at position 0 under a causal mask, the prediction has seen one token of twelve: the loss comes
+    down to the label prior's and stays. Named at the token embedding, with the readout's fix, never a
+    learning rate."""
+    dbg = _causal(0, seed, library)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("loss_plateau", "emb") and top.confidence >= CONFIDENT, dbg.report()
+    assert "out[:, -1]" in top.suggestion and "learning rate" not in top.suggestion
+    assert any("position 1 of 12" in line for line in top.chain)
+    assert contradictions(dbg.explain()) == []
+
+
+@pytest.mark.parametrize("library", [False, True], ids=["by_hand", "encoder_positions_first"])
+def test_a_causal_transformer_read_at_its_last_position_trains_quietly(library):
+    dbg = _causal(-1, library=library)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+    rows = dbg.trace.meta["positions_read"]["emb"]
+    assert {r[4] for r in rows} == {LENGTH}
+
+
+def test_a_first_position_read_is_no_failure_where_the_first_token_decides():
+    dbg = _causal(0, decided_by="first")
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+def test_a_recurrent_layer_read_early_is_named_at_the_layer_not_at_its_tokens():
+    """An embedding before an LSTM read at its first step: both see the cut; the recurrent layer's reading
+    is the one named."""
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb, self.rnn = nn.Embedding(VOCAB, WIDTH), nn.LSTM(WIDTH, WIDTH, batch_first=True)
+            self.head = nn.Linear(WIDTH, 2)
+
+        def forward(self, x):
+            return self.head(self.rnn(self.emb(x))[0][:, 0])
+    model = Tagger()
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _tokens(), steps=300))
+    hyps = [h for h in dbg.explain() if "before its sequence ends" in h.chain[0]]
+    assert [h.layer for h in hyps] == ["rnn"], dbg.report()

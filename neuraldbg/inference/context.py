@@ -92,6 +92,9 @@ class Context:
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
     through_time: dict = field(default_factory=dict)
+    # an embedding of a 2-D batch of tokens: the positions its output's gradient reaches, per sampled pass,
+    # [step, size of dimension 0, reached along it, size of dimension 1, reached along it]
+    positions_read: dict = field(default_factory=dict)
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
     optimizer_momentum: float = math.nan  # its momentum (SGD, RMSprop), when it has one
     optimizer_weight_decay: float = math.nan  # its groups' largest weight_decay, when it has one

@@ -126,27 +126,51 @@ def _not_stepped(ctx: Context) -> list[Candidate]:
 
 
 def _read_early(ctx: Context) -> list[Candidate]:
-    """A recurrent layer whose input gets a gradient only at its first time steps (up to ``time_read`` of
-    them) at most sampled passes: the loss reads its output before the sequence's end (``out[:, 0]``, the
-    state after the first step, where ``out[:, -1]`` was meant), and what comes later cannot change the
-    prediction. The reading alone is no failure (a task decided by its first steps trains): it needs a loss
-    that does not improve, and no negligible updates (then the learning rate's)."""
+    """A sequence whose first positions alone (up to ``time_read`` of them) get a gradient at most sampled
+    passes: a recurrent layer's input (``ctx.through_time``), or else the tokens an embedding reads
+    (``ctx.positions_read``, along the dimension that is cut while the other is reached whole). The loss
+    reads the output before the sequence's end (``out[:, 0]``: a recurrent layer's state after the first
+    step, a causal Transformer's output at the first token, where ``out[:, -1]`` was meant), and what comes
+    later cannot change the prediction. The reading alone is no failure (a task decided by its first steps
+    trains): it needs a loss that does not improve, or hardly, and no negligible updates (then the learning
+    rate's)."""
+    cut = ctx.nonfinite_step() or 1 << 62
+    recurrent = {layer: [(r[0], r[3], r[2]) for r in rows if len(r) >= 4 and r[2] >= 2 and r[0] < cut]
+                 for layer, rows in ctx.through_time.items()}
+    out = _read_before_end(ctx, recurrent, {})
+    if out or any(recurrent.values()):
+        return out
+    tokens = {}
+    for layer, rows in ctx.positions_read.items():
+        rows = [r for r in rows if len(r) >= 5 and r[0] < cut]
+        # (step, reached, size) along the dimension that is cut, where the other is reached whole
+        tokens[layer] = [(r[0], r[2 + 2 * d], r[1 + 2 * d]) for r in rows for d in (1, 0)
+                         if r[1 + 2 * d] >= 2 and r[4 - 2 * d] == r[3 - 2 * d] and r[2 + 2 * d] < r[1 + 2 * d]]
+        if len(tokens[layer]) * 2 < len(rows):
+            tokens[layer] = []
+    return _read_before_end(ctx, tokens, {"tokens": True})[:1]
+
+
+def _read_before_end(ctx: Context, readings: dict, facts: dict) -> list[Candidate]:
+    """``_read_early`` over readings layer -> [(step, positions reached, positions), ...], the first layers
+    in the model's order first."""
     still = bool(ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
     out = []
-    for layer, rows in ctx.through_time.items():
-        rows = [r for r in rows if len(r) >= 4 and r[2] >= 2 and r[0] < (ctx.nonfinite_step() or 1 << 62)]
+    for layer in sorted(readings, key=lambda n: ctx.rank.get(n, 1 << 30)):
+        rows = readings[layer]
         if layer not in ctx.layers or len(rows) < ctx.th.persist:
             continue
-        shares = sorted(r[3] / r[2] for r in rows)
+        shares = sorted(r[1] / r[2] for r in rows)
         typical = shares[len(shares) // 2]
-        early = [r for r in rows if r[3] / r[2] <= ctx.th.time_read]
+        early = [r for r in rows if r[1] / r[2] <= ctx.th.time_read]
         if typical > ctx.th.time_read or not early:
             continue
         out.append(Candidate(Cause.LOSS_PLATEAU, layer, int(early[0][0]), "read_early", [],
                              severity=below_ratio(typical, ctx.th.time_read), persistence=len(early) / len(rows),
                              needs_harm=True, lasting=True,
-                             loss_kinds=frozenset() if still else frozenset(_FLAT) | {LossState.STALLED},
-                             facts={"read": int(early[-1][3]), "steps_in_time": int(early[-1][2])}))
+                             loss_kinds=frozenset() if still else frozenset(_FLAT) | {LossState.STALLED,
+                                                                                      LossState.SLOW},
+                             facts={"read": int(early[-1][1]), "steps_in_time": int(early[-1][2]), **facts}))
     return out
 
 

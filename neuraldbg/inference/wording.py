@@ -389,6 +389,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the model's output does not depend on its input: in a replay of the pass at step {f['replayed']}, "
                 "the input is not in the computation of the output at all",
                 "the model can only learn one output for every sample"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "read_early" and f.get("tokens"):
+        read, steps = f["read"], f["steps_in_time"]
+        return [f"the loss reads the model's output before its sequence ends: no gradient reaches `{c.layer}`'s "
+                f"output (the tokens' embeddings) after position {read} of {steps}",
+                f"the prediction depends on the first {read} of the {steps} tokens only (under a causal mask, "
+                "position t sees the tokens up to t): what comes later cannot change it"]
     if c.cause == Cause.LOSS_PLATEAU and k == "read_early":
         info = ctx.layers.get(c.layer)
         kind = f" ({info.type_name})" if info is not None else ""
@@ -1286,6 +1292,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("make the forward compute from its argument: it is replaced on the way (torch.zeros_like(x), "
                 "torch.randn_like(x), a batch stored from an earlier call) or another variable is read (self.x, a "
                 "global, a name reused in the forward); check that model(x) changes when x does")
+    if k == "read_early" and f.get("tokens"):
+        return ("read the output at the last position, out[:, -1] (out[-1] where the positions come first; with "
+                "padded sequences, at each sequence's length), or pool over the positions: under a causal mask, "
+                "position 0 has seen the first token only (a summary token read at position 0 needs attention "
+                "without the mask)")
     if k == "read_early":
         return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
                 "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
