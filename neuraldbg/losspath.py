@@ -129,9 +129,10 @@ def _name(fn) -> str:
 
 
 def _constant_divisor(fn) -> bool:
-    """A division whose divisor has no graph: a number (a temperature), or a tensor of the data (a count)."""
+    """A division whose divisor has no graph: a number (a temperature; the batch size a library loss divides
+    its sum by, whose node has a single input), or a tensor of the data (a count)."""
     nxt: tuple = tuple(getattr(fn, "next_functions", ()))
-    return len(nxt) == 2 and nxt[1][0] is None
+    return len(nxt) == 1 or (len(nxt) == 2 and nxt[1][0] is None)
 
 
 def _size(fn, dim: int) -> int | None:
@@ -486,6 +487,11 @@ _GUARDS = frozenset({"Add", "Clamp", "ClampMin", "ClampMax", "Maximum", "Minimum
 
 
 def domain_op(recorded: list[list[str]] | None) -> tuple[str, str] | None:
+    found = _domain(recorded)
+    return None if found is None else found[1:]
+
+
+def _domain(recorded: list[list[str]] | None) -> tuple[str, str, str] | None:
     """The operation of the loss, nearest the model's output, that can turn finite values into NaN/Inf, with
     the probability (``Softmax``, ``Sigmoid``) it is taken of, if it is taken of one unguarded (``""`` else):
     ``torch.log(torch.sigmoid(out))`` -> ("Log", "Sigmoid"); ``torch.log(p + 1e-8)`` is no such operation.
@@ -503,7 +509,7 @@ def domain_op(recorded: list[list[str]] | None) -> tuple[str, str] | None:
             prob = next((j for j, op in enumerate(between) if op in _PROBABILITIES), None)
             if prob is not None and any(op in _GUARDS for op in between[:prob]):
                 break  # guarded: this path's log cannot see a 0
-            return name, between[prob] if prob is not None else ""
+            return ops[i], name, between[prob] if prob is not None else ""
     return None
 
 
@@ -528,16 +534,24 @@ def nonfinite_op(origin, recorded: list[list[str]] | None) -> str:
     """The loss's own operation that turned the model's finite output into NaN/Inf (``origin``: where the
     replay found NaN/Inf first, phase "loss"): the operation seen doing it in a replayed step, or the loss's
     operation that leaves its domain (``domain_op``) when what it is taken of can reach its edge (a sigmoid or
-    softmax of outputs large enough to round to exactly 0 or 1). "": NaN/Inf in the loss from something
-    else (its targets), or not in the loss."""
+    softmax of outputs large enough to round to exactly 0 or 1). Where the rows whose gradient is NaN/Inf are
+    known (``origin.rows``), they must be those the operation makes so: every row, for a division by a value
+    with no graph (a count of 0 divides every row's share alike); rows among the widest outputs, or the
+    largest, for a softmax, or a sigmoid, that rounds (it does so there first, whatever scales them). "":
+    NaN/Inf in the loss from something else (its targets), or not in the loss."""
     if origin is None or origin.phase != "loss":
         return ""
     if origin.op:
         return origin.op
-    found = domain_op(recorded)
+    found = _domain(recorded)
     if found is None:
         return ""
-    op, probability = found
+    raw, op, probability = found
+    if len(origin.rows) == 3:
+        share, widest, largest = origin.rows
+        if ((raw.endswith(_CONSTANT) and not probability and share < 1.0)
+                or (probability == "Softmax" and not widest) or (probability == "Sigmoid" and not largest)):
+            return ""
     if probability and not (len(origin.reach) == 2
                             and (transformed(recorded, probability)
                                  or saturates(probability, origin.reach[0], origin.reach[1], origin.dtype))):

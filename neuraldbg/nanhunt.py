@@ -124,6 +124,32 @@ def reach(outputs: list[torch.Tensor]) -> tuple[float, ...]:
     return float(t.abs().max()), spread
 
 
+# a softmax or a sigmoid rounds first in the rows of the widest or largest outputs: the rows it made NaN/Inf
+# lie among the top of the others' (which entry rounds depends on the target, so not strictly above them all)
+ROUNDING_QUANTILE = 0.9
+
+
+def rows(outputs: list[torch.Tensor], grads: list) -> tuple[float, ...]:
+    """For the first output and its gradient: the share of its rows (dimension 0) whose gradient holds
+    NaN/Inf, and whether the least of those rows' spread (over the dimension ``reach`` takes), and of their
+    largest output, is at least the ``ROUNDING_QUANTILE`` of the other rows' (1.0, else 0.0): where a
+    softmax, or a sigmoid, rounds to 0 or 1 it does so first. () when not known."""
+    pair = next(((o.detach(), g.detach()) for o, g in zip(outputs, grads)
+                 if g is not None and o.shape == g.shape and o.dim() >= 2 and o.is_floating_point()), None)
+    if pair is None or not bool(torch.isfinite(pair[0]).all()):
+        return ()
+    t, g = pair[0].float(), pair[1]
+    bad = ~torch.isfinite(g).reshape(g.shape[0], -1).all(dim=1)
+    if not bool(bad.any()):
+        return ()
+    spreads = [(t.amax(d) - t.amin(d)).reshape(t.shape[0], -1).amax(dim=1) for d in {1, t.dim() - 1}]
+    spread = min(spreads, key=lambda s: float(s.max()))
+    largest = t.reshape(t.shape[0], -1).amax(dim=1)
+    top = [bool(bad.all()) or float(v[bad].min()) >= float(torch.quantile(v[~bad], ROUNDING_QUANTILE))
+           for v in (spread, largest)]
+    return float(bad.float().mean()), float(top[0]), float(top[1])
+
+
 def _dtype(outputs: list[torch.Tensor]) -> str:
     return str(outputs[0].dtype).replace("torch.", "") if outputs else ""
 
@@ -232,11 +258,11 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
             if pairs and any(_nonfinite(g) for _, g in pairs):
                 return NonFiniteOrigin(step, "", "loss", "the model output is finite; the loss or its gradient is not"
                                        " (look at the targets and the loss function)", dtype=_dtype(outs),
-                                       reach=reach(outs))
+                                       reach=reach(outs), rows=rows(outs, grads))
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
                 if found and found[0].phase == "loss":
-                    return dataclasses.replace(found[0], dtype=_dtype(outs), reach=reach(outs))
+                    return dataclasses.replace(found[0], dtype=_dtype(outs), reach=reach(outs), rows=rows(outs, grads))
     if found:
         return found[0]
     for name, mod in reversed(ran):  # backward order: a parameter gradient that overflowed

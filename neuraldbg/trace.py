@@ -131,7 +131,9 @@ class NonFiniteOrigin:
     with its ``relation`` to ``layer`` ("in" its forward, or "after" it, on its output); ``dtype``:
     the dtype it was computed in ("float16" under autocast: an overflow of its range). In the loss (the model's
     output finite), ``reach``: the output's largest magnitude and largest spread within a row (over dimension
-    1), which say whether a probability taken of it rounds to 0 or 1."""
+    1), which say whether a probability taken of it rounds to 0 or 1; ``rows``: the share of the output's rows
+    whose gradient is NaN/Inf, and whether they lie among the rows of the widest spread (1.0, else 0.0) and of
+    the largest output (where a softmax, or a sigmoid, rounds first)."""
 
     step: int
     layer: str
@@ -141,6 +143,7 @@ class NonFiniteOrigin:
     relation: str = ""
     dtype: str = ""
     reach: tuple[float, ...] = ()  # (largest magnitude, largest spread within a row); () not measured
+    rows: tuple[float, ...] = ()   # (share of rows NaN/Inf, among the widest, among the largest); () not measured
 
     def where(self) -> str:
         where = f"`{self.layer}`" if self.layer else "the model"
@@ -148,13 +151,15 @@ class NonFiniteOrigin:
 
     def to_dict(self) -> dict:
         return {"step": self.step, "layer": self.layer, "phase": self.phase, "detail": self.detail, "op": self.op,
-                "relation": self.relation, "dtype": self.dtype, "reach": [float(v) for v in self.reach]}
+                "relation": self.relation, "dtype": self.dtype, "reach": [float(v) for v in self.reach],
+                "rows": [float(v) for v in self.rows]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "NonFiniteOrigin":
         return cls(step=int(d["step"]), layer=str(d["layer"]), phase=str(d["phase"]), detail=str(d.get("detail", "")),
                    op=str(d.get("op", "")), relation=str(d.get("relation", "")), dtype=str(d.get("dtype", "")),
-                   reach=tuple(float(v) for v in d.get("reach", ()))[:2])
+                   reach=tuple(float(v) for v in d.get("reach", ()))[:2],
+                   rows=tuple(float(v) for v in d.get("rows", ()))[:3])
 
 
 @dataclass

@@ -4,6 +4,7 @@ targets are fine. Named ``non_finite`` in the loss with a fix that computes the 
 where NaN targets under the same loss stay the data's."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -205,3 +206,59 @@ def test_the_spread_within_a_row_is_read_over_the_classes_not_over_time():
     absmax, spread = reach([logits])
     assert absmax == 402.0 and spread == 2.0
     assert reach([torch.tensor([[0.0, 120.0]])])[1] == 120.0
+
+
+def _nan_rows(rows: tuple[int, ...], from_step: int = 5):
+    """One-hot classes, with NaN in the given rows of every batch from ``from_step`` on."""
+    data = _classes()
+
+    def batch(step: int):
+        x, y = data(step)
+        t = F.one_hot(y, 4).float()
+        if step >= from_step:
+            t[list(rows)] = float("nan")
+        return x, t
+    return batch
+
+
+@pytest.mark.parametrize("loss", [
+    lambda out, t: F.cross_entropy(out, t),                                        # divides its sum by the batch
+    lambda out, t: -(t * torch.log(F.softmax(out / 2, dim=1))).sum(1).mean(),      # a log of a scaled softmax
+], ids=["cross_entropy_of_probabilities", "log_of_a_scaled_softmax"])
+def test_nan_in_a_few_rows_of_soft_targets_stays_the_datas(loss):
+    """NaN in two rows of probability targets: only those rows' gradient is NaN. A division by the batch
+    size divides every row alike (a count of 0 would make them all NaN), and a softmax rounds first in the
+    rows of the widest outputs, which these are not: neither is the loss's doing."""
+    dbg = _run(loss, _nan_rows((3, 17)), 4, steps=20, lr=1e-3)
+    top = dbg.explain()[0]
+    assert top.cause == "data" and top.step == 5, dbg.report()
+    share = dbg.trace.nonfinite.rows[0]
+    assert 0 < share < 0.1
+
+
+def test_a_mean_over_an_empty_mask_is_the_losss_division():
+    """A masked mean whose mask selects nothing: 0 / 0 in every row's share, named at the loss's division."""
+    def masked(out, y):
+        mask = (y >= 0).float() if y[0] != 2 else torch.zeros_like(y, dtype=torch.float)
+        return (F.cross_entropy(out, y, reduction="none") * mask).sum() / mask.sum()
+
+    def data(step: int):
+        x, y = _classes()(step)
+        y[0] = 2 if step >= 5 else (y[0] + 1) % 2  # from step 5 the mask is empty
+        return x, y
+    dbg = _run(masked, data, 4, steps=20, lr=1e-3)
+    top = dbg.explain()[0]
+    assert top.cause == "non_finite" and top.step == 5, dbg.report()
+    assert dbg.trace.nonfinite.rows[0] == 1.0
+
+
+def test_the_rows_a_nan_reached_decide_between_the_loss_and_its_targets():
+    """Rows made NaN by a rounding softmax lie among the widest; a NaN in an ordinary row is not its."""
+    origin = NonFiniteOrigin(4, "", "loss", "x", dtype="float32", reach=(60.0, 120.0), rows=(0.05, 1.0, 1.0))
+    assert NonFiniteOrigin.from_dict(origin.to_dict()) == origin
+    path = [["NllLoss", "Log", "Softmax", "Div@constant", "Addmm"]]
+    assert losspath.nonfinite_op(origin, path) == "Log of Softmax"
+    assert losspath.nonfinite_op(dataclasses.replace(origin, rows=(0.05, 0.0, 1.0)), path) == ""
+    divided = [["Div@constant", "Neg", "Sum", "Mul", "LogSoftmax", "Addmm"]]
+    assert losspath.nonfinite_op(dataclasses.replace(origin, rows=(1.0, 0.0, 0.0)), divided) == "Div"
+    assert losspath.nonfinite_op(dataclasses.replace(origin, rows=(0.05, 0.0, 0.0)), divided) == ""
