@@ -332,6 +332,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   moving_objective=bool(trace.meta.get("loss_moving")),
                   through_time=dict(trace.meta.get("through_time") or {}),
                   positions_read=dict(trace.meta.get("positions_read") or {}),
+                  order_blind=dict(trace.meta.get("order_blind") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   optimizer_momentum=float(trace.meta.get("optimizer_momentum", math.nan)),
                   optimizer_weight_decay=float(trace.meta.get("optimizer_weight_decay", math.nan)),

@@ -30,7 +30,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
-from . import distributed, leak, losspath, mixing, nanhunt
+from . import distributed, leak, losspath, mixing, nanhunt, order
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
 from .layers import Kind, LayerInfo, describe, watched_modules
@@ -1236,10 +1236,39 @@ class Recorder:
             self._read_blocked()
             if self._leak_tries:
                 self._read_next_tokens()
+            if self._order_tries and self._rec.attn:
+                self._read_order()
         if self.optimizer is None:
             self._finish_step()
 
     _leak_tries = 4   # sampled passes whose output may still be read for next-token targets
+    _order_tries = 2  # sampled passes with attention that may still replay a reordered sample
+
+    def _read_order(self) -> None:
+        """A model that ran attention over a batch of tokens and outputs one row per sample (a sequence
+        classifier): does its output change when the order of a sample's tokens does (``order.sees_order``)?
+        Once; into the trace's meta as ``order_blind`` = {"step", "positions"} when it does not. A pass driven
+        from outside the model's forward, a compiled model or a run already non-finite is not replayed."""
+        outs = self._out_leaves
+        if (len(outs) != 1 or outs[0].dim() != 2 or self._last_inputs is None or self._replay_run is not None
+                or self.compiled or self.trace.nonfinite is not None):
+            return
+        args, kwargs = self._last_inputs
+        ids = order.token_ids(args, kwargs, int(outs[0].shape[0]))
+        if ids is None:
+            return
+        self._order_tries -= 1
+        self._replaying = True
+        try:
+            sees = order.sees_order(distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
+        except Exception:  # noqa: BLE001 - a model that cannot be replayed this way: nothing is said of it
+            sees = None
+        finally:
+            self._replaying = False
+        if sees is not None:
+            self._order_tries = 0
+            if not sees:
+                self.trace.meta["order_blind"] = {"step": int(self._pass_step), "positions": int(ids.shape[1])}
 
     def _read_next_tokens(self) -> None:
         """A model whose output has a row per position of a token input (batch, length, vocabulary): are the

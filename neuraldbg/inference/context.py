@@ -95,6 +95,9 @@ class Context:
     # an embedding of a 2-D batch of tokens: the positions its output's gradient reaches, per sampled pass,
     # [step, size of dimension 0, reached along it, size of dimension 1, reached along it]
     positions_read: dict = field(default_factory=dict)
+    # an attention model over tokens whose output did not change with their order, in a replay: {"step",
+    # "positions"}; empty when not seen so
+    order_blind: dict = field(default_factory=dict)
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
     optimizer_momentum: float = math.nan  # its momentum (SGD, RMSprop), when it has one
     optimizer_weight_decay: float = math.nan  # its groups' largest weight_decay, when it has one

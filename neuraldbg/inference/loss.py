@@ -39,8 +39,8 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
 
 
 def candidates(ctx: Context) -> list[Candidate]:
-    out = (_not_stepped(ctx) + _no_gradient(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _input_unused(ctx)
-           + _unoptimized(ctx) + _out_of_range(ctx))
+    out = (_not_stepped(ctx) + _no_gradient(ctx) + _on_probabilities(ctx) + _read_early(ctx) + _order_blind(ctx)
+           + _input_unused(ctx) + _unoptimized(ctx) + _out_of_range(ctx))
     if ctx.loss_unbounded:
         # a loss whose code has no floor (negated, an NLL of raw outputs, a log-likelihood left positive) falls
         # below zero without end: the model is trained away from its targets, whatever the data
@@ -149,6 +149,17 @@ def _read_early(ctx: Context) -> list[Candidate]:
         if len(tokens[layer]) * 2 < len(rows):
             tokens[layer] = []
     return _read_before_end(ctx, tokens, {"tokens": True})[:1]
+
+
+def _order_blind(ctx: Context) -> list[Candidate]:
+    """An attention model over tokens whose output stayed the same, to rounding, when a sample's tokens were
+    reordered (``order.sees_order``): it reads them as a set, with no positional information. A fact of the
+    model; a failure only where the order matters, which the loss says: it must stop short."""
+    if not ctx.order_blind:
+        return []
+    return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "order_blind", [], severity=1.0, persistence=1.0,
+                      needs_harm=True, lasting=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW},
+                      facts={"positions": int(ctx.order_blind.get("positions", 0))})]
 
 
 def _read_before_end(ctx: Context, readings: dict, facts: dict) -> list[Candidate]:

@@ -389,6 +389,13 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         return [f"the model's output does not depend on its input: in a replay of the pass at step {f['replayed']}, "
                 "the input is not in the computation of the output at all",
                 "the model can only learn one output for every sample"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "order_blind":
+        n = f["positions"]
+        return [f"in a replay of one sample with its tokens 2 to {n - 1} (of {n}) in reverse order, the model's output "
+                "is the same to rounding: its attention reads the tokens as a set (no positional encoding is added "
+                "to their embeddings, and no causal mask orders them)",
+                "where the label depends on the order, the loss can come down only as far as the bag of tokens "
+                "predicts"]
     if c.cause == Cause.LOSS_PLATEAU and k == "read_early" and f.get("tokens"):
         read, steps = f["read"], f["steps_in_time"]
         return [f"the loss reads the model's output before its sequence ends: no gradient reaches `{c.layer}`'s "
@@ -1292,6 +1299,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("make the forward compute from its argument: it is replaced on the way (torch.zeros_like(x), "
                 "torch.randn_like(x), a batch stored from an earlier call) or another variable is read (self.x, a "
                 "global, a name reused in the forward); check that model(x) changes when x does")
+    if k == "order_blind":
+        return ("add the positions to the token embeddings before the first attention layer: h = self.tok(x) + "
+                "self.pos(torch.arange(x.shape[1], device=x.device)), with self.pos = nn.Embedding(max_len, d_model) "
+                "(or sinusoidal encodings); leave them out only for a model meant to read a set")
     if k == "read_early" and f.get("tokens"):
         return ("read the output at the last position, out[:, -1] (out[-1] where the positions come first; with "
                 "padded sequences, at each sequence's length), or pool over the positions: under a causal mask, "
