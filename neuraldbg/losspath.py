@@ -96,6 +96,7 @@ _SINGLE = "@single"             # marks a (log-)softmax over a dimension of size
 _SUM = "@sum"                   # marks a loss function that sums over its elements (reduction="sum")
 _SUM_REDUCTION = 2              # the value of an autograd node's ``_saved_reduction`` for reduction="sum"
 _WEIGHTED = "@weighted"         # marks a loss function given weights per class or sample
+_SCALAR = "@scalar"             # marks it dividing a single number (a loss's sum by a count)
 _CONSTANT = "@constant"         # marks a division by a value with no graph (a temperature, a count of the data)
 _TARGET = "@target"             # marks a loss function reached through its target argument (the second)
 # loss functions whose target argument is differentiable (a with-logits loss given the model's output there
@@ -124,8 +125,16 @@ def _name(fn) -> str:
     if _weighted(fn):
         return name + _WEIGHTED
     if name == "Div" and _constant_divisor(fn):
-        return name + _CONSTANT
+        return name + _CONSTANT + (_SCALAR if _scalar(fn) else "")
     return name
+
+
+def _scalar(fn) -> bool:
+    """The node made a single number (a loss reduced to its value)."""
+    try:
+        return tuple(fn._input_metadata[0].shape) == ()
+    except (AttributeError, IndexError, RuntimeError, TypeError):
+        return False
 
 
 def _constant_divisor(fn) -> bool:
@@ -502,7 +511,7 @@ def _domain(recorded: list[list[str]] | None) -> tuple[str, str, str] | None:
         ops = [op for op in path if op.split("@")[0] not in SHAPE_OPS]
         for i in range(len(ops) - 1, -1, -1):  # from the model's side
             name = ops[i].split("@")[0]
-            if name not in DOMAIN_OPS or (ops[i].endswith(_CONSTANT) and any(
+            if name not in DOMAIN_OPS or (_CONSTANT in ops[i] and any(
                     op.split("@")[0] in _PROBABILITIES for op in ops[:i])):
                 continue
             between = [op.split("@")[0] for op in ops[i + 1:]]
@@ -535,8 +544,8 @@ def nonfinite_op(origin, recorded: list[list[str]] | None) -> str:
     replay found NaN/Inf first, phase "loss"): the operation seen doing it in a replayed step, or the loss's
     operation that leaves its domain (``domain_op``) when what it is taken of can reach its edge (a sigmoid or
     softmax of outputs large enough to round to exactly 0 or 1). Where the rows whose gradient is NaN/Inf are
-    known (``origin.rows``), they must be those the operation makes so: every row, for a division by a value
-    with no graph (a count of 0 divides every row's share alike); rows among the widest outputs, or the
+    known (``origin.rows``), they must be those the operation makes so: every row, for a division of the whole
+    loss by a value with no graph (a count of 0 divides every row's share alike); rows among the widest, or the
     largest, for a softmax, or a sigmoid, that rounds (it does so there first, whatever scales them). "":
     NaN/Inf in the loss from something else (its targets), or not in the loss."""
     if origin is None or origin.phase != "loss":
@@ -549,7 +558,7 @@ def nonfinite_op(origin, recorded: list[list[str]] | None) -> str:
     raw, op, probability = found
     if len(origin.rows) == 3:
         share, widest, largest = origin.rows
-        if ((raw.endswith(_CONSTANT) and not probability and share < 1.0)
+        if ((raw.endswith(_SCALAR) and not probability and share < 1.0)
                 or (probability == "Softmax" and not widest) or (probability == "Sigmoid" and not largest)):
             return ""
     if probability and not (len(origin.reach) == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 from typing import Callable
 
 import torch
@@ -124,30 +125,36 @@ def reach(outputs: list[torch.Tensor]) -> tuple[float, ...]:
     return float(t.abs().max()), spread
 
 
-# a softmax or a sigmoid rounds first in the rows of the widest or largest outputs: the rows it made NaN/Inf
-# lie among the top of the others' (which entry rounds depends on the target, so not strictly above them all)
+# a softmax rounds first in the rows of the widest outputs: the rows it made NaN/Inf lie among the top of the
+# others' (which entry rounds depends on the target, so not strictly above them all)
 ROUNDING_QUANTILE = 0.9
 
 
 def rows(outputs: list[torch.Tensor], grads: list) -> tuple[float, ...]:
     """For the first output and its gradient: the share of its rows (dimension 0) whose gradient holds
-    NaN/Inf, and whether the least of those rows' spread (over the dimension ``reach`` takes), and of their
-    largest output, is at least the ``ROUNDING_QUANTILE`` of the other rows' (1.0, else 0.0): where a
-    softmax, or a sigmoid, rounds to 0 or 1 it does so first. () when not known."""
+    NaN/Inf, whether the least of those rows' spread (over the dimension ``reach`` takes) is at least the
+    ``ROUNDING_QUANTILE`` of the other rows' (where a softmax rounds to 0 it does so first), and whether
+    those rows lie past every other one toward a sigmoid's rounding (1.0, else 0.0): by their largest
+    output (to 1), their lowest (to 0), or either, against each one's threshold in the output's dtype (which
+    of them a loss takes the log of, the path does not keep). () when not known."""
     pair = next(((o.detach(), g.detach()) for o, g in zip(outputs, grads)
                  if g is not None and o.shape == g.shape and o.dim() >= 2 and o.is_floating_point()), None)
     if pair is None or not bool(torch.isfinite(pair[0]).all()):
         return ()
+    info = torch.finfo(pair[0].dtype)
     t, g = pair[0].float(), pair[1]
     bad = ~torch.isfinite(g).reshape(g.shape[0], -1).all(dim=1)
     if not bool(bad.any()):
         return ()
     spreads = [(t.amax(d) - t.amin(d)).reshape(t.shape[0], -1).amax(dim=1) for d in {1, t.dim() - 1}]
     spread = min(spreads, key=lambda s: float(s.max()))
-    largest = t.reshape(t.shape[0], -1).amax(dim=1)
-    top = [bool(bad.all()) or float(v[bad].min()) >= float(torch.quantile(v[~bad], ROUNDING_QUANTILE))
-           for v in (spread, largest)]
-    return float(bad.float().mean()), float(top[0]), float(top[1])
+    if bool(bad.all()):
+        return 1.0, 1.0, 1.0
+    widest = float(spread[bad].min()) >= float(torch.quantile(spread[~bad], ROUNDING_QUANTILE))
+    high, low = t.reshape(t.shape[0], -1).amax(dim=1), -t.reshape(t.shape[0], -1).amin(dim=1)
+    either = torch.maximum(high / math.log(2.0 / info.eps), low / -math.log(info.smallest_normal * info.eps))
+    past = any(float(v[bad].min()) >= float(v[~bad].max()) for v in (high, low, either))
+    return float(bad.float().mean()), float(widest), float(past)
 
 
 def _dtype(outputs: list[torch.Tensor]) -> str:

@@ -983,14 +983,18 @@ class Recorder:
             if (type(x) is not torch.Tensor or x.dim() != 2 or type(out) is not torch.Tensor or out.dim() != 3
                     or not out.requires_grad or max(x.shape) < 2):
                 return None
-            step = self.step
-            out.register_hook(lambda g, step=step: self._positions_read(name, step, g))
+            if x.shape[1] >= 2 and bool((x.diff(dim=1) == 1).all()):
+                return None  # position ids (0, 1, 2, ...): the positions themselves, with no padding to tell
+            step, ids = self.step, x.detach()
+            out.register_hook(lambda g, step=step: self._positions_read(name, step, g, ids))
             return None
         return hook
 
-    def _positions_read(self, name: str, step: int, g: torch.Tensor) -> None:
-        """One row a sampled pass: [step, size of dimension 0, positions along it up to the last one the
-        gradient reaches, the same for dimension 1]."""
+    def _positions_read(self, name: str, step: int, g: torch.Tensor, ids: torch.Tensor) -> None:
+        """One row a sampled pass: [step, then for dimension 0 and for dimension 1: the sequences' length
+        along it, and the positions up to the last one the gradient reaches], each the median over the
+        sequences the gradient reaches at all. A sequence's length leaves out its padding: a trailing run of
+        two or more of one token (padded positions that a mask hides get no gradient, and are not read)."""
         rows = self.trace.meta.setdefault("positions_read", {}).setdefault(name, [])
         if len(rows) >= self.MAX_TIME_SAMPLES:
             return
@@ -998,8 +1002,17 @@ class Recorder:
             hit = g.detach().ne(0).any(dim=2)
             if not bool(hit.any()):
                 return
-            reached = [int(hit.any(dim=1 - d).nonzero().max()) + 1 for d in (0, 1)]
-        rows.append([int(step), int(g.shape[0]), reached[0], int(g.shape[1]), reached[1]])
+            found = []
+            for d in (0, 1):
+                h, x = (hit, ids) if d == 1 else (hit.t(), ids.t())
+                n = h.shape[1]
+                reached = (h * torch.arange(1, n + 1, device=h.device)).amax(dim=1)
+                run = torch.flip(x == x[:, -1:], [1]).int().cumprod(dim=1).sum(dim=1)
+                length = torch.where(run >= 2, n - run, n)
+                keep = reached > 0
+                found.append(torch.stack([length[keep].float().median(), reached[keep].float().median()]))
+            read = torch.cat(found).tolist()  # one transfer
+        rows.append([int(step)] + [int(v) for v in read])
 
     def _through_time(self, name: str, step: int, g: torch.Tensor, time_dim: int) -> None:
         """One row a sampled pass: [step, gradient at the first time step / the most any step gets, time
@@ -1242,16 +1255,20 @@ class Recorder:
             self._finish_step()
 
     _leak_tries = 4   # sampled passes whose output may still be read for next-token targets
-    _order_tries = 2  # sampled passes with attention that may still replay a reordered sample
+    _order_tries = 4  # sampled passes with attention that may still replay a reordered sample
+    _order_next = 0   # the step from which the next one may
 
     def _read_order(self) -> None:
         """A model that ran attention over a batch of tokens and outputs one row per sample (a sequence
         classifier): does its output change when the order of a sample's tokens does (``order.sees_order``)?
-        Once; into the trace's meta as ``order_blind`` = {"step", "positions"} when it does not. A pass driven
-        from outside the model's forward, a compiled model or a run already non-finite is not replayed."""
+        Into the trace's meta as ``order_blind`` = {"step", "positions"} when it does not; read again later
+        (from 4x its step + 16 on, a few times), since positions that start at zero (a position embedding
+        initialised to zeros) are learned in the first steps, and dropped if the order is seen then. A pass
+        driven from outside the model's forward, a compiled model or a run already non-finite is not
+        replayed."""
         outs = self._out_leaves
         if (len(outs) != 1 or outs[0].dim() != 2 or self._last_inputs is None or self._replay_run is not None
-                or self.compiled or self.trace.nonfinite is not None):
+                or self.compiled or self.trace.nonfinite is not None or self._pass_step < self._order_next):
             return
         args, kwargs = self._last_inputs
         ids = order.token_ids(args, kwargs, int(outs[0].shape[0]))
@@ -1265,10 +1282,12 @@ class Recorder:
             sees = None
         finally:
             self._replaying = False
-        if sees is not None:
+        if sees:
             self._order_tries = 0
-            if not sees:
-                self.trace.meta["order_blind"] = {"step": int(self._pass_step), "positions": int(ids.shape[1])}
+            self.trace.meta.pop("order_blind", None)
+        elif sees is not None:
+            self.trace.meta["order_blind"] = {"step": int(self._pass_step), "positions": int(ids.shape[1])}
+            self._order_next = 4 * int(self._pass_step) + 16
 
     def _read_next_tokens(self) -> None:
         """A model whose output has a row per position of a token input (batch, length, vocabulary): are the

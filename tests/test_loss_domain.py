@@ -259,6 +259,50 @@ def test_the_rows_a_nan_reached_decide_between_the_loss_and_its_targets():
     path = [["NllLoss", "Log", "Softmax", "Div@constant", "Addmm"]]
     assert losspath.nonfinite_op(origin, path) == "Log of Softmax"
     assert losspath.nonfinite_op(dataclasses.replace(origin, rows=(0.05, 0.0, 1.0)), path) == ""
-    divided = [["Div@constant", "Neg", "Sum", "Mul", "LogSoftmax", "Addmm"]]
+    divided = [["Div@constant@scalar", "Neg", "Sum", "Mul", "LogSoftmax", "Addmm"]]  # the whole loss, by a count
     assert losspath.nonfinite_op(dataclasses.replace(origin, rows=(1.0, 0.0, 0.0)), divided) == "Div"
     assert losspath.nonfinite_op(dataclasses.replace(origin, rows=(0.05, 0.0, 0.0)), divided) == ""
+    per_row = [["Mean", "Div@constant", "Sum", "Mul", "NllLoss", "LogSoftmax", "Addmm"]]  # each row by its own count
+    assert losspath.nonfinite_op(dataclasses.replace(origin, rows=(0.05, 0.0, 0.0)), per_row) == "Div"
+
+
+def test_a_per_sample_mean_over_an_empty_mask_is_the_losss_division_in_one_row():
+    """Each sample's loss divided by its own mask's count, one sample's mask empty: 0 / 0 in that row only.
+    A division per row can make one row NaN: it stays the loss's, though the other rows are finite."""
+    def per_sample(out, y):
+        mask = torch.ones(len(y), 1)
+        if bool((y == -1).any()):
+            y, mask = y.clamp_min(0), (y != -1).float()[:, None]
+        per = F.cross_entropy(out, y, reduction="none")[:, None]
+        return ((per * mask).sum(1) / mask.sum(1)).mean()
+
+    def data(step: int):
+        x, y = _classes()(step)
+        if step >= 5:
+            y[7] = -1  # sample 7 has nothing to score
+        return x, y
+    dbg = _run(per_sample, data, 4, steps=20, lr=1e-3)
+    top = dbg.explain()[0]
+    assert top.cause == "non_finite" and top.step == 5, dbg.report()
+    assert dbg.trace.nonfinite.rows[0] < 0.1
+
+
+def test_a_log_of_a_sigmoid_that_rounds_to_zero_is_the_losss():
+    """``-log(sigmoid(out))`` with no targets at all (a generator's loss): the rows that turn NaN are the
+    lowest outputs, past where a sigmoid rounds to 0, not the largest."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+    with torch.no_grad():
+        model[-1].weight.mul_(400.0)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(20):
+            x = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            loss = -torch.log(torch.sigmoid(model(x))).mean()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    top = dbg.explain()[0]
+    assert top.cause == "non_finite" and top.layer == "loss", dbg.report()
+    assert "binary_cross_entropy_with_logits" in top.suggestion

@@ -116,3 +116,25 @@ def test_attention_run_across_the_batch_keeps_the_order_blindness_in_its_chain()
     hyps = dbg.explain()
     assert hyps[0].cause == "data" and hyps[0].layer == "attn", dbg.report()
     assert not [h for h in hyps if "add the positions" in h.suggestion]
+
+
+def test_positions_that_start_at_zero_are_read_again_once_learned():
+    """A position embedding initialised to zeros (a ViT or BERT style parameter) sees no order at the first
+    step; it learns positions within the first steps, and the later reading drops the early one."""
+    class ZeroPositions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.tok, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Parameter(torch.zeros(1, LENGTH, WIDTH))
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(WIDTH, 2, 64, dropout=0.0, batch_first=True),
+                                             2, enable_nested_tensor=False)
+            self.head = nn.Linear(WIDTH, 2)
+
+        def forward(self, x):
+            return self.head(self.enc(self.tok(x) + self.pos).mean(dim=1))
+    model, ids = ZeroPositions(), _ids()
+    assert order.sees_order(model, ids, (ids,), {}) is False  # as initialised
+    dbg = train(Run(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _order_task(), loss=F.cross_entropy,
+                    steps=150))
+    assert "order_blind" not in dbg.trace.meta
+    assert not [h for h in dbg.explain() if "add the positions" in h.suggestion]

@@ -194,3 +194,34 @@ def test_a_recurrent_layer_read_early_is_named_at_the_layer_not_at_its_tokens():
     dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _tokens(), steps=300))
     hyps = [h for h in dbg.explain() if "before its sequence ends" in h.chain[0]]
     assert [h.layer for h in hyps] == ["rnn"], dbg.report()
+
+
+def test_padding_a_mask_hides_is_not_read_as_an_early_readout():
+    """Sequences of 4 to 12 tokens padded to 32, a key padding mask, a summary token read at position 0
+    without a causal mask: the padded positions get no gradient, yet every real token does. Random labels
+    make the loss flat; the readout is not named for it."""
+    class Summary(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb, self.pos = nn.Embedding(VOCAB, WIDTH, padding_idx=0), nn.Embedding(32, WIDTH)
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(WIDTH, 2, 64, dropout=0.0, batch_first=True),
+                                             2, enable_nested_tensor=False)
+            self.head = nn.Linear(WIDTH, 2)
+
+        def forward(self, x):
+            h = self.emb(x) + self.pos(torch.arange(x.shape[1]))
+            return self.head(self.enc(h, src_key_padding_mask=x == 0)[:, 0])
+
+    def data(step: int):
+        g = torch.Generator().manual_seed(step)
+        lengths = torch.randint(4, 13, (32,), generator=g)
+        x = torch.randint(2, VOCAB, (32, 32), generator=g)
+        x[:, 0] = 1
+        x[torch.arange(32)[None] >= lengths[:, None]] = 0
+        return x, torch.randint(0, 2, (32,), generator=g)
+    model = Summary()
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, steps=200))
+    assert not [h for h in dbg.explain() if "out[:, -1]" in h.suggestion], dbg.report()
+    rows = dbg.trace.meta["positions_read"]["emb"]
+    assert all(r[4] >= r[3] for r in rows)  # every real token reached: the padding is no part of the length

@@ -318,8 +318,9 @@ def _explains(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a is b or b.kind == "dropped":  # a rate set in the code: nothing in the run makes a dropout drop all
         return False
     if b.kind == "order_blind":  # a model that reads its tokens as a set: no positions in the code, or attention
-        # that cannot see them (collapsed, dropped, or run over the batch instead of the positions)
-        return a.cause == C.ATTENTION_COLLAPSE or a.kind in ("mixed", "dropped")
+        # that cannot see them (collapsed, dropped, or run over the batch instead of the positions), or an output
+        # read where the other tokens cannot reach it
+        return a.cause == C.ATTENTION_COLLAPSE or a.kind in ("mixed", "dropped", "read_early")
     divergence = [e for e in a.loss if e.after == LossState.DIVERGING]
     diverged = bool(divergence) and b.step > divergence[0].step
     if b.cause == C.LOSS_PLATEAU and b.kind == "plateau":  # a flat loss that a more specific cause accounts for

@@ -93,7 +93,7 @@ class Context:
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
     through_time: dict = field(default_factory=dict)
     # an embedding of a 2-D batch of tokens: the positions its output's gradient reaches, per sampled pass,
-    # [step, size of dimension 0, reached along it, size of dimension 1, reached along it]
+    # [step, length along dimension 0, reached along it, the same along dimension 1] (medians over sequences)
     positions_read: dict = field(default_factory=dict)
     # an attention model over tokens whose output did not change with their order, in a replay: {"step",
     # "positions"}; empty when not seen so

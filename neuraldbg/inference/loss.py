@@ -143,9 +143,9 @@ def _read_early(ctx: Context) -> list[Candidate]:
     tokens = {}
     for layer, rows in ctx.positions_read.items():
         rows = [r for r in rows if len(r) >= 5 and r[0] < cut]
-        # (step, reached, size) along the dimension that is cut, where the other is reached whole
+        # (step, reached, length) along the dimension that is cut, where the other is reached whole
         tokens[layer] = [(r[0], r[2 + 2 * d], r[1 + 2 * d]) for r in rows for d in (1, 0)
-                         if r[1 + 2 * d] >= 2 and r[4 - 2 * d] == r[3 - 2 * d] and r[2 + 2 * d] < r[1 + 2 * d]]
+                         if r[1 + 2 * d] >= 2 and r[4 - 2 * d] >= r[3 - 2 * d] and r[2 + 2 * d] < r[1 + 2 * d]]
         if len(tokens[layer]) * 2 < len(rows):
             tokens[layer] = []
     return _read_before_end(ctx, tokens, {"tokens": True})[:1]
