@@ -171,9 +171,9 @@ def test_a_dropout_of_one_outside_training_stays_quiet():
 
 
 class Attend(nn.Module):
-    """Tokens -> one attention layer (``nn.MultiheadAttention``, or ``F.scaled_dot_product_attention`` with
-    its own dropout) -> mean -> classes; the task needs the attention (the class of the token the first one
-    points at)."""
+    """Tokens and their positions -> one attention layer (``nn.MultiheadAttention``, or
+    ``F.scaled_dot_product_attention`` with its own dropout) -> the first position's output -> classes; the
+    task needs the attention and the positions (the class of the token the first one points at)."""
 
     def __init__(self, p: float, sdpa: bool):
         super().__init__()
@@ -181,9 +181,10 @@ class Attend(nn.Module):
         self.emb, self.head, self.p, self.sdpa = nn.Embedding(8, 32), nn.Linear(32, 4), p, sdpa
         self.mha = nn.MultiheadAttention(32, 2, dropout=p, batch_first=True)
         self.qkv = nn.Linear(32, 96)
+        self.pos = nn.Embedding(6, 32)
 
     def forward(self, x):
-        h = self.emb(x)
+        h = self.emb(x) + self.pos(torch.arange(x.shape[1]))
         if self.sdpa:
             q, k, v = self.qkv(h).chunk(3, dim=-1)
             a = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0)

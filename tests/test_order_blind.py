@@ -138,3 +138,34 @@ def test_positions_that_start_at_zero_are_read_again_once_learned():
                     steps=150))
     assert "order_blind" not in dbg.trace.meta
     assert not [h for h in dbg.explain() if "add the positions" in h.suggestion]
+
+
+def test_an_order_blind_model_whose_loss_stays_flat_is_named():
+    """A pointer task (the class of the token the first one points at) needs the positions: without them
+    the loss stays near a uniform prediction's, and the order blindness is the verdict, with its fix; the
+    same model with positions learns it."""
+    class Pointer(nn.Module):
+        def __init__(self, positions: bool):
+            super().__init__()
+            torch.manual_seed(0)
+            self.tok, self.head = nn.Embedding(8, WIDTH), nn.Linear(WIDTH, 4)
+            self.attn = nn.MultiheadAttention(WIDTH, 2, batch_first=True)
+            self.pos = nn.Embedding(6, WIDTH) if positions else None
+
+        def forward(self, x):
+            h = self.tok(x) + (self.pos(torch.arange(x.shape[1])) if self.pos is not None else 0)
+            return self.head(self.attn(h, h, h, need_weights=False)[0][:, 0])
+
+    def data(step: int):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randint(0, 8, (64, 6), generator=g)
+        x[:, 0] = torch.randint(1, 6, (64,), generator=g)
+        return x, x.gather(1, x[:, :1]).squeeze(1) % 4
+    runs = {}
+    for positions in (False, True):
+        model = Pointer(positions)
+        runs[positions] = train(Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), data, steps=200))
+    top = runs[False].explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= 0.5, runs[False].report()
+    assert "add the positions to the token embeddings" in top.suggestion
+    assert not [h for h in runs[True].explain() if h.confidence >= 0.5], runs[True].report()

@@ -334,7 +334,7 @@ def test_dashboard_updates_while_training(jupyter_server, nb_page):
     assert len(steps) >= 3 and steps[-1] < 400, f"the progress did not move while training: {seen}"
     assert any(act == "dead" and s < 400 for s, act in seen), f"the dead layer did not show while training: {seen}"
     wait_all_executed(page)
-    assert first_hypothesis(dashboard) == ("dead_units", "3")
+    assert first_hypothesis(dashboard) == ("dead_units", "3"), dashboard.inner_text()
     assert_no_errors(page)
 
 
