@@ -154,11 +154,13 @@ def _read_early(ctx: Context) -> list[Candidate]:
 def _order_blind(ctx: Context) -> list[Candidate]:
     """An attention model over tokens whose output stayed the same, to rounding, when a sample's tokens were
     reordered (``order.sees_order``): it reads them as a set, with no positional information. A fact of the
-    model; a failure only where the order matters, which the loss says: it must stop short."""
+    model, and a failure only where the task needs the order, which nothing in the run says (a loss that does
+    not come down has other reasons too; on a task of counting tokens the model learns): a lead, which claims
+    no loss failure. A plateau's fix names it first."""
     if not ctx.order_blind:
         return []
     return [Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "order_blind", [], severity=1.0, persistence=1.0,
-                      needs_harm=True, lasting=True, loss_kinds=frozenset(_FLAT) | {LossState.STALLED, LossState.SLOW},
+                      needs_harm=True, lasting=True, loss_kinds=frozenset(),
                       facts={"positions": int(ctx.order_blind.get("positions", 0))})]
 
 

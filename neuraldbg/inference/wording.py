@@ -1397,6 +1397,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 f"prediction ({ctx.loss_uniform:.4g}), so the loss cannot show what the model learns; a "
                 "label_smoothing near 1 does this (it is the share moved off the true class: 0.1 is usual); else "
                 + text)
+    if ctx.order_blind:
+        text = ("if the order of the tokens matters, add the positions to the token embeddings (h = self.tok(x) + "
+                "self.pos(torch.arange(x.shape[1], device=x.device)), self.pos = nn.Embedding(max_len, d_model)): "
+                "the model reads them as a set (reordered in a replay, they gave the same output); else " + text)
     if (strong := _strong_dropout(ctx)) is not None:
         rate, place = strong
         text = (f"lower the dropout {_dropout_where(ctx, place)} from p={rate:g} if it is not meant that strong: it "
