@@ -297,7 +297,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
     nonfinite = trace.nonfinite if ranks is None else ranks.nonfinite(trace.nonfinite)
     summed = losspath.summed(trace.meta.get("loss_paths"))
     scaled = _loss_scaled(trace.meta, thresholds, summed)
-    nonfinite_op = losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths"))
+    nonfinite_op = losspath.nonfinite_op(nonfinite, trace.meta.get("loss_paths"), thresholds.rounding_rank)
     ctx = Context(events=events, links=links, layers={l.name: l for l in trace.layers}, rank=rank, first_step=first,
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
                   lr_peak=lr_peak, lr_rising=_lr_rising(trace, thresholds), th=thresholds,

@@ -539,14 +539,15 @@ def saturates(probability: str, absmax: float, spread: float, dtype: str) -> boo
     return False
 
 
-def nonfinite_op(origin, recorded: list[list[str]] | None) -> str:
+def nonfinite_op(origin, recorded: list[list[str]] | None, rounding_rank: float = 0.9) -> str:
     """The loss's own operation that turned the model's finite output into NaN/Inf (``origin``: where the
     replay found NaN/Inf first, phase "loss"): the operation seen doing it in a replayed step, or the loss's
     operation that leaves its domain (``domain_op``) when what it is taken of can reach its edge (a sigmoid or
     softmax of outputs large enough to round to exactly 0 or 1). Where the rows whose gradient is NaN/Inf are
     known (``origin.rows``), they must be those the operation makes so: every row, for a division of the whole
-    loss by a value with no graph (a count of 0 divides every row's share alike); rows among the widest, or the
-    largest, for a softmax, or a sigmoid, that rounds (it does so there first, whatever scales them). "":
+    loss by a value with no graph (a count of 0 divides every row's share alike); rows whose spread reaches
+    ``rounding_rank`` of the others', for a softmax that rounds, or past all others toward a rounding, for a
+    sigmoid (they do so there first, whatever scales them). "":
     NaN/Inf in the loss from something else (its targets), or not in the loss."""
     if origin is None or origin.phase != "loss":
         return ""
@@ -557,9 +558,9 @@ def nonfinite_op(origin, recorded: list[list[str]] | None) -> str:
         return ""
     raw, op, probability = found
     if len(origin.rows) == 3:
-        share, widest, largest = origin.rows
+        share, rank, past = origin.rows
         if ((raw.endswith(_SCALAR) and not probability and share < 1.0)
-                or (probability == "Softmax" and not widest) or (probability == "Sigmoid" and not largest)):
+                or (probability == "Softmax" and rank < rounding_rank) or (probability == "Sigmoid" and not past)):
             return ""
     if probability and not (len(origin.reach) == 2
                             and (transformed(recorded, probability)

@@ -125,15 +125,10 @@ def reach(outputs: list[torch.Tensor]) -> tuple[float, ...]:
     return float(t.abs().max()), spread
 
 
-# a softmax rounds first in the rows of the widest outputs: the rows it made NaN/Inf lie among the top of the
-# others' (which entry rounds depends on the target, so not strictly above them all)
-ROUNDING_QUANTILE = 0.9
-
-
 def rows(outputs: list[torch.Tensor], grads: list) -> tuple[float, ...]:
     """For the first output and its gradient: the share of its rows (dimension 0) whose gradient holds
-    NaN/Inf, whether the least of those rows' spread (over the dimension ``reach`` takes) is at least the
-    ``ROUNDING_QUANTILE`` of the other rows' (where a softmax rounds to 0 it does so first), and whether
+    NaN/Inf, the share of the other rows whose spread (over the dimension ``reach`` takes) the least of
+    those rows' reaches (where a softmax rounds to 0 it does so first), and whether
     those rows lie past every other one toward a sigmoid's rounding (1.0, else 0.0): by their largest
     output (to 1), their lowest (to 0), or either, against each one's threshold in the output's dtype (which
     of them a loss takes the log of, the path does not keep). () when not known."""
@@ -150,7 +145,7 @@ def rows(outputs: list[torch.Tensor], grads: list) -> tuple[float, ...]:
     spread = min(spreads, key=lambda s: float(s.max()))
     if bool(bad.all()):
         return 1.0, 1.0, 1.0
-    widest = float(spread[bad].min()) >= float(torch.quantile(spread[~bad], ROUNDING_QUANTILE))
+    widest = float((spread[~bad] <= spread[bad].min()).float().mean())
     high, low = t.reshape(t.shape[0], -1).amax(dim=1), -t.reshape(t.shape[0], -1).amin(dim=1)
     either = torch.maximum(high / math.log(2.0 / info.eps), low / -math.log(info.smallest_normal * info.eps))
     past = any(float(v[bad].min()) >= float(v[~bad].max()) for v in (high, low, either))

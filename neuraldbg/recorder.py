@@ -289,6 +289,9 @@ class Recorder:
         # sampled passes (those that normalise by the batch's statistics: in training, or without running ones)
         self._batch_norms = {self._index_of_name[name]: name for name, m in self.inner.named_modules()
                              if isinstance(m, nn.modules.batchnorm._BatchNorm) and name in self._index_of_name}
+        # embeddings, by layer index: which of their tokens' positions the loss reaches is read on sampled passes
+        self._embeddings = {self._index_of_name[name]: name for name, m in self.inner.named_modules()
+                            if isinstance(m, nn.Embedding) and name in self._index_of_name}
         self._observer: FunctionalObserver | None = None
         self._tracking = False       # the tracker's hooks are on (a sampled eager pass)
         self._ops_found = False      # the function mode has seen a functional operation
@@ -399,8 +402,6 @@ class Recorder:
                 for idx, (m, l) in enumerate(zip(self.modules, self.layers)):
                     if isinstance(m, nn.RNNBase):
                         self._handles.append(m.register_forward_pre_hook(self._make_time_hook(idx)))
-                    elif isinstance(m, nn.Embedding):  # the tokens' positions that the loss reaches
-                        self._handles.append(m.register_forward_hook(self._make_position_hook(idx)))
             if self.compiled:  # permanent, excluded from the graph: no recompiles
                 for m, h in zip(self.modules, self._fwd_hooks):
                     self._handles.append(m.register_forward_hook(_disable_under_compile(h)))
@@ -912,7 +913,7 @@ class Recorder:
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         settled = self._settled
         tensor = torch.Tensor
-        batch_norms = self._batch_norms
+        batch_norms, embeddings = self._batch_norms, self._embeddings
 
         def hook(module, args, output):
             rec = self._rec
@@ -925,6 +926,8 @@ class Recorder:
             if idx in batch_norms and type(output) is tensor and output.dim() >= 2 and output.shape[1] > 0 and (
                     module.training or module.running_mean is None):
                 rec.norm_values[batch_norms[idx]] = output.numel() // output.shape[1] * _synced(module)
+            if idx in embeddings and not self.compiled:
+                self._watch_positions(embeddings[idx], args, output)
             if (idx in settled and type(output) is tensor and output.is_floating_point()
                     and output.numel() <= BATCH_NUMEL):
                 # the usual case, once a layer is known: kept as it is, sorted out when the pass ends
@@ -970,25 +973,19 @@ class Recorder:
             return args
         return pre
 
-    def _make_position_hook(self, idx: int):
-        """After an embedding of a 2-D batch of tokens on a sampled pass: which of their positions the loss's
-        gradient reaches, along each of the two dimensions (a causal model whose output is read at position 0
-        gives a gradient to the first token only: nothing after it can change the prediction)."""
-        name = self.layers[idx].name
-
-        def hook(module, args, out):
-            if self._rec is None or self._replaying or not args or not torch.is_grad_enabled():
-                return None
-            x = args[0]
-            if (type(x) is not torch.Tensor or x.dim() != 2 or type(out) is not torch.Tensor or out.dim() != 3
-                    or not out.requires_grad or max(x.shape) < 2):
-                return None
-            if x.shape[1] >= 2 and bool((x.diff(dim=1) == 1).all()):
-                return None  # position ids (0, 1, 2, ...): the positions themselves, with no padding to tell
-            step, ids = self.step, x.detach()
-            out.register_hook(lambda g, step=step: self._positions_read(name, step, g, ids))
-            return None
-        return hook
+    def _watch_positions(self, name: str, args: tuple, out) -> None:
+        """An embedding of a 2-D batch of tokens ran on a sampled pass: which of their positions the loss's
+        gradient reaches, along each of the two dimensions, is read in the backward pass (a causal model whose
+        output is read at position 0 gives a gradient to the first token only: nothing after it can change the
+        prediction)."""
+        x = args[0] if args else None
+        if (type(x) is not torch.Tensor or x.dim() != 2 or type(out) is not torch.Tensor or out.dim() != 3
+                or not out.requires_grad or max(x.shape) < 2):
+            return
+        if x.shape[1] >= 2 and bool((x.diff(dim=1) == 1).all()):
+            return  # position ids (0, 1, 2, ...): the positions themselves, with no padding to tell
+        step, ids = self.step, x.detach()
+        out.register_hook(lambda g: self._positions_read(name, step, g, ids))
 
     def _positions_read(self, name: str, step: int, g: torch.Tensor, ids: torch.Tensor) -> None:
         """One row a sampled pass: [step, then for dimension 0 and for dimension 1: the sequences' length
@@ -1275,19 +1272,24 @@ class Recorder:
         if ids is None:
             return
         self._order_tries -= 1
-        self._replaying = True
-        try:
-            sees = order.sees_order(distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
-        except Exception:  # noqa: BLE001 - a model that cannot be replayed this way: nothing is said of it
-            sees = None
-        finally:
-            self._replaying = False
+        sees = self._replay(order.sees_order, distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
         if sees:
             self._order_tries = 0
             self.trace.meta.pop("order_blind", None)
         elif sees is not None:
             self.trace.meta["order_blind"] = {"step": int(self._pass_step), "positions": int(ids.shape[1])}
             self._order_next = 4 * int(self._pass_step) + 16
+
+    def _replay(self, probe: Callable, *args):
+        """``probe(*args)``, a replay of a pass on a copy of the model, with the hooks told so; None when the
+        model cannot be replayed that way (nothing is said of it then)."""
+        self._replaying = True
+        try:
+            return probe(*args)
+        except Exception:  # noqa: BLE001 - a model that cannot be replayed this way: nothing is said of it
+            return None
+        finally:
+            self._replaying = False
 
     def _read_next_tokens(self) -> None:
         """A model whose output has a row per position of a token input (batch, length, vocabulary): are the
@@ -1316,13 +1318,7 @@ class Recorder:
         share, positions, ahead_by = read
         if share < self._next_token_share or self.trace.nonfinite is not None:
             return
-        self._replaying = True
-        try:
-            ahead = leak.sees_ahead(distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
-        except Exception:  # noqa: BLE001 - a model that cannot be replayed this way: nothing is said of it
-            ahead = None
-        finally:
-            self._replaying = False
+        ahead = self._replay(leak.sees_ahead, distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
         if ahead is not None or ahead_by == 2:
             sees, layer = ahead if ahead is not None else (False, "")
             self.trace.meta["next_token"] = {"step": int(self._pass_step), "share": share, "positions": positions,
@@ -1603,16 +1599,10 @@ class Recorder:
                 or self.trace.nonfinite is not None):
             return
         args, kwargs = self._last_inputs
-        self._replaying = True
-        try:
-            base = distributed.unwrap(self.inner)
-            names = {id(m): name for name, m in base.named_modules()}
-            found = mixing.probe(base, [names[id(m)] for m in self.modules if id(m) in names], args, kwargs,
-                                 self._autocast)
-        except Exception:  # noqa: BLE001 - a model that cannot be replayed this way: nothing is said of it
-            found = None
-        finally:
-            self._replaying = False
+        base = distributed.unwrap(self.inner)
+        names = {id(m): name for name, m in base.named_modules()}
+        found = self._replay(mixing.probe, base, [names[id(m)] for m in self.modules if id(m) in names], args,
+                             kwargs, self._autocast)
         if found is not None:
             self.trace.meta["batch_mixing"] = {"step": int(self._pass_step), **found}
             self._mixing_tries = 0

@@ -54,6 +54,11 @@ class Thresholds:
                           "share of a recurrent layer's time steps, counted from the start, at or below which "
                           "every gradient reaching its input stops: the loss reads its output before the "
                           "sequence's end (with a loss that does not improve, it is why)")
+    rounding_rank: float = _f(0.9, "rounding rows' rank", "linear", 0.0, 1.0,
+                              "share of the other rows whose spread the rows a NaN reached in the loss must reach "
+                              "at least, for a softmax in the loss rounding to 0 to be its origin (it rounds first "
+                              "in the widest rows; which entry rounds depends on the target, so not strictly); "
+                              "below it, NaN targets", slider=False)
     diminishing_ratio: float = _f(1e-3, "gradient diminishing", "log", 1e-7, 0.5,
                                   "relative weight gradient vs the layers after it below which it is diminishing "
                                   "(a band above vanishing; with a loss that does not improve, it is why)")

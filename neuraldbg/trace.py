@@ -132,8 +132,8 @@ class NonFiniteOrigin:
     the dtype it was computed in ("float16" under autocast: an overflow of its range). In the loss (the model's
     output finite), ``reach``: the output's largest magnitude and largest spread within a row (over dimension
     1), which say whether a probability taken of it rounds to 0 or 1; ``rows``: the share of the output's rows
-    whose gradient is NaN/Inf, and whether they lie among the rows of the widest spread (1.0, else 0.0) and of
-    the largest output (where a softmax, or a sigmoid, rounds first)."""
+    whose gradient is NaN/Inf, the share of the other rows whose spread they reach (a softmax rounds first in
+    the widest), and whether they lie past every other toward a sigmoid's rounding (1.0, else 0.0)."""
 
     step: int
     layer: str
@@ -143,7 +143,7 @@ class NonFiniteOrigin:
     relation: str = ""
     dtype: str = ""
     reach: tuple[float, ...] = ()  # (largest magnitude, largest spread within a row); () not measured
-    rows: tuple[float, ...] = ()   # (share of rows NaN/Inf, among the widest, among the largest); () not measured
+    rows: tuple[float, ...] = ()   # (share of rows NaN/Inf, rank of their spread, past the others); () not measured
 
     def where(self) -> str:
         where = f"`{self.layer}`" if self.layer else "the model"

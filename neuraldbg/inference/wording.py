@@ -930,6 +930,8 @@ _ON_PROBABILITIES = {
                                       "classes (dim=0: over the batch): it compares samples with each other, not "
                                       "classes, and cannot reach its minimum",
 }
+_ADD_POSITIONS = ("h = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device)), with self.pos = "
+                  "nn.Embedding(max_len, d_model)")
 _ON_PROBABILITIES_FIX = {
     LossMisuse.SOFTMAX_TWICE: "give cross_entropy the logits: remove the final nn.Softmax / F.softmax (apply it only "
                               "to read probabilities), or use F.nll_loss(torch.log_softmax(...))",
@@ -1300,9 +1302,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "torch.randn_like(x), a batch stored from an earlier call) or another variable is read (self.x, a "
                 "global, a name reused in the forward); check that model(x) changes when x does")
     if k == "order_blind":
-        return ("add the positions to the token embeddings before the first attention layer: h = self.tok(x) + "
-                "self.pos(torch.arange(x.shape[1], device=x.device)), with self.pos = nn.Embedding(max_len, d_model) "
-                "(or sinusoidal encodings); leave them out only for a model meant to read a set")
+        return (f"add the positions to the token embeddings before the first attention layer: {_ADD_POSITIONS} (or "
+                "sinusoidal encodings); leave them out only for a model meant to read a set")
     if k == "read_early" and f.get("tokens"):
         return ("read the output at the last position, out[:, -1] (out[-1] where the positions come first; with "
                 "padded sequences, at each sequence's length), or pool over the positions: under a causal mask, "
@@ -1398,8 +1399,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "label_smoothing near 1 does this (it is the share moved off the true class: 0.1 is usual); else "
                 + text)
     if ctx.order_blind:
-        text = ("if the order of the tokens matters, add the positions to the token embeddings (h = self.tok(x) + "
-                "self.pos(torch.arange(x.shape[1], device=x.device)), self.pos = nn.Embedding(max_len, d_model)): "
+        text = (f"if the order of the tokens matters, add the positions to the token embeddings ({_ADD_POSITIONS}): "
                 "the model reads them as a set (reordered in a replay, they gave the same output); else " + text)
     if (strong := _strong_dropout(ctx)) is not None:
         rate, place = strong
