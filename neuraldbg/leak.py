@@ -33,11 +33,11 @@ MAX_POSITIONS = 256  # positions looked at, at most (the first ones of the batch
 POOLED = 1 << 16     # a module output with no position axis kept by a replay, at most (entries)
 
 
-def token_input(args: tuple, kwargs: dict, batch: int, length: int) -> torch.Tensor | None:
-    """The pass's tensor of token ids of shape (batch, length), when it has one."""
+def token_input(args: tuple, kwargs: dict, batch: int, length: int | None = None) -> torch.Tensor | None:
+    """The pass's tensor of token ids of shape (batch, length) (of any length when None), when it has one."""
     for v in list(args) + list(kwargs.values()):
-        if (isinstance(v, torch.Tensor) and v.dim() == 2 and tuple(v.shape) == (batch, length)
-                and not v.is_floating_point() and v.dtype != torch.bool):
+        if (isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == batch
+                and (length is None or v.shape[1] == length) and not v.is_floating_point() and v.dtype != torch.bool):
             return v
     return None
 

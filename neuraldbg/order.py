@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from . import nanhunt
-from .leak import _moved
+from .leak import _moved, token_input
 from .mixing import MAX_COPY_BYTES, _sharded
 
 MIN_POSITIONS = 4  # a sequence shorter than this has too few middle tokens to reorder
@@ -34,11 +34,8 @@ ROWS_TRIED = 8     # samples looked at, at most, for one whose middle tokens rev
 
 def token_ids(args: tuple, kwargs: dict, batch: int) -> torch.Tensor | None:
     """The pass's tensor of token ids, (batch, positions), when it has one with at least ``MIN_POSITIONS``."""
-    for v in list(args) + list(kwargs.values()):
-        if (isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == batch and v.shape[1] >= MIN_POSITIONS
-                and not v.is_floating_point() and v.dtype != torch.bool):
-            return v
-    return None
+    ids = token_input(args, kwargs, batch)
+    return ids if ids is not None and ids.shape[1] >= MIN_POSITIONS else None
 
 
 class _NotReplayable(Exception):
