@@ -150,8 +150,10 @@ def _grad_rms(trace: Trace) -> float:
 
 def _layers_moved(trace: Trace) -> dict[str, float]:
     """How far each trainable layer's weights moved over the run against their norm, up to the first NaN/Inf:
-    the sum of its update-to-weight ratios, each sampled step's counting for the steps since the sample before
-    (an upper bound: steps that cancel count in full). Empty when fewer than two sampled steps measured one."""
+    their distance from where they started, where the recorder read it (meta ``weights_moved``: steps that
+    cancel, a noisy SGD's, do not add up), else the sum of its update-to-weight ratios, each sampled step's
+    counting for the steps since the sample before (an upper bound: steps that cancel count in full). Empty
+    when fewer than two sampled steps measured one."""
     f = health_mod.features(trace)
     ratio, steps = f.update_ratio, f.steps
     if trace.nonfinite is not None:
@@ -162,7 +164,11 @@ def _layers_moved(trace: Trace) -> dict[str, float]:
         return {}
     gaps = np.diff(steps, prepend=steps[0] - 1).astype(np.float64)
     moved = (np.nan_to_num(ratio.astype(np.float64)) * gaps[:, None]).sum(axis=0)
-    return {f.names[i]: float(v) for i, v, seen in zip(f.ui, moved, np.isfinite(ratio).any(axis=0)) if seen}
+    out = {f.names[i]: float(v) for i, v, seen in zip(f.ui, moved, np.isfinite(ratio).any(axis=0)) if seen}
+    read = trace.meta.get("weights_moved") or {}
+    if trace.nonfinite is None or read.get("step", 1 << 62) < trace.nonfinite.step:
+        out.update({name: float(read["layers"][name]) for name in out if name in read.get("layers", {})})
+    return out
 
 
 def _lr_groups(meta: dict) -> tuple:

@@ -131,6 +131,16 @@ class ParamNorms:
         with torch.no_grad():
             return [g.copy(self._views(self.params, g.pos)) for g in self._groups]
 
+    def distance(self, before: list[torch.Tensor], n_layers: int) -> torch.Tensor:
+        """Per-layer norm of the change since a ``snapshot()`` taken any number of steps ago (0 for a layer
+        without parameters)."""
+        with torch.no_grad():
+            parts = []
+            for g, prev in zip(self._groups, before):
+                sq = g.squares(torch.stack(self._views(self.params, g.pos)).sub_(prev))
+                parts.append((g.on("owner", sq.device), sq))
+            return self._per_layer(parts, n_layers)
+
     def updates(self, before: list[torch.Tensor], n_layers: int) -> torch.Tensor:
         """Per-layer norm of the change since ``snapshot()`` (0 for a layer without parameters). For
         parameters stored in 16 bits, ``unchanged`` is then the number of their (read) entries the step left

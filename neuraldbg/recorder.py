@@ -180,7 +180,7 @@ class _StepRecord:
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
                  "norm_values", "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads",
-                 "stepped", "unchanged")
+                 "stepped", "unchanged", "moved")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -206,6 +206,8 @@ class _StepRecord:
         self.norm_values: dict[str, int] = {}  # per batch normalisation on batch statistics: values per channel
         self.grads = True  # the layers' output gradients are retained and measured on this step
         self.stepped: torch.Tensor | None = None  # per-layer gradient norms as the optimizer steps on them
+        self.moved: torch.Tensor | None = None  # per layer: how far its weights are from where they started, over
+        #                                         their norm then
 
 
 
@@ -1467,6 +1469,8 @@ class Recorder:
         rec.params = torch.stack([w, gn.to(w.device), upd])
 
     _fed = False  # the last backward pass left a gradient on a layer's smallest parameter
+    _origin: tuple | None = None  # (the weights' first snapshot, their per-layer norms then)
+    _moved_next = 0  # the step from which the distance from that snapshot is read again
 
     def _grad_level(self) -> tuple[bool, float] | None:
         """The every-step check, over the output's gradient and each layer's smallest parameter's: whether
@@ -1558,6 +1562,9 @@ class Recorder:
         rec = self._rec
         if rec is not None and self._params and not cleared:  # a step on no gradients is no update to measure
             rec.prev_params = self._pnorms.snapshot()
+            if self._origin is None:  # where the weights start: kept to measure how far they go (``_note_moved``)
+                n = len(self.layers)
+                self._origin = (rec.prev_params, self._pnorms.weights(n) if rec.params is None else rec.params[0])
             if rec.params is not None and self._clip_read_now():  # read at backward end: clipped since?
                 rec.stepped = self._pnorms.grads(len(self.layers))
         return None
@@ -1582,6 +1589,11 @@ class Recorder:
                 rec.params = torch.stack([self._pnorms.weights(n).to(upd.device), nan, nan])
             rec.params[2] = upd.to(rec.params.device)
             rec.prev_params = None
+            if self._origin is not None and self.step >= self._moved_next:
+                # read again at sampled steps a growing share of the run apart (1/8): a few dozen reads a run
+                self._moved_next = self.step + max(self.step // 8, 1)
+                before, norm = self._origin
+                rec.moved = self._pnorms.distance(before, n).to(norm.device) / norm
             if self._pnorms.unchanged is not None and self._pnorms.narrow_read:  # read with the step's statistics
                 rec.unchanged = self._pnorms.unchanged.float() / self._pnorms.narrow_read
         self._finish_step()
@@ -1656,6 +1668,8 @@ class Recorder:
             parts.append(rec.stepped)
         if rec.unchanged is not None:
             parts.append(rec.unchanged)
+        if rec.moved is not None:
+            parts.append(rec.moved)
         if isinstance(scale, torch.Tensor):
             parts.append(scale.detach().reshape(-1)[:1].float())
         row = np.full((len(self.layers), N_STATS), np.nan, dtype=np.float32)
@@ -1691,6 +1705,9 @@ class Recorder:
                 kept.append([int(self.step), float(flat[k])])
                 del kept[:-self.MAX_FACTORS]
                 k += 1
+            if rec.moved is not None:
+                self._note_moved(flat[k:k + len(rec.moved)])
+                k += len(rec.moved)
             if isinstance(scale, torch.Tensor):
                 g[_SCALE_COL] = flat[k]
                 if flat[k] > 0:  # the gradients of a scaled loss, back to the loss's own scale
@@ -1726,6 +1743,14 @@ class Recorder:
     CLIP_KEPT = 64  # sampled steps whose gradient norm before and after clipping are kept (the latest)
     CLIP_EVERY = 4  # one sampled step in this many reads the gradients again as the optimizer steps
     _clip_reads = 0
+
+    def _note_moved(self, moved: np.ndarray) -> None:
+        """How far each layer's weights are from where they started, over their norm then (the distance itself,
+        where the sum of the update-to-weight ratios bounds it from above: steps that cancel do not add up),
+        as last read: the trace's meta ``weights_moved`` = {"step", "layers": {name: share}}."""
+        shares = {self.layers[i].name: float(v) for i, v in enumerate(moved) if math.isfinite(float(v))}
+        if shares:
+            self.trace.meta["weights_moved"] = {"step": int(self.step), "layers": shares}
 
     def _clip_read_now(self) -> bool:
         """Whether this sampled step reads the gradients' norms a second time, as the optimizer steps (the

@@ -76,7 +76,7 @@ class Thresholds:
                                   "largest update-to-weight ratio per step below which updates are negligible")
     weights_still: float = _f(0.1, "weights barely moved", "log", 1e-4, 1.0,
                               "share of their norm that the weights of the layer that moved most moved over the whole "
-                              "run (the sum of its update-to-weight ratios) below which, with a flat loss, the "
+                              "run (its distance from where it started) below which, with a flat loss, the "
                               "updates were too small to train it", slider=False)
     clip_ratio: float = _f(0.1, "gradient clipped", "log", 1e-6, 0.9,
                            "share of their norm the gradients keep after clipping (median of the sampled steps) "

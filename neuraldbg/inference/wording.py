@@ -760,7 +760,7 @@ def _summary(c: Candidate, ctx: Context, root: Candidate) -> str:
         return f"non_finite: NaN/Inf first produced in {where} ({c.facts.get('phase', 'forward')}) at step {c.step}"
     if c.cause == Cause.ATTENTION_COLLAPSE:
         return _attention_lines(c, ctx)[-1] + " (a symptom: the updates are still too large)"
-    if c.cause == Cause.LOSS_PLATEAU and c.events:
+    if c.cause == Cause.LOSS_PLATEAU and c.events and c.events[0].signal in (Signal.LOSS, Signal.TARGET):
         return loss_text(c.events[0])
     own = _own(c, ctx)
     return own[0] if own else symptom_lines(c.events, 1)[0]
