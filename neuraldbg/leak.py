@@ -33,22 +33,28 @@ MAX_POSITIONS = 256  # positions looked at, at most (the first ones of the batch
 POOLED = 1 << 16     # a module output with no position axis kept by a replay, at most (entries)
 
 
+def token_inputs(args: tuple, kwargs: dict, batch: int, length: int | None = None) -> list[torch.Tensor]:
+    """The pass's tensors of token ids of shape (batch, length) (of any length when None), in argument order:
+    a sequence-to-sequence model has two (the source, and the target it is fed shifted)."""
+    return [v for v in list(args) + list(kwargs.values())
+            if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == batch
+            and (length is None or v.shape[1] == length) and not v.is_floating_point() and v.dtype != torch.bool]
+
+
 def token_input(args: tuple, kwargs: dict, batch: int, length: int | None = None) -> torch.Tensor | None:
-    """The pass's tensor of token ids of shape (batch, length) (of any length when None), when it has one."""
-    for v in list(args) + list(kwargs.values()):
-        if (isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == batch
-                and (length is None or v.shape[1] == length) and not v.is_floating_point() and v.dtype != torch.bool):
-            return v
-    return None
+    """The pass's first tensor of token ids of shape (batch, length) (see ``token_inputs``), when it has one."""
+    found = token_inputs(args, kwargs, batch, length)
+    return found[0] if found else None
 
 
 def next_token_share(ids: torch.Tensor, g: torch.Tensor) -> tuple[float, int, int] | None:
-    """(share of the read positions whose target is a later input token, positions read, how far ahead:
-    1, the next token; 2, the one after it: labels shifted by hand for a model that shifts them again),
+    """(share of the read positions whose target is an input token, positions read, how far ahead: 1, the next
+    token; 2, the one after it: labels shifted by hand for a model that shifts them again; 0, the position's
+    own token: labels not shifted at all),
     from the gradient ``g`` (batch, length, vocabulary) a cross-entropy left at the output: a position whose
     gradient has exactly one negative entry has a hard target there. Read only where the position's own
     token and the two after it all differ (where two are equal, a target cannot tell which it is); at most
-    ``MAX_POSITIONS`` positions are looked at. The larger of the two shares is returned. None when fewer
+    ``MAX_POSITIONS`` positions are looked at. The largest of the three shares is returned. None when fewer
     than ``MIN_POSITIONS`` are read."""
     with torch.no_grad():
         per_row = min(g.shape[1] - 2, MAX_POSITIONS)
@@ -64,8 +70,9 @@ def next_token_share(ids: torch.Tensor, g: torch.Tensor) -> tuple[float, int, in
         read = int(hard.sum())
         if read < MIN_POSITIONS:
             return None
-        first, second = int((target == nxt)[hard].sum()), int((target == after)[hard].sum())
-    return (first / read, read, 1) if first >= second else (second / read, read, 2)
+        shares = [int((target == t)[hard].sum()) for t in (own, nxt, after)]
+    ahead = max((1, 2, 0), key=lambda k: shares[k])  # (the next token first where two tie)
+    return shares[ahead] / read, read, ahead
 
 
 def _other_token(ids: torch.Tensor) -> int | None:

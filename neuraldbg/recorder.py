@@ -1298,29 +1298,34 @@ class Recorder:
         targets the next input tokens (``leak.next_token_share``)? If so, once, does a position's output see
         the tokens after it (``leak.sees_ahead``)? Into the trace's meta as ``next_token`` = {"step", "share",
         "positions", "sees_ahead", "layer": the first module that does, "ahead_by": 1, or 2 when the targets
-        are the token after the next one (labels shifted twice)}. A pass driven from outside the model's
-        forward, a compiled model or a run already non-finite is not replayed; a model whose replay fails is
-        left alone."""
+        are the token after the next one (labels shifted twice), 0 when they are the position's own token and the
+        model reads no token after it (labels not shifted, under a causal model)}. A pass driven from outside the
+        model's forward, a compiled model or a run already non-finite is not replayed; a model whose replay fails
+        is left alone."""
         g = next((g for g in self._out_grads if g is not None and g.dim() == 3 and g.shape[-1] >= 2), None)
         if g is None or self._last_inputs is None or self._replay_run is not None or self.compiled:
             return
         args, kwargs = self._last_inputs
-        ids = leak.token_input(args, kwargs, int(g.shape[0]), int(g.shape[1]))
-        if ids is None:
+        inputs = leak.token_inputs(args, kwargs, int(g.shape[0]), int(g.shape[1]))
+        if not inputs:
             return
         self._leak_tries -= 1
         try:
-            read = leak.next_token_share(ids, g)
+            # of a model fed two token inputs (a source, and the target shifted), the one the targets follow
+            reads = [(r, ids) for ids in inputs if (r := leak.next_token_share(ids, g)) is not None]
         except Exception:  # noqa: BLE001 - a gradient this way cannot be read (a sharded vocabulary): not again
             self._leak_tries = 0
             return
-        if read is None:
+        if not reads:
             return
+        read, ids = max(reads, key=lambda r: r[0][0])
         self._leak_tries = 0
         share, positions, ahead_by = read
         if share < self._next_token_share or self.trace.nonfinite is not None:
             return
         ahead = self._replay(leak.sees_ahead, distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
+        if ahead_by == 0 and (ahead is None or ahead[0]):
+            return  # targets that are the inputs themselves, of a model that reads ahead: an autoencoder's
         if ahead is not None or ahead_by == 2:
             sees, layer = ahead if ahead is not None else (False, "")
             self.trace.meta["next_token"] = {"step": int(self._pass_step), "share": share, "positions": positions,

@@ -182,6 +182,67 @@ def test_targets_that_are_the_input_itself_are_no_next_token_model():
     assert all(h.cause != "data" for h in _confident(dbg))
 
 
+@pytest.mark.parametrize("model", [lambda: Encoder(causal=True), lambda: HandWritten(causal=True),
+                                   lambda: Recurrent(bidirectional=False)], ids=["encoder", "by_hand", "lstm"])
+def test_labels_never_shifted_under_a_causal_model_are_named(model):
+    """Targets that are the inputs at their own positions, under a model that reads no later token: the labels
+    were not shifted. The loss falls to ~0 by copying, and nothing is learned of the next token."""
+    dbg = _train(model(), shift=0)
+    assert dbg.trace.meta["next_token"]["ahead_by"] == 0
+    top = _confident(dbg)[0]
+    assert (top.cause, top.layer, top.step) == ("data", "input", 0)
+    assert top.suggestion.startswith("shift the labels by one")
+
+
+class Seq2Seq(nn.Module):
+    """``nn.Transformer`` fed a source and the target shifted right (teacher forcing), both of one length."""
+
+    def __init__(self, masked: bool, d: int = 32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.pos = nn.Embedding(V + 1, d), nn.Embedding(T + 1, d)
+        self.tf = nn.Transformer(d, 4, 1, 1, 64, dropout=0.0, batch_first=True)
+        self.head, self.masked = nn.Linear(d, V + 1), masked
+
+    def forward(self, src, tgt_in):
+        def embed(t):
+            return self.emb(t) + self.pos(torch.arange(t.shape[1]))
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1]) if self.masked else None
+        return self.head(self.tf(embed(src), embed(tgt_in), tgt_mask=mask))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_decoder_fed_its_target_without_a_mask_is_named_whichever_input_comes_first(masked):
+    """The targets are the next tokens of the second token input, not the first: each one is read. Without
+    ``tgt_mask`` the decoder's self-attention reads the token it is asked for; with it, the run is quiet."""
+    model, text = Seq2Seq(masked), _text(0)
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(40):
+            src = text[torch.randint(0, len(text), (16,), generator=g), :T]
+            tgt = src.flip(1)
+            tgt_in = torch.cat([torch.full((16, 1), V), tgt[:, :-1]], 1)  # a start token, then the target
+            opt.zero_grad()
+            loss = F.cross_entropy(model(src, tgt_in).transpose(1, 2), tgt)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    if masked:
+        assert all(h.cause != "data" for h in _confident(dbg))
+        return
+    top = _confident(dbg)[0]
+    assert (top.cause, top.layer, top.step) == ("data", "tf.decoder.layers.0.self_attn", 0)
+
+
+def test_targets_at_their_own_positions_are_told_from_the_next_ones():
+    ids = torch.tensor([[1, 2, 3, 4, 5] * 8])
+    logits = torch.zeros(1, 40, 8, requires_grad=True)
+    F.cross_entropy(logits.transpose(1, 2), ids, reduction="sum").backward()
+    share, read, ahead_by = leak.next_token_share(ids, logits.grad)
+    assert (share, ahead_by) == (1.0, 0) and read == 38
+
+
 def test_next_token_share_reads_hard_targets_only():
     ids = torch.tensor([[1, 2, 3, 4, 5] * 8])
     logits = torch.zeros(1, 40, 8, requires_grad=True)

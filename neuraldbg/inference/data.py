@@ -119,9 +119,11 @@ def candidates(ctx: Context) -> list[Candidate]:
     ahead = ctx.next_token  # (read at a share of next-token targets of at least next_token_share when watching)
     if ahead and ahead.get("share", 1.0) < ctx.th.next_token_share:
         ahead = {}  # a share raised since: no longer a model trained on next tokens
-    if ahead.get("ahead_by") == 2:
-        # the targets are the token after the next: labels shifted by hand, and again by the model
-        out.append(Candidate(Cause.DATA, "input", ctx.first_step, "shifted_twice", [], severity=1.0,
+    if ahead.get("ahead_by") in (0, 2):
+        # the targets are the token after the next: labels shifted by hand, and again by the model; or the
+        # position's own token under a causal model: labels never shifted (it learns to copy its input)
+        out.append(Candidate(Cause.DATA, "input", ctx.first_step,
+                             "shifted_twice" if ahead["ahead_by"] == 2 else "unshifted", [], severity=1.0,
                              persistence=1.0, certain=True, lasting=True, loss_kinds=losses.ANY | {LossState.SLOW},
                              facts=dict(ahead)))
     if ahead.get("sees_ahead"):

@@ -213,6 +213,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                     "is asked for the token after the next",
                     "labels shifted by hand, and again by a model that shifts them itself (a Hugging Face causal LM "
                     "compares logits[:, :-1] with labels[:, 1:]): every target is one token further than meant"]
+        if k == "unshifted":
+            return [f"the loss's targets are the input tokens at their own positions ({fmt(100 * f.get('share', 0))}% "
+                    f"of the {f.get('positions', 0)} positions read at step {f.get('step', c.step)}), under a model "
+                    "whose outputs read no later token (a replay of one sample with its last token replaced)",
+                    "the labels were never shifted: each position is asked for the token it already reads, the loss "
+                    "falls to ~0 by copying it, and the model learns nothing of the next token"]
         if k == "one_class":
             n = f.get("targets", math.nan)
             return [f"every one of the {n:.0f} targets read in {f.get('batches', math.nan):.0f} sampled batches is "
@@ -1052,11 +1058,17 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "by hand, scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf')) "
                     "before the softmax; a mask already given may have the other convention: a bool attn_mask is True "
                     "where attention is blocked (triu, not tril), a float one is added to the scores (-inf where "
-                    "blocked, not 0/1); a bidirectional model is trained on masked tokens, not the next ones")
+                    "blocked, not 0/1), and a softmax written by hand must run over the keys (dim=-1): over the "
+                    "queries (dim=-2) it mixes later positions in under any mask; a bidirectional model is trained on "
+                    "masked tokens, not the next ones")
         if k == "shifted_twice":
             return ("shift the labels once: give a model that shifts them itself (GPT2LMHeadModel, the *ForCausalLM "
                     "models) labels=input_ids as they are (padding set to -100), or compare logits[:, :-1] with "
                     "input_ids[:, 1:] yourself, not both")
+        if k == "unshifted":
+            return ("shift the labels by one: compare logits[:, :-1] with input_ids[:, 1:] (or, for a model that "
+                    "shifts them itself, GPT2LMHeadModel and the *ForCausalLM models, pass labels=input_ids and use "
+                    "the loss it returns)")
         if k == "one_class":
             return ("check the labels the loader yields (torch.bincount(y) over a few batches): a label column read as "
                     "one value, a mapping that sends every label to 0, or a filter that kept one class; if the other "
