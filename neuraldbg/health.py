@@ -445,14 +445,20 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
     return out, latest
 
 
+# A logit's unit: a softmax's weights differ by e per nat. Logits that start below one nat (a small init's) and
+# grow to a few nats are attention that learns to look somewhere, not growth without bound: growth is counted
+# from one nat at least.
+LOGIT_NAT = 1.0
+
+
 def attention_series(f: Features, th: Thresholds) -> list[StateSeries]:
     """Per attention computation: collapsed (entropy over the keys below its threshold) or growing (the
-    largest logit many times its first value), else normal."""
+    largest logit many times its first value, or than one nat when it started below), else normal."""
     if not len(f.ai):
         return []
     codes = np.zeros(f.entropy.shape, dtype=np.int8)
     with np.errstate(invalid="ignore"):
-        codes[f.logit > f.logit0 * th.attention_logit_growth] = AttnState.GROWING.code
+        codes[f.logit > np.maximum(f.logit0, LOGIT_NAT) * th.attention_logit_growth] = AttnState.GROWING.code
         codes[f.entropy < th.attention_entropy] = AttnState.COLLAPSED.code
     values = {"entropy": _at(f.entropy), "max_logit": _at(f.logit),
               "first_logit": _at(np.broadcast_to(f.logit0, f.logit.shape)),
@@ -683,19 +689,21 @@ def loss_curve(values: np.ndarray, th: Thresholds, chance: float = math.nan, uni
                least: float = math.nan) -> LossCurve:
     """``chance``: the loss of predicting the classes' frequencies; ``uniform``: of predicting every class
     alike (where a usual initialisation starts; above chance when the classes are imbalanced). A loss that
-    starts ``above_chance`` times above both or more (outputs of a large initial scale) counts its progress
-    from chance, not from its start: coming down to chance is learning the classes' frequencies, nothing
-    of the input. ``least``: the least the loss can reach, when known (``loss_floor``). Where that floor is
-    more than ``loss_progress`` of the start, the loss's way down is from its start (or from a uniform
-    prediction's loss, where lower) to that floor, and its progress is counted along it: a cross-entropy under
-    a label smoothing of 0.9 can come down only ~2% of its start, and a model that learns its classes does
-    so (one that learns nothing stays at the uniform prediction's loss)."""
+    starts ``above_chance`` times above both or more (outputs of a large initial scale, a heavy dropout's
+    noise) counts its progress from chance, not from its start: coming down to chance is learning the
+    classes' frequencies, nothing of the input. ``least``: the least the loss can reach, when known
+    (``loss_floor``). Where that floor is more than ``loss_progress`` of the start, the loss's way down is from
+    its start (or from a uniform prediction's loss, where lower) to that floor, and its progress is counted
+    along it: a cross-entropy under a label smoothing of 0.9 can come down only ~2% of its start, and a model
+    that learns its classes does so (one that learns nothing stays at the uniform prediction's loss)."""
     v = values.astype(np.float64)
     n = len(v)
     ok = np.isfinite(v)
     w = max(5, min(th.plateau_steps // 4, n // 10))
-    # carry the last finite value over non-finite ones for smoothing
-    idx = np.maximum.accumulate(np.where(ok, np.arange(n), 0))
+    # carry the last finite value over non-finite ones for smoothing (the first one back over those before it: a
+    # loss that is NaN on its first steps and then finite did not start at 0)
+    first = int(np.argmax(ok)) if ok.any() else 0
+    idx = np.maximum.accumulate(np.where(ok, np.arange(n), first))
     filled = np.where(ok, v, v[idx]) if ok.any() else np.zeros(n)
     filled = np.where(np.isfinite(filled), filled, 0.0)
     smooth = _rolling_median(filled, w)

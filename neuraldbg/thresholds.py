@@ -109,16 +109,17 @@ class Thresholds:
                                   "mean attention entropy, as a fraction of log(keys), below which attention "
                                   "has collapsed onto a few keys")
     attention_logit_growth: float = _f(10.0, "attention logit growth", "log", 2.0, 1e4,
-                                       "growth of the largest attention logit since the first sample that is "
-                                       "growth without bound")
+                                       "growth of the largest attention logit since the first sample (counted "
+                                       "from one nat at least) that is growth without bound")
     loss_trained: float = _f(0.05, "start trained", "log", 1e-4, 0.5,
                              "share of the chance-level loss (predicting the classes' frequencies) below which a "
                              "loss that starts there is a model trained already: flat, it is at its floor, not on a "
                              "plateau", slider=False)
-    above_chance: float = _f(1.5, "start above chance", "log", 1.05, 100.0,
-                             "a classification loss that starts this many times the loss of predicting the classes' "
-                             "frequencies (chance) or more counts its progress from chance, not from its start "
-                             "(coming down to chance learns nothing of the input)", slider=False)
+    above_chance: float = _f(1.1, "start above chance", "log", 1.01, 100.0,
+                             "a classification loss that starts this many times above both the loss of predicting "
+                             "the classes' frequencies (chance) and that of a uniform guess (where a default init "
+                             "starts, within a few percent) counts its progress from chance, not from its start: "
+                             "coming down to chance learns nothing of the input", slider=False)
     slow_progress: float = _f(0.25, "slow progress", "log", 0.01, 0.9,
                               "improvement of the loss over a run long enough for a plateau, as a fraction of its "
                               "start, below which it hardly comes down (a failure when a cause explains it, such as "

@@ -167,15 +167,15 @@ def test_a_saved_run_keeps_its_batches_classes(tmp_path):
     assert (loaded.explain()[0].cause, loaded.explain()[0].step) == (dbg.explain()[0].cause, dbg.explain()[0].step)
 
 
-def _chance_run(dropout: float, steps: int = 300) -> NeuralDbg:
-    """Ten classes; the last layer's weights x8 (a loss that starts far above chance), dropout on both hidden
-    layers."""
+def _chance_run(dropout: float, steps: int = 300, scale: float = 8.0, seed: int = 0) -> NeuralDbg:
+    """Ten classes; the last layer's weights x``scale`` (8: a loss that starts far above chance), dropout on
+    both hidden layers."""
     x, y = _pool(16, 10, 4096)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Dropout(dropout), nn.Linear(128, 128), nn.ReLU(),
                           nn.Dropout(dropout), nn.Linear(128, 10))
     with torch.no_grad():
-        model[-1].weight.mul_(8.0)
+        model[-1].weight.mul_(scale)
     return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), _epochs(x, y, 64, "shuffled"),
                      steps=steps))
 
@@ -195,6 +195,19 @@ def test_a_loss_that_comes_down_from_far_above_chance_to_it_is_no_progress():
     assert top.suggestion.startswith("lower the dropout `2` from p=0.95")  # what keeps it there
     assert "chance" in top.chain[0]
     learns = _chance_run(0.0)
+    assert not [h for h in learns.explain() if h.confidence >= CONFIDENT], learns.report()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_loss_that_comes_down_from_a_little_above_chance_to_it_is_no_progress(seed):
+    """The same dropout at PyTorch's default init: the dropout's noise starts the loss a little above chance
+    (~1.2x), and it comes down to chance and stays there. Coming down to chance learns nothing of the input,
+    however far above it the loss starts."""
+    top = _chance_run(0.95, scale=1.0, seed=seed).explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("lower the dropout `2` from p=0.95")
+    assert "chance" in top.chain[0]
+    learns = _chance_run(0.0, scale=1.0, seed=seed)
     assert not [h for h in learns.explain() if h.confidence >= CONFIDENT], learns.report()
 
 

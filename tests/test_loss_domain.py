@@ -306,3 +306,57 @@ def test_a_log_of_a_sigmoid_that_rounds_to_zero_is_the_losss():
     top = dbg.explain()[0]
     assert top.cause == "non_finite" and top.layer == "loss", dbg.report()
     assert "binary_cross_entropy_with_logits" in top.suggestion
+
+
+class _Heteroscedastic(nn.Module):
+    """A regression head that predicts a mean and a variance; ``positive``: the variance through a softplus."""
+
+    def __init__(self, positive: bool):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+        self.mu, self.var, self.positive = nn.Linear(64, 1), nn.Linear(64, 1), positive
+
+    def forward(self, x):
+        h = self.body(x)
+        var = self.var(h)
+        return self.mu(h), F.softplus(var) + 1e-6 if self.positive else var
+
+
+def _gaussian_nll_run(seed: int, positive: bool) -> NeuralDbg:
+    g = torch.Generator().manual_seed(1234)
+    x, w = torch.randn(1000, 8, generator=g), torch.randn(8, 1, generator=g)
+    y = torch.sin(x @ w) + 0.3 * x[:, :1] ** 2 + 0.05 * torch.randn(1000, 1, generator=g)
+    torch.manual_seed(seed)
+    model = _Heteroscedastic(positive)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    pick = torch.Generator().manual_seed(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(300):
+            j = torch.randint(0, 1000, (64,), generator=pick)
+            mu, var = model(x[j])
+            loss = (0.5 * (torch.log(var) + (y[j] - mu) ** 2 / var)).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_loss_that_is_nan_while_its_gradients_are_finite_is_the_losss_own(seed):
+    """A variance predicted by a plain linear layer: ``torch.log`` of its negative entries makes the loss NaN
+    on the first steps, while the gradient there (1/var) is finite and the weights go on moving. The loss's
+    NaN is read as its own domain, from step 0, not as a divergence from a best loss of 0."""
+    dbg = _gaussian_nll_run(seed, positive=False)
+    assert not math.isfinite(float(dbg.trace.loss.data[0]))
+    assert dbg.trace.nonfinite is None  # no gradient was NaN/Inf
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("non_finite", "loss", 0) and top.confidence >= 0.5
+    assert "F.softplus" in top.suggestion
+    assert not any(h.cause == "learning_rate_too_high" and h.confidence >= 0.5 for h in dbg.explain())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_same_head_with_a_positive_variance_trains_quietly(seed):
+    dbg = _gaussian_nll_run(seed, positive=True)
+    assert not dbg.explain().confident, dbg.report()

@@ -14,7 +14,7 @@ from ..formatting import number
 from ..layers import Kind, LayerInfo
 from ..losspath import LossMisuse
 from ..patterns import Link, LinkKind
-from ..states import FiniteState, GainState, LossState, Signal
+from ..states import FiniteState, GainState, LossState, Signal, UpdateState
 from ..thresholds import Thresholds
 from ..trace import NonFiniteOrigin
 
@@ -202,6 +202,12 @@ class Context:
         order = sorted(self.rank, key=self.rank.__getitem__)
         norm = next((i for i, n in enumerate(order) if self.layers[n].kind == Kind.NORM), len(order))
         return set(order[:max(self.th.input_reach, norm)])
+
+    def updates_stop_at(self, step: int) -> bool:
+        """The updates are negligible at ``step`` (or at the first sampled step from it on)."""
+        later = [s for s in self.sampled if s >= step]
+        return any(u.step <= (later[0] if later else step) and (u.end is None or u.end > step)
+                   for u in self.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
 
     def nonfinite_step(self) -> int | None:
         """The first step with NaN/Inf anywhere: the replayed origin, a layer's statistics or the loss."""

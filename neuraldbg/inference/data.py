@@ -10,7 +10,7 @@ from .. import mixing
 from ..causes import Cause
 from ..layers import Kind
 from ..losspath import LossMisuse
-from ..states import GradState, InputState, LossState, Signal, TargetState, UpdateState
+from ..states import GradState, InputState, LossState, Signal, TargetState
 from . import losses
 from .context import Context
 from .evidence import RATIO_CAP, Candidate, past_ratio, persistence
@@ -31,9 +31,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         # with it: a mean over no element, 0/0 with a gradient of 0 (every target ignored). (A loss that
         # overflows to Inf keeps large, finite gradients: no update stops.)
         for ev in ctx.all(Signal.LOSS, LossState.NONFINITE)[:1]:
-            later = [s for s in ctx.sampled if s >= ev.step]
-            if not any(u.step <= (later[0] if later else ev.step) and (u.end is None or u.end > ev.step)
-                       for u in ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE)):
+            if not ctx.updates_stop_at(ev.step):
                 continue
             out.append(Candidate(Cause.DATA, "input", ev.step, "loss_empty", [ev], severity=1.0,
                                  persistence=persistence(ev, ctx), certain=True,

@@ -7,7 +7,7 @@ from ..layers import Kind
 from ..states import FiniteState, LossState, Signal, UpdateState
 from . import losses
 from .context import Context
-from .evidence import Candidate
+from .evidence import Candidate, persistence
 
 # layers that compute only products and sums of their inputs and weights: they cannot leave a domain,
 # only overflow when values have grown too large
@@ -35,6 +35,16 @@ def candidates(ctx: Context) -> list[Candidate]:
                           severity=1.0, persistence=1.0, certain=True, loss_kinds=losses.NONFINITE,
                           facts={"phase": "loss", "op": ctx.loss_nonfinite_op, "origin": nf,
                                  "rescaled": ctx.loss_op_rescaled})]
+    if nf is None and not finite_ev and ctx.overflow is None:
+        # the loss is NaN/Inf while every gradient is finite and the weights go on moving (a NaN loss whose
+        # updates stop is a mean over no element: the data family's): an operation of the loss leaves its domain
+        # on some samples (a log of a negative output) where its gradient does not
+        for ev in ctx.all(Signal.LOSS, LossState.NONFINITE)[:1]:
+            if not ctx.updates_stop_at(ev.step):
+                return [Candidate(Cause.NON_FINITE, "loss", ev.step, "loss_value", [ev], severity=1.0,
+                                  persistence=persistence(ev, ctx), certain=True, loss_kinds=losses.NONFINITE,
+                                  facts={"phase": "loss", "count": len(ctx.all(Signal.LOSS, LossState.NONFINITE)),
+                                         "end": ev.end})]
     if (nf is None and not finite_ev) or (nf is not None and nf.phase in ("input", "loss")):
         return []  # NaN/Inf from the data or the loss: the data family's
     if nf is not None and nf.phase == "forward" and nf.dtype == "float16":

@@ -107,6 +107,8 @@ def loss_text(ev: SemanticEvent) -> str:
     if ev.after == LossState.OSCILLATING:
         return f"the loss oscillates from step {ev.step} without progress"
     if ev.after == LossState.SLOW:
+        if ev.end is not None:  # a slow stretch the loss then left (for a plateau, or to learn)
+            return f"the loss hardly comes down from step {ev.step} to step {ev.end}"
         return f"the loss hardly comes down: {max(v.get('progress', math.nan), 0.0):.0%} of its start over the run"
     if ev.after == LossState.STALLED:
         return (f"the loss has not come down in {ev.values.get('n', 'these')} steps: it moves only by its batch noise"
@@ -286,6 +288,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         origin = f.get("origin")
         if k == "loss_op":
             return _loss_op_lines(c)
+        if k == "loss_value":
+            until = f" to step {f['end']}" if f.get("end") is not None else " on"
+            more = f" (and in {f['count'] - 1} stretches later)" if f.get("count", 1) > 1 else ""
+            return [f"the loss is NaN/Inf from step {c.step}{until}{more} while every gradient stays finite and "
+                    "the weights go on moving: an operation of the loss leaves its domain "
+                    "on some samples (a log or a square root of a negative output, a division by 0) where its "
+                    "gradient does not",
+                    "the training follows a gradient whose loss cannot be read: what it minimises is not the loss"]
         if k == "forward" and origin is not None and origin.op:
             rel = kind if origin.relation != "after" else ""
             return [f"at step {c.step}, {origin.where()}{rel} is the first operation to turn finite values into "
@@ -1141,6 +1151,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         op = origin.op if origin is not None else ""
         if k == "loss_op":
             return _loss_op_fix(f["op"])
+        if k == "loss_value":
+            return ("keep what the loss takes a log, a square root or a reciprocal of inside its domain: give an "
+                    "output that must be positive (a variance, a scale, a rate) an F.softplus or an exp of its log "
+                    "(F.gaussian_nll_loss clamps var at eps, not below 0), or clamp it: torch.log(x.clamp_min(1e-12))")
         where = f"`{c.layer}`" if c.layer else "the model's own forward"
         info = ctx.layers.get(c.layer)
         if k == "forward" and (op in _MASKED_OPS or not op and info is not None and info.kind == Kind.ATTENTION):
@@ -1396,7 +1410,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     text = ("check that the model can learn at all: overfit a single batch, check that targets match the outputs "
             "(loss, label range)")
     term = next((e for e in c.events if e.values.get("term")), None)
-    if term is not None and term.values.get("whole_start", 0.0) >= ctx.th.above_chance * term.values["start"]:
+    if term is not None and term.values.get("whole_start", 0.0) >= 2.0 * term.values["start"]:
         # what the loss adds to its classification held most of it at the start, and came down alone
         text = ("lower the weight of the terms the loss adds to its classification (a weight penalty, an auxiliary "
                 "loss) by 10-100x: they held most of the loss at the start, and what came down is theirs; else "
