@@ -42,6 +42,11 @@ def render_report(analysis, trace=None, step: int | None = None, extra: list[str
     loss = _loss_line(trace)
     if loss:
         lines.append(loss)
+    stopped = trace.meta.get("stopped_by") if trace is not None else None
+    if stopped:
+        said = f": {stopped['message']}" if stopped.get("message") else ""
+        lines.append(f"stopped: the run ended on {stopped['error']} at step {stopped['step']}{said} (what follows "
+                     "covers the steps before it)")
     if trace is not None and trace.skipped.n:
         sc = trace.skipped.data
         scale = (f"; loss scale {number(float(sc[0]))} -> {number(float(sc[-1]))}"

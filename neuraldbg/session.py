@@ -123,11 +123,17 @@ class NeuralDbg:
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         self.stop()
+        if exc_type is not None and self._recorder is not None:
+            # the report says the run stopped there: what it found covers the steps before, no more
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self._trace.meta["stopped_by"] = {"error": exc_type.__name__, "message": first[:200],
+                                              "step": int(self._recorder.step)}
         return False  # never swallow the user's exception
 
     def start(self) -> "NeuralDbg":
         if self._recorder is None:
             raise RuntimeError("a loaded session cannot watch a model; create a new NeuralDbg")
+        self._trace.meta.pop("stopped_by", None)  # watching again: the run goes on past where it stopped
         self._recorder.attach()
         if self._ranks is not None:
             try:

@@ -258,3 +258,33 @@ def test_a_model_with_lazy_parameters_gets_one_clear_error_and_is_left_as_it_was
     with NeuralDbg(model) as dbg:
         model(torch.randn(4, 5)).sum().backward()
     assert [l.name for l in dbg.trace.layers] == ["0", "1", "2"]
+
+
+def test_a_run_that_stops_on_an_exception_says_so_in_its_report(tmp_path):
+    """A cell whose training raises after three steps (a second backward through a freed graph): the user's
+    exception goes through, and the report says where the run stopped, so "no failure found" reads as
+    covering those steps only. Watching again clears it; a saved trace keeps it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    dbg = NeuralDbg(model, optimizer=opt)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        with dbg:
+            for step in range(5):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                if step == 3:
+                    loss.backward()
+                opt.step()
+                dbg.record_loss(loss)
+    report = dbg.report()
+    assert "stopped: the run ended on RuntimeError at step 3: Trying to backward" in report, report
+    dbg.save(tmp_path / "stopped.ndbg")
+    assert "stopped: the run ended on RuntimeError at step 3" in NeuralDbg.load(tmp_path / "stopped.ndbg").report()
+    with dbg:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert "stopped:" not in dbg.report()
