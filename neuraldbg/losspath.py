@@ -368,8 +368,9 @@ def unbounded_form(recorded: list[list[str]] | None) -> str:
     of outputs that are not log-probabilities: ``-output[target]`` has no floor), "log_likelihood" (a
     log-probability of the targets minimised as it is, without its minus sign), "scaled" (a factor between
     the loss and a criterion that no target takes below zero, a cross-entropy of class indices or a squared or
-    absolute error: ``loss * -1``, a per-sample loss weighted by advantages); "": none of these (a library
-    loss of outputs it expects: targets outside its range). Only ops that reduce, pick or scale are followed
+    absolute error: ``loss * -1``, a per-sample loss weighted by advantages), "hand_term" (squared or absolute
+    errors plus a term written by hand, which alone can fall below zero: a KL subtracted); "": none of these (a
+    library loss of outputs it expects: targets outside its range). Only ops that reduce, pick or scale are followed
     from the loss to its criterion; anything else on the way says nothing."""
     for path in recorded or []:
         if any(op.split("@")[0] in _TARGETED and _TARGET in op for op in path):
@@ -397,7 +398,17 @@ def unbounded_form(recorded: list[list[str]] | None) -> str:
                 break
             if op not in _REDUCING:
                 break
-    return ""
+    return "hand_term" if _hand_term(recorded) else ""
+
+
+def _hand_term(recorded: list[list[str]] | None) -> bool:
+    """The loss adds to squared or absolute errors (which no target takes below zero) a term written by hand
+    on the outputs, reached through no library loss (a KL divergence, a penalty): a fall below zero is that
+    term's."""
+    paths = [[op.split("@")[0] for op in path] for path in recorded or [] if path]
+    losses = [{op for op in ops if op in _NON_NEGATIVE} for ops in paths]
+    return (any(not found for found in losses) and any(losses)
+            and all(found <= _REGRESSION for found in losses))
 
 
 _MEANS = frozenset({"Mean", "Sum"})

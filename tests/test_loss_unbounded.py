@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from faultgen.score import contradictions
-from neuraldbg import losspath
+from neuraldbg import NeuralDbg, losspath
 from zoo import Run, teacher_classes, train
 
 CONFIDENT = 0.5
@@ -167,3 +167,62 @@ def test_a_loss_times_a_negative_factor_is_the_losss_own_not_its_targets():
     assert (top.cause, top.layer) == ("loss_plateau", "") and top.confidence >= CONFIDENT
     assert "sign of the factor" in top.suggestion
     assert not [h for h in hs if h.cause == "data" and h.confidence >= CONFIDENT]
+
+
+_KL = ["Sub", "Div@constant@scalar", "Mul", "Sum", "Sub", "Exp", "Addmm"]  # a KL term written by hand
+
+
+@pytest.mark.parametrize("paths, expected", [
+    ([_KL, ["Sub", "Div@constant@scalar", "MseLoss@sum", "Addmm"]], "hand_term"),
+    ([_KL, ["Add", "L1Loss", "Addmm"]], "hand_term"),
+    ([_KL], ""),  # written by hand throughout: a likelihood may rightly go negative
+    ([["Mean", "Add", "Log", "Exp", "Addmm"]], ""),
+    ([_KL, ["Sub", "BinaryCrossEntropy@sum", "Sigmoid", "Addmm"]], ""),  # targets out of [0, 1] could do it too
+    ([["Add", "MseLoss", "Addmm"], ["Add", "MseLoss", "Addmm"]], ""),  # no term by hand
+])
+def test_a_term_added_by_hand_to_an_error_is_read_from_the_paths(paths, expected):
+    assert losspath.unbounded_form(paths) == expected
+
+
+class _VAE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
+        self.mu, self.logvar = nn.Linear(64, 4), nn.Linear(64, 4)
+        self.dec = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 32))
+
+    def forward(self, x):
+        h = self.enc(x)
+        mu, logvar = self.mu(h), self.logvar(h)
+        return self.dec(mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)), mu, logvar
+
+
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_kl_subtracted_from_the_reconstruction_is_the_losss_own(sign, seed):
+    """A VAE whose KL divergence is subtracted (``recon - kl``): the loss falls below zero without end as the
+    latents grow. The data are fine; the loss's code is named, with its fix. Added, it trains quietly."""
+    g = torch.Generator().manual_seed(1234)
+    x = torch.sigmoid(torch.randn(1200, 4, generator=g) @ torch.randn(4, 32, generator=g))
+    torch.manual_seed(seed)
+    model = _VAE()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    pick = torch.Generator().manual_seed(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(300):
+            xb = x[torch.randint(0, 1000, (64,), generator=pick)]
+            rec, mu, logvar = model(xb)
+            recon = F.mse_loss(rec, xb, reduction="sum") / 64
+            kl = -0.5 * torch.sum(1 + logvar - mu ** 2 - logvar.exp()) / 64
+            loss = recon + sign * kl
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    if sign > 0:
+        assert not dbg.explain().confident, dbg.report()
+        return
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("loss_plateau", "", 0) and top.confidence >= 0.5, dbg.report()
+    assert top.suggestion.startswith("check the term added by hand to the error")
+    assert not any(h.cause == "data" and h.confidence >= 0.5 for h in dbg.explain())

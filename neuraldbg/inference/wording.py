@@ -912,6 +912,9 @@ _UNBOUNDED = {
                       "log p falls without limit as the model makes the targets ever less likely",
     "scaled": "the loss is a cross-entropy or an error that no target takes below zero, multiplied by a factor (a "
               "weight of -1, an advantage or a reward): the factor makes it negative, and nothing bounds it below",
+    "hand_term": "the loss adds to a squared or absolute error, which no target takes below zero, a term written by "
+                 "hand on the outputs (a KL divergence, a penalty): that term falls without floor, and the model "
+                 "pushes its outputs without limit",
 }
 _UNBOUNDED_FIX = {
     "negated": "remove the minus sign before the loss: minimise the loss itself (to maximise a score, negate the "
@@ -925,6 +928,9 @@ _UNBOUNDED_FIX = {
     "scaled": "check the sign of the factor that multiplies the loss: a loss to minimise needs a non-negative "
               "weight (for a policy gradient weighted by advantages, a value that falls without end is no sign "
               "of progress: normalise the advantages and watch the return)",
+    "hand_term": "check the term added by hand to the error: its sign (a VAE's KL divergence, -0.5 * sum(1 + "
+                 "logvar - mu^2 - logvar.exp()), is added to the reconstruction, not subtracted), and what it takes "
+                 "a log of (a variance bounded below: F.softplus(v) + 1e-6)",
 }
 
 
