@@ -421,6 +421,11 @@ class Recorder:
             self._end_skipped_step()
         elif self._bad_pass:
             self._commit_nonfinite()
+        if self._origin is not None and self.trace.nonfinite is None and self.step:
+            try:  # where the weights are as watching stops
+                self._note_moved(self._moved(len(self.layers)).cpu().numpy())
+            except RuntimeError:  # weights moved to another device since the first read: the last read stands
+                pass
         for h in self._handles + self._opt_handles:
             h.remove()
         self._handles.clear()
@@ -1595,10 +1600,10 @@ class Recorder:
             rec.params[2] = upd.to(rec.params.device)
             rec.prev_params = None
             if self._origin is not None and self.step >= self._moved_next:
-                # read again at sampled steps a growing share of the run apart (1/8): a few dozen reads a run
-                self._moved_next = self.step + max(self.step // 8, 1)
-                before, norm = self._origin
-                rec.moved = self._pnorms.distance(before, n).to(norm.device) / norm
+                # read again at sampled steps a growing share of the run apart (a quarter: a few dozen reads in a
+                # long run), and once more when watching stops
+                self._moved_next = self.step + max(self.step // 4, 1)
+                rec.moved = self._moved(n)
             if self._pnorms.unchanged is not None and self._pnorms.narrow_read:  # read with the step's statistics
                 rec.unchanged = self._pnorms.unchanged.float() / self._pnorms.narrow_read
         self._finish_step()
@@ -1748,6 +1753,10 @@ class Recorder:
     CLIP_KEPT = 64  # sampled steps whose gradient norm before and after clipping are kept (the latest)
     CLIP_EVERY = 4  # one sampled step in this many reads the gradients again as the optimizer steps
     _clip_reads = 0
+
+    def _moved(self, n: int) -> torch.Tensor:
+        before, norm = self._origin  # type: ignore[misc]  # (read only once it is set)
+        return self._pnorms.distance(before, n).to(norm.device) / norm
 
     def _note_moved(self, moved: np.ndarray) -> None:
         """How far each layer's weights are from where they started, over their norm then (the distance itself,

@@ -281,7 +281,9 @@ class NeuralDbg:
         ranked = self._trace.ranks
         key = (self._trace.stats.n, int(self._trace.stats.steps[-1]) if self._trace.stats.n else -1,
                self._trace.loss.n, self._trace.nonfinite, self.thresholds, self.step,
-               None if ranked is None else (ranked.rows.n, ranked.batches.n), id(self._run))
+               None if ranked is None else (ranked.rows.n, ranked.batches.n), id(self._run),
+               # (the weights' distance from their start, read again as watching stops)
+               (self._trace.meta.get("weights_moved") or {}).get("step"))
         run = self._merged()
         if self._analysis is None or key != self._analysis_key:
             if run is None:
