@@ -107,11 +107,13 @@ def _moved(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
-               autocast: list | None = None) -> tuple[bool, str] | None:
+               autocast: list | None = None) -> tuple[bool, str, bool] | None:
     """Whether the outputs of the first sample at positions before its last change when its last token does,
-    in a replay on a copy of ``model`` in eval mode, and the first module, in the order the forward runs,
-    whose output at those positions does ("" when none is found: the change arises in the model's own
-    forward). Every argument with a row per sample is cut to the first one.
+    in a replay on a copy of ``model`` in eval mode, the first module, in the order the forward runs, whose
+    output at those positions does ("" when none is found: the change arises in the model's own forward), and
+    whether the output at the last position changes (``ids`` reach the output where they stand: labels given to
+    the model, or a target it shifts itself, do not). Every argument with a row per sample is cut to the first
+    one.
 
     None when the replay does not lend itself: a model too large to copy or sharded, one token only, an
     output without the positions, a model that gives two outputs for the same input, one that fails on one
@@ -160,8 +162,8 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
         finally:
             for h in handles:
                 h.remove()
-        return next((_rows(t[0]) for t in nanhunt.float_tensors(out) if t.dim() == 3 and t.shape[:2] == (1, length)),
-                    None)
+        t = next((t[0] for t in nanhunt.float_tensors(out) if t.dim() == 3 and t.shape[:2] == (1, length)), None)
+        return None if t is None else (_rows(t), t[-1].detach().float().reshape(-1).clone())
 
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
@@ -176,13 +178,14 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
-    if base is None or again is None or moved is None or _moved(base, again):
+    if base is None or again is None or moved is None or _moved(base[0], again[0]) or _moved(base[1], again[1]):
         return None  # no output per position, or not the same outputs twice: nothing to compare against
-    if not _moved(base, moved):
-        return False, ""
+    reaches = _moved(base[1], moved[1])
+    if not _moved(base[0], moved[0]):
+        return False, "", reaches
     if any(name in pooled and pooled[name].shape == t.shape and _moved(t, pooled[name])
            for name, t in summaries.items()):
         return None  # the last token reaches a summary of the whole sequence: by design, or not, cannot be told
     place = next((name for name, t in layers.items()  # in the order the modules finished
                   if name in taken and taken[name].shape == t.shape and _moved(t, taken[name])), "")
-    return True, place
+    return True, place, reaches

@@ -1329,10 +1329,12 @@ class Recorder:
         if share < self._next_token_share or self.trace.nonfinite is not None:
             return
         ahead = self._replay(leak.sees_ahead, distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
-        if ahead_by == 0 and (ahead is None or ahead[0]):
-            return  # targets that are the inputs themselves, of a model that reads ahead: an autoencoder's
+        if ahead_by == 0 and (ahead is None or ahead[0] or not ahead[2]):
+            # targets that are the inputs themselves, of a model that reads ahead (an autoencoder's), or a tensor
+            # of the targets handed to the model (labels=, a target it shifts itself): no input it reads
+            return
         if ahead is not None or ahead_by == 2:
-            sees, layer = ahead if ahead is not None else (False, "")
+            sees, layer = ahead[:2] if ahead is not None else (False, "")
             self.trace.meta["next_token"] = {"step": int(self._pass_step), "share": share, "positions": positions,
                                              "sees_ahead": sees, "layer": layer, "ahead_by": ahead_by}
 

@@ -235,6 +235,39 @@ def test_a_decoder_fed_its_target_without_a_mask_is_named_whichever_input_comes_
     assert (top.cause, top.layer, top.step) == ("data", "tf.decoder.layers.0.self_attn", 0)
 
 
+class Tagger(nn.Module):
+    """A bidirectional tagger handed its labels as well (a model that computes its own loss would be): one tag
+    per token, from a vocabulary of the same size as the tokens'."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.rnn = nn.Embedding(V, d), nn.GRU(d, d, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(2 * d, V)
+
+    def forward(self, x, labels=None):
+        return self.out(self.rnn(self.emb(x))[0])
+
+
+def test_labels_handed_to_the_model_are_not_read_as_its_inputs():
+    """The targets are the ``labels`` tensor itself, position for position, and the model is handed it: its last
+    entry changed, no output changes, so it is no input the model reads, and nothing is named."""
+    model, text = Tagger(), _text(0)
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(60):
+            x = text[torch.randint(0, len(text), (16,), generator=g), :T]
+            tags = (x * 3 + 1) % V  # a tag per token
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x, labels=tags).transpose(1, 2), tags)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert "next_token" not in dbg.trace.meta
+    assert all(h.cause != "data" for h in _confident(dbg))
+
+
 def test_targets_at_their_own_positions_are_told_from_the_next_ones():
     ids = torch.tensor([[1, 2, 3, 4, 5] * 8])
     logits = torch.zeros(1, 40, 8, requires_grad=True)
