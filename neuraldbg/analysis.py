@@ -176,6 +176,20 @@ def _lr_groups(meta: dict) -> tuple:
     return tuple((float(g[0]), tuple(g[1])) for g in meta.get("lr_groups") or [] if len(g) == 2 and g[1])
 
 
+def _nonfinite_loss_gradient(trace: Trace) -> float:
+    """The largest weight-gradient norm of any layer on the sampled steps whose recorded loss is NaN/Inf: 0 when
+    the loss gave no gradient there (a mean over no element), more when it did (an operation of the loss out of
+    its domain on some samples); NaN when no such step was sampled."""
+    if not trace.loss.n or not trace.stats.n:
+        return math.nan
+    bad = set(trace.loss.steps[~np.isfinite(trace.loss.data)].tolist())
+    rows = [i for i, s in enumerate(trace.stats.steps.tolist()) if s in bad]
+    if not rows:
+        return math.nan
+    norms = trace.stats.data[rows][:, :, int(Stat.W_GRAD_NORM)]
+    return float(np.nanmax(norms)) if np.isfinite(norms).any() else math.nan
+
+
 def _loss_min(trace: Trace) -> float:
     """The lowest finite loss recorded (NaN: none)."""
     v = trace.loss.data
@@ -332,7 +346,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_non_negative=losspath.non_negative(trace.meta.get("loss_paths")),
                   bounded_output=losspath.bounded_output(trace.meta.get("loss_paths"),
                                                          str(trace.meta.get("output_op") or "")),
-                  loss_min=_loss_min(trace),
+                  loss_min=_loss_min(trace), nonfinite_loss_gradient=_nonfinite_loss_gradient(trace),
                   output_blocked=_output_blocked(trace, curve.start if curve is not None else math.nan),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),

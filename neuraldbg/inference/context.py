@@ -60,6 +60,9 @@ class Context:
     # how the loss's code makes it unbounded below, should it fall so (see ``losspath.unbounded_form``; "": its
     # targets would)
     loss_unbounded: str = ""
+    # the largest weight-gradient norm on the sampled steps whose loss is NaN/Inf (0: the loss gave none; NaN: no
+    # such step was sampled)
+    nonfinite_loss_gradient: float = math.nan
     # every path from the loss reaches a library loss that cannot be negative for targets in its range
     loss_non_negative: bool = False
     # how the loss's code gives the model's outputs no gradient (see ``losspath.no_gradient``; "": it gives one)
@@ -203,8 +206,13 @@ class Context:
         norm = next((i for i, n in enumerate(order) if self.layers[n].kind == Kind.NORM), len(order))
         return set(order[:max(self.th.input_reach, norm)])
 
-    def updates_stop_at(self, step: int) -> bool:
-        """The updates are negligible at ``step`` (or at the first sampled step from it on)."""
+    def gives_no_gradient_at(self, step: int) -> bool:
+        """The loss gave the weights no gradient on the sampled steps where it was NaN/Inf, or, where none was
+        sampled, the updates are negligible at ``step`` (or at the first sampled step from it on): an optimizer
+        with momentum goes on moving the weights a while on no gradient."""
+        g = self.nonfinite_loss_gradient
+        if g == g:
+            return g == 0.0
         later = [s for s in self.sampled if s >= step]
         return any(u.step <= (later[0] if later else step) and (u.end is None or u.end > step)
                    for u in self.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))

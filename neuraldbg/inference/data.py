@@ -31,7 +31,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         # with it: a mean over no element, 0/0 with a gradient of 0 (every target ignored). (A loss that
         # overflows to Inf keeps large, finite gradients: no update stops.)
         for ev in ctx.all(Signal.LOSS, LossState.NONFINITE)[:1]:
-            if not ctx.updates_stop_at(ev.step):
+            if not ctx.gives_no_gradient_at(ev.step):
                 continue
             out.append(Candidate(Cause.DATA, "input", ev.step, "loss_empty", [ev], severity=1.0,
                                  persistence=persistence(ev, ctx), certain=True,

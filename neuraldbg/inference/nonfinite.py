@@ -40,7 +40,7 @@ def candidates(ctx: Context) -> list[Candidate]:
         # updates stop is a mean over no element: the data family's): an operation of the loss leaves its domain
         # on some samples (a log of a negative output) where its gradient does not
         for ev in ctx.all(Signal.LOSS, LossState.NONFINITE)[:1]:
-            if not ctx.updates_stop_at(ev.step):
+            if not ctx.gives_no_gradient_at(ev.step):
                 return [Candidate(Cause.NON_FINITE, "loss", ev.step, "loss_value", [ev], severity=1.0,
                                   persistence=persistence(ev, ctx), certain=True, loss_kinds=losses.NONFINITE,
                                   facts={"phase": "loss", "count": len(ctx.all(Signal.LOSS, LossState.NONFINITE)),
