@@ -122,12 +122,13 @@ class NeuralDbg:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
-        self.stop()
         if exc_type is not None and self._recorder is not None:
-            # the report says the run stopped there: what it found covers the steps before, no more
+            # the report says the run stopped there: what it found covers the steps before, no more (set before
+            # stopping, which writes a rank's file)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self._trace.meta["stopped_by"] = {"error": exc_type.__name__, "message": first[:200],
                                               "step": int(self._recorder.step)}
+        self.stop()
         return False  # never swallow the user's exception
 
     def start(self) -> "NeuralDbg":
