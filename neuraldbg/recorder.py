@@ -1605,7 +1605,10 @@ class Recorder:
                 # read again at sampled steps a growing share of the run apart (a quarter: a few dozen reads in a
                 # long run), and once more when watching stops
                 self._moved_next = self.step + max(self.step // 4, 1)
-                rec.moved = self._moved(n)
+                try:
+                    rec.moved = self._moved(n)
+                except RuntimeError:  # the weights moved to another device since the first read: no more reads
+                    self._moved_next = 1 << 62
             if self._pnorms.unchanged is not None and self._pnorms.narrow_read:  # read with the step's statistics
                 rec.unchanged = self._pnorms.unchanged.float() / self._pnorms.narrow_read
         self._finish_step()

@@ -10,6 +10,7 @@ still too large when it collapses, the learning rate explains it (see ``causalit
 from __future__ import annotations
 
 from ..causes import Cause
+from ..health import LOGIT_NAT
 from ..states import AttnState, LossState, Signal
 from . import losses
 from .context import Context
@@ -27,8 +28,12 @@ def candidates(ctx: Context) -> list[Candidate]:
     onset = min([e.step for e in growing if e.layer == first.layer and e.step <= first.step] + [first.step])
     v = first.values
     # how far past its thresholds: the entropy below its own, the logit's growth past its own
+    # (the growth counted as the state counts it: from one nat at least)
+    first_logit = v.get("first_logit", float("nan"))
+    grown = (v.get("max_logit", float("nan")) / max(first_logit, LOGIT_NAT) if first_logit == first_logit
+             else first_logit)
     severity = max(below_ratio(v.get("entropy", float("nan")), ctx.th.attention_entropy),
-                   past_ratio(v.get("logit_growth", float("nan")), ctx.th.attention_logit_growth))
+                   past_ratio(grown, ctx.th.attention_logit_growth))
     return [Candidate(Cause.ATTENTION_COLLAPSE, first.layer, onset, "collapsed" if collapsed else "growing",
                       [first], severity=severity, persistence=persistence(first, ctx), needs_harm=True,
                       symptoms=[e for e in events + growing if e is not first and e.layer != first.layer],

@@ -61,13 +61,12 @@ def candidates(ctx: Context) -> list[Candidate]:
     collapsing = ctx.all(Signal.WEIGHTS, WeightState.COLLAPSING)
     if collapsing:
         # every stretch of it: weights held near the threshold flicker across it, and the collapse lasts as long
-        # as they stay down (its deepest point is how far)
+        # as they stay down
         ev = collapsing[0]
         scale = ev.values.get("weight_scale", float("nan"))
         since = ev.values.get("shrinking_since", float("nan"))
-        deepest = min((e.values.get("weight_scale", float("nan")) for e in collapsing), default=scale)
         out.append(Candidate(Cause.LOSS_PLATEAU, "", ev.step, "weights_collapse", collapsing,
-                             severity=past_ratio(1.0 / deepest if deepest == deepest and deepest > 0 else float("inf"),
+                             severity=past_ratio(1.0 / scale if scale == scale and scale > 0 else float("inf"),
                                                  ctx.th.weight_collapse),
                              persistence=persistence(ev, ctx),
                              # what pulls them there acts from where they began to shrink without a break
