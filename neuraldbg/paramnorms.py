@@ -134,31 +134,30 @@ class ParamNorms:
     def distance(self, before: list[torch.Tensor], n_layers: int) -> torch.Tensor:
         """Per-layer norm of the change since a ``snapshot()`` taken any number of steps ago (0 for a layer
         without parameters)."""
-        with torch.no_grad():
-            parts = []
-            for g, prev in zip(self._groups, before):
-                sq = g.squares(torch.stack(self._views(self.params, g.pos)).sub_(prev))
-                parts.append((g.on("owner", sq.device), sq))
-            return self._per_layer(parts, n_layers)
+        return self._changes(before, n_layers, count=False)
 
     def updates(self, before: list[torch.Tensor], n_layers: int) -> torch.Tensor:
         """Per-layer norm of the change since ``snapshot()`` (0 for a layer without parameters). For
         parameters stored in 16 bits, ``unchanged`` is then the number of their (read) entries the step left
         exactly as they were, and ``narrow_read`` how many were read (an update below half a unit in the last
         place of a weight rounds away)."""
+        return self._changes(before, n_layers, count=True)
+
+    def _changes(self, before: list[torch.Tensor], n_layers: int, count: bool) -> torch.Tensor:
         with torch.no_grad():
             parts = []
             unchanged = []
-            self.narrow_read = 0
+            narrow = 0
             for g, prev in zip(self._groups, before):
-                now = torch.stack(self._views(self.params, g.pos))
-                diff = now.sub_(prev)
-                if diff.dtype in NARROW_DTYPES:
+                diff = torch.stack(self._views(self.params, g.pos)).sub_(prev)
+                if count and diff.dtype in NARROW_DTYPES:
                     unchanged.append((diff == 0).sum())
-                    self.narrow_read += diff.numel()
+                    narrow += diff.numel()
                 sq = g.squares(diff)
                 parts.append((g.on("owner", sq.device), sq))
-            self.unchanged = torch.stack(unchanged).sum() if unchanged else None
+            if count:
+                self.narrow_read = narrow
+                self.unchanged = torch.stack(unchanged).sum() if unchanged else None
             return self._per_layer(parts, n_layers)
 
     unchanged: torch.Tensor | None = None
