@@ -294,15 +294,11 @@ def test_a_log_of_a_sigmoid_that_rounds_to_zero_is_the_losss():
     model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
     with torch.no_grad():
         model[-1].weight.mul_(400.0)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(20):
-            x = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
-            opt.zero_grad()
-            loss = -torch.log(torch.sigmoid(model(x))).mean()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    def data(step):
+        return torch.randn(64, 16, generator=torch.Generator().manual_seed(step)), None
+
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=1e-4), data,
+                    loss=lambda out, _: -torch.log(torch.sigmoid(out)).mean(), steps=20))
     top = dbg.explain()[0]
     assert top.cause == "non_finite" and top.layer == "loss", dbg.report()
     assert "binary_cross_entropy_with_logits" in top.suggestion
@@ -328,18 +324,16 @@ def _gaussian_nll_run(seed: int, positive: bool) -> NeuralDbg:
     y = torch.sin(x @ w) + 0.3 * x[:, :1] ** 2 + 0.05 * torch.randn(1000, 1, generator=g)
     torch.manual_seed(seed)
     model = _Heteroscedastic(positive)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     pick = torch.Generator().manual_seed(seed)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for _ in range(300):
-            j = torch.randint(0, 1000, (64,), generator=pick)
-            mu, var = model(x[j])
-            loss = (0.5 * (torch.log(var) + (y[j] - mu) ** 2 / var)).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
-    return dbg
+
+    def data(step):
+        j = torch.randint(0, 1000, (64,), generator=pick)
+        return x[j], y[j]
+
+    def nll(out, target):
+        mu, var = out
+        return (0.5 * (torch.log(var) + (target - mu) ** 2 / var)).mean()
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=nll, steps=300))
 
 
 @pytest.mark.parametrize("seed", [0, 1])

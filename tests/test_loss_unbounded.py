@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from faultgen.score import contradictions
-from neuraldbg import NeuralDbg, losspath
+from neuraldbg import losspath
 from zoo import Run, teacher_classes, train
 
 CONFIDENT = 0.5
@@ -206,19 +206,17 @@ def test_a_kl_subtracted_from_the_reconstruction_is_the_losss_own(sign, seed):
     x = torch.sigmoid(torch.randn(1200, 4, generator=g) @ torch.randn(4, 32, generator=g))
     torch.manual_seed(seed)
     model = _VAE()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     pick = torch.Generator().manual_seed(seed)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for _ in range(300):
-            xb = x[torch.randint(0, 1000, (64,), generator=pick)]
-            rec, mu, logvar = model(xb)
-            recon = F.mse_loss(rec, xb, reduction="sum") / 64
-            kl = -0.5 * torch.sum(1 + logvar - mu ** 2 - logvar.exp()) / 64
-            loss = recon + sign * kl
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+
+    def data(step):
+        xb = x[torch.randint(0, 1000, (64,), generator=pick)]
+        return xb, xb
+
+    def elbo(out, xb):
+        rec, mu, logvar = out
+        kl = -0.5 * torch.sum(1 + logvar - mu ** 2 - logvar.exp()) / 64
+        return F.mse_loss(rec, xb, reduction="sum") / 64 + sign * kl
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=elbo, steps=300))
     if sign > 0:
         assert not dbg.explain().confident, dbg.report()
         return

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import NeuralDbg
+from zoo import Run, train
 
 CONFIDENT = 0.5
 
@@ -40,16 +39,7 @@ def _run(seed: int, make, spread: float = 1.0, steps: int = 300):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
     start = {name: p.detach().clone() for name, p in model.named_parameters() if name.endswith("weight")}
-    opt = make(model.parameters())
-    data = _clusters(seed, spread)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(steps):
-            x, y = data(step)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = train(Run(model, make(model.parameters()), _clusters(seed, spread), steps=steps))
     moved = {name[:-len(".weight")]: float((p.detach() - start[name]).norm() / start[name].norm())
              for name, p in model.named_parameters() if name in start}
     return dbg, moved
