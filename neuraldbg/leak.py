@@ -93,10 +93,13 @@ def _positions(t, length: int) -> torch.Tensor | None:
     return None
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """A module output's positions before the last, as two numbers each (their sum and their norm): what a
-    replay keeps of every module, in the memory of a few values per position."""
+def _rows(t: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """A module output's positions before the last (those of ``keep`` only, when given), as two numbers each
+    (their sum and their norm): what a replay keeps of every module, in the memory of a few values per
+    position."""
     rows = t[:-1].detach().float().reshape(t.shape[0] - 1, -1)
+    if keep is not None:
+        rows = rows[keep.to(rows.device)]
     return torch.stack([rows.sum(dim=1), rows.norm(dim=1)])
 
 
@@ -107,13 +110,15 @@ def _moved(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
-               autocast: list | None = None) -> tuple[bool, str, bool] | None:
+               autocast: list | None = None, carries: torch.Tensor | None = None) -> tuple[bool, str, bool] | None:
     """Whether the outputs of the first sample at positions before its last change when its last token does,
     in a replay on a copy of ``model`` in eval mode, the first module, in the order the forward runs, whose
     output at those positions does ("" when none is found: the change arises in the model's own forward), and
     whether the output at the last position changes (``ids`` reach the output where they stand: labels given to
     the model, or a target it shifts itself, do not). Every argument with a row per sample is cut to the first
-    one.
+    one. ``carries``: the first sample's positions the loss reads (bool, one per position; None: all): only
+    those are compared, module by module too, since an output the loss never reads may see anything (a left
+    padding's rows, whose every key is masked, attend to all of them alike).
 
     None when the replay does not lend itself: a model too large to copy or sharded, one token only, an
     output without the positions, a model that gives two outputs for the same input, one that fails on one
@@ -122,6 +127,9 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
     summary by design (a sentence VAE's decoder) cannot be told from one that reads ahead."""
     n, length = ids.shape
     other = _other_token(ids)
+    read = None if carries is None else carries.reshape(-1)[:length - 1].to("cpu", torch.bool)
+    if read is not None and (len(read) != length - 1 or not bool(read.any())):
+        return None  # no position before the last that the loss reads: nothing to tell
     if (other is None or length < 2 or _sharded(model)
             or sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) > MAX_COPY_BYTES):
         return None
@@ -146,7 +154,7 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
             t = next(iter(nanhunt.float_tensors(output)), None)
             rows = _positions(t, length)
             if rows is not None and name not in taken:
-                taken[name] = _rows(rows)
+                taken[name] = _rows(rows, read)
             elif (rows is None and t is not None and t.dim() >= 1 and t.shape[0] == 1 and t.numel() <= POOLED
                   and length not in t.shape[1:] and name not in pooled):  # (no axis of the positions at all)
                 pooled[name] = t.detach().float().clone()
@@ -163,7 +171,7 @@ def sees_ahead(model: nn.Module, ids: torch.Tensor, args: tuple, kwargs: dict,
             for h in handles:
                 h.remove()
         t = next((t[0] for t in nanhunt.float_tensors(out) if t.dim() == 3 and t.shape[:2] == (1, length)), None)
-        return None if t is None else (_rows(t), t[-1].detach().float().reshape(-1).clone())
+        return None if t is None else (_rows(t, read), t[-1].detach().float().reshape(-1).clone())
 
     py_state, np_state = random.getstate(), np.random.get_state()
     try:

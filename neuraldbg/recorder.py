@@ -1328,7 +1328,10 @@ class Recorder:
         share, positions, ahead_by = read
         if share < self._next_token_share or self.trace.nonfinite is not None:
             return
-        ahead = self._replay(leak.sees_ahead, distributed.unwrap(self.inner), ids, args, kwargs, self._autocast)
+        # the first sample's positions the loss reads: its gradient there is not all zero (not an ignore_index)
+        carries = g[0].detach().ne(0).any(dim=-1)
+        ahead = self._replay(leak.sees_ahead, distributed.unwrap(self.inner), ids, args, kwargs, self._autocast,
+                             carries)
         if ahead_by == 0 and (ahead is None or ahead[0] or not ahead[2]):
             # targets that are the inputs themselves, of a model that reads ahead (an autoencoder's), or a tensor
             # of the targets handed to the model (labels=, a target it shifts itself): no input it reads

@@ -360,3 +360,59 @@ def test_labels_shifted_by_hand_for_a_model_that_shifts_them_are_named():
     top = _confident(dbg)[0]
     assert (top.cause, top.layer, top.step) == ("data", "input", 0)
     assert "labels=input_ids" in top.suggestion and "warm-up" not in top.suggestion
+
+
+class LeftPadded(nn.Module):
+    """Attention written by hand over left-padded rows: the padding keys masked with the dtype's lowest value
+    (as transformers does), and the causal mask or not. A padding query has every key masked, so it attends
+    to all of them alike, the tokens after it too: it carries no loss (its target is ignore_index)."""
+
+    PAD = V  # one more token than the text has
+
+    def __init__(self, causal: bool, seed: int = 0, d: int = 32):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb, self.pos = nn.Embedding(V + 1, d), nn.Parameter(torch.randn(T, d) * 0.02)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.norm, self.out, self.causal = nn.LayerNorm(d), nn.Linear(d, V), causal
+
+    def forward(self, x):
+        n = x.shape[1]
+        h = self.emb(x) + self.pos[:n]
+        q, k, v = self.qkv(self.norm(h)).chunk(3, dim=-1)
+        masked = (x == self.PAD)[:, None, :].expand(-1, n, -1)
+        if self.causal:
+            masked = masked | torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
+        scores = (q @ k.transpose(1, 2) / math.sqrt(h.shape[-1])).masked_fill(masked, torch.finfo(h.dtype).min)
+        return self.out(h + self.proj(scores.softmax(-1) @ v))
+
+
+def _train_left_padded(model, seed: int = 0, steps: int = 60):
+    text = _text(seed)
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(steps):
+            batch = text[torch.randint(0, len(text), (16,), generator=g)]
+            x, y = batch[:, :-1].clone(), batch[:, 1:T + 1].clone()
+            pad = torch.arange(T)[None] < torch.randint(2, T // 2, (16, 1), generator=g)  # the first sample too
+            x[pad], y[pad] = LeftPadded.PAD, -100
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=-100)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_left_padding_whose_rows_see_ahead_is_quiet_where_the_loss_reads_none(seed):
+    """Only the positions the loss reads are compared: the padding's rows see the last token, the rest not."""
+    dbg = _train_left_padded(LeftPadded(causal=True, seed=seed), seed)
+    assert dbg.trace.meta["next_token"]["sees_ahead"] is False
+    assert _confident(dbg) == []
+
+
+def test_left_padding_without_a_causal_mask_reads_ahead():
+    top = _confident(_train_left_padded(LeftPadded(causal=False)))[0]
+    assert top.cause == "data" and top.layer == "proj"
