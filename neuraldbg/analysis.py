@@ -68,7 +68,9 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     """The trainable layers whose weights hold a gradient and never move, at every sampled step where updates
     were read and another layer's weights did move (at least ``persist`` of them), in forward order: no
     optimizer steps them (left out of the optimizer's parameters, a module added after it was made, a
-    group whose learning rate is 0)."""
+    group whose learning rate is 0). A layer part of whose weights no group holds (meta ``left_out``: its
+    weight left out while its bias is stepped) is one of them once its gradient is read as often: its
+    update then moves only what the optimizer holds."""
     st = trace.stats
     if st.n == 0:
         return ()
@@ -76,17 +78,29 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     trainable = [i for i, layer in enumerate(trace.layers) if layer.n_trainable > 0]
     if len(trainable) < 2:
         return ()
+    left_out = _left_out(trace)
     with np.errstate(invalid="ignore"):
         moved = (up[:, trainable] > 0).sum(axis=1)
     out = []
     for i in trainable:
         with np.errstate(invalid="ignore"):
             rows = np.isfinite(up[:, i]) & (moved - (up[:, i] > 0) > 0)  # read, and another layer moved
-        if rows.sum() >= th.persist and bool(np.all(up[rows, i] == 0) and np.all(grad[rows, i] > 0)):
+        still = bool(np.all(up[rows, i] == 0)) or trace.layers[i].name in left_out
+        if rows.sum() >= th.persist and still and bool(np.all(grad[rows, i] > 0)):
             out.append(i)
     layers = trace.layers
     out.sort(key=lambda i: (layers[i].order is None, layers[i].order or 0))
     return tuple(layers[i].name for i in out)
+
+
+def _left_out(trace: Trace) -> dict[str, tuple[str, ...]]:
+    """The layers part of whose parameters that require a gradient no group of the optimizer holds, while it
+    holds the rest (meta ``left_out``): layer -> the names of those it leaves out."""
+    info = trace.meta.get("left_out")
+    names = {layer.name for layer in trace.layers}
+    if not isinstance(info, dict):
+        return {}
+    return {str(k): tuple(str(n) for n in v) for k, v in info.items() if k in names and isinstance(v, list)}
 
 
 def _unregistered(trace: Trace, th: Thresholds) -> dict | None:
@@ -334,6 +348,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
                   carried=_carried(trace.meta.get("gradients_carried")),
                   unreached=int(trace.meta.get("steps_unreached", 0)), unupdated=_unupdated(trace, thresholds),
+                  left_out=_left_out(trace),
                   foreign_steps=_foreign_steps(trace), unregistered=_unregistered(trace, thresholds),
                   linear_maps=int(trace.meta.get("linear_maps", 0)), remade=_remade(trace, thresholds, steps),
                   cleared=_cleared(trace.meta.get("steps_cleared"), trace.meta.get("grad_clip")),

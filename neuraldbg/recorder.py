@@ -1596,6 +1596,8 @@ class Recorder:
         if not self._awaiting and self._trains:  # no backward pass reached the model since the last step
             self.trace.meta["steps_unreached"] = self.trace.meta.get("steps_unreached", 0) + 1
         rec = self._rec
+        if rec is not None and len(optimizer.param_groups) != self._left_out_groups:
+            self._note_left_out(optimizer)
         if rec is not None and rec.prev_params is not None:
             n = len(self.layers)
             upd = self._pnorms.updates(rec.prev_params, n)
@@ -1615,6 +1617,30 @@ class Recorder:
             if self._pnorms.unchanged is not None and self._pnorms.narrow_read:  # read with the step's statistics
                 rec.unchanged = self._pnorms.unchanged.float() / self._pnorms.narrow_read
         self._finish_step()
+
+    _left_out_groups = 0  # the optimizer's group count when ``_note_left_out`` last read it
+
+    def _note_left_out(self, optimizer) -> None:
+        """The parameters that require a gradient and that no group of the optimizer holds, of the modules
+        whose other parameters it does hold (meta ``left_out``: {module: [names]}): read on a sampled step,
+        again whenever its groups change (``add_param_group``). Such a layer moves (its bias is stepped while
+        its weight is left out), so only this tells that part of it stands still; a layer left out whole
+        shows in its updates."""
+        self._left_out_groups = len(optimizer.param_groups)
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        left: dict[str, list[str]] = {}
+        held: set[str] = set()
+        for name, p in self.inner.named_parameters():
+            module, _, short = name.rpartition(".")
+            if id(p) in owned:
+                held.add(module)
+            elif p.requires_grad:
+                left.setdefault(module, []).append(short)
+        out = {module: names for module, names in left.items() if module in held}
+        if out:
+            self.trace.meta["left_out"] = out
+        else:
+            self.trace.meta.pop("left_out", None)
 
     # -- step end ----------------------------------------------------------------------------------
     _mixing_tries = 3  # sampled steps on which a replay of the pass is tried, to see samples mixed

@@ -47,3 +47,41 @@ def test_a_probe_that_learns_over_fixed_features_and_the_whole_model_stay_quiet(
     whole = _mlp(0)
     assert not [h for h in _run(whole, torch.optim.Adam(whole.parameters(), lr=1e-3)).explain()
                 if h.confidence >= CONFIDENT]
+
+
+def _groups(model: nn.Module, keep_weights: bool) -> list[dict]:
+    """Decay and no-decay groups split by name; the buggy filter keeps the biases only."""
+    named = list(model.named_parameters())
+    no_decay = [p for n, p in named if n.endswith("bias")]
+    if not keep_weights:
+        return [{"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": [p for n, p in named if not n.endswith("bias")], "weight_decay": 0.01},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_weights_no_group_holds_while_their_biases_learn_are_named(seed):
+    """Each layer moves (its bias is stepped), so only the optimizer's groups tell that its weight never does."""
+    model = _mlp(seed)
+    top = _run(model, torch.optim.AdamW(_groups(model, keep_weights=False), lr=3e-3), seed).explain()[0]
+    assert (top.cause, top.layer, top.step) == ("loss_plateau", "0", 0)
+    assert top.confidence >= CONFIDENT
+    assert "`0.weight`" in top.chain[0] and "`4.weight`" in top.chain[0] and "bias" not in top.chain[0]
+    assert "learning rate" not in top.suggestion and "`2.weight`" in top.suggestion
+    fixed = _mlp(seed)
+    assert not [h for h in _run(fixed, torch.optim.AdamW(_groups(fixed, keep_weights=True), lr=3e-3), seed).explain()
+                if h.confidence >= CONFIDENT]
+
+
+def test_a_group_added_later_is_read_again():
+    """The weights given to the optimizer with ``add_param_group`` after the first steps are no longer left out."""
+    model = _mlp(0)
+    opt = torch.optim.AdamW(_groups(model, keep_weights=False), lr=3e-3)
+    weights = [p for n, p in model.named_parameters() if not n.endswith("bias")]
+
+    def add(step, optimizer):
+        if step == 20:
+            optimizer.add_param_group({"params": weights, "weight_decay": 0.01})
+    dbg = train(Run(model, opt, teacher_classes(16, 4), steps=300, before_step=add))
+    assert "left_out" not in dbg._trace.meta
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT and h.cause == "loss_plateau"]

@@ -43,6 +43,7 @@ class Context:
     carried: float = 0.0            # share of optimizer steps after which the gradients were not zeroed
     unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
     unupdated: tuple = ()           # layers whose weights hold a gradient and that no optimizer step moves
+    left_out: dict = field(default_factory=dict)  # layer -> its parameters no group of the optimizer holds
     foreign_steps: int = 0          # optimizer steps on other weights while the model's never changed
     # weights the forward uses that are not the model's parameters and never changed ({"tensors", "numel",
     # "shapes", "still"}; None: none such)

@@ -221,9 +221,11 @@ def _unoptimized(ctx: Context) -> list[Candidate]:
     layers = [name for name in ctx.unupdated if name in ctx.layers]
     if not layers or ctx.param_dtype in ("bfloat16", "float16"):  # (16-bit updates may all round away)
         return out
+    # the parameters named where a layer's are left out in part (its weight, while its bias is stepped)
+    tensors = [f"{name}.{p}" if name else p for name in layers for p in ctx.left_out.get(name, ())]
     return out + [Candidate(Cause.LOSS_PLATEAU, layers[0], ctx.first_step, "unoptimized", [], severity=1.0,
                             persistence=1.0, needs_harm=True, lasting=True, loss_kinds=kinds,
-                            facts={"layers": layers})]
+                            facts={"layers": layers, "tensors": tensors})]
 
 
 def _out_of_range(ctx: Context) -> list[Candidate]:

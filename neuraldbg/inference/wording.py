@@ -451,6 +451,11 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 f"{f['still']} sampled steps while the model's own weights moved: model.parameters() does not list "
                 "them, so no optimizer steps them",
                 "only the registered layers learn; the rest stay as initialised"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "unoptimized" and f.get("tensors"):
+        return [f"{layer_list(f['tensors'])} require a gradient, their layers hold one at every sampled step, "
+                "and no group of the optimizer holds them: they never change, while the rest of the model's "
+                "weights do",
+                "only the parameters the optimizer holds learn; the rest stay as initialised"]
     if c.cause == Cause.LOSS_PLATEAU and k == "unoptimized":
         return [f"the weights of {layer_list(f['layers'])} hold a gradient at every sampled step and never change, "
                 "while the other layers' do: no optimizer steps them",
@@ -1357,6 +1362,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "weight tensors as nn.Parameter (not torch.randn(..., requires_grad=True)), then make the optimizer "
                 "again from model.parameters(); they then also move with model.to(device) and are saved in its "
                 "state_dict (weights meant to stay fixed, a teacher: requires_grad_(False) or torch.no_grad())")
+    if k == "unoptimized" and f.get("tensors"):
+        return ("give the optimizer every parameter that should learn: its groups (one with weight decay, one "
+                f"without) must together hold all of model.parameters(), and {layer_list(f['tensors'])} are in "
+                "none (a filter on the names that keeps one kind only); if they are meant to stay fixed, freeze "
+                "them (requires_grad_(False))")
     if k == "unoptimized":
         return ("give the optimizer every parameter that should learn: torch.optim.Adam(model.parameters(), ...) made "
                 "after the model is complete (one made from model.fc.parameters(), or before a module was added, "
