@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import weakref
 from collections.abc import Mapping
 from typing import Callable
@@ -48,6 +49,7 @@ _ATTN_COLS = [int(s) for s in ATTENTION_STATS]
 # gradient statistics that carry a GradScaler's scale (divided by it when it is known)
 _SCALED_COLS = [int(Stat.GRAD_RMS), int(Stat.W_GRAD_NORM)]
 _SCALE_COL = GLOBAL_COLUMNS.index("loss_scale")
+_SCALER_DEPTH = 6  # frames above the optimizer's step hook searched for a GradScaler's step calling it
 _SPREAD_COL = GLOBAL_COLUMNS.index("input_spread")
 # "Units never positive" is measured where a zero output means a unit that stopped learning.
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
@@ -180,7 +182,7 @@ class _StepRecord:
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
                  "norm_values", "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads",
-                 "stepped", "unchanged", "moved")
+                 "stepped", "unchanged", "moved", "unscaled")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -208,6 +210,7 @@ class _StepRecord:
         self.stepped: torch.Tensor | None = None  # per-layer gradient norms as the optimizer steps on them
         self.moved: torch.Tensor | None = None  # per layer: how far its weights are from where they started, over
         #                                         their norm then
+        self.unscaled = False  # the weights' gradients were read after a GradScaler's unscale_ (read_gradients)
 
 
 
@@ -1471,6 +1474,16 @@ class Recorder:
         """Measure the parameter gradients as they are now, for the step in progress."""
         if self.attached and self._rec is not None:
             self._read_param_grads(self._rec)
+            # read after the scaler's unscale_ (or with no scaler known yet, as they are): the weights' gradients
+            # are not divided by its scale again should one be found later in the step
+            self._rec.unscaled = self.scaler is None or self._unscaled()
+
+    def _unscaled(self) -> bool:
+        """The GradScaler watched has unscaled the optimizer's gradients for the step in progress."""
+        states = getattr(self.scaler, "_per_optimizer_states", None) if self.scaler is not None else None
+        state = states.get(id(self.optimizer)) if isinstance(states, dict) and self.optimizer is not None else None
+        stage = state.get("stage") if isinstance(state, dict) else None
+        return getattr(stage, "name", "") == "UNSCALED"
 
     def _read_param_grads(self, rec: _StepRecord) -> None:
         """Per-layer weight and gradient norms of a sampled step. Every read replaces the last one, so
@@ -1575,6 +1588,8 @@ class Recorder:
                 checked, was = self.trace.meta.get("steps_cleared", (0, 0))
                 self.trace.meta["steps_cleared"] = (checked + 1, was + int(cleared))
         rec = self._rec
+        if rec is not None and self.scaler is None:
+            self._find_scaler()
         if rec is not None and self._params and not cleared:  # a step on no gradients is no update to measure
             rec.prev_params = self._pnorms.snapshot()
             if self._origin is None:  # where the weights start: kept to measure how far they go (``_note_moved``)
@@ -1583,6 +1598,23 @@ class Recorder:
             if rec.params is not None and self._clip_read_now():  # read at backward end: clipped since?
                 rec.stepped = self._pnorms.grads(len(self.layers))
         return None
+
+    def _find_scaler(self) -> None:
+        """A GradScaler none was given for, whose ``step`` calls the optimizer's (a caller of this hook, a few
+        frames up), is watched from this sampled step on as if it had been given: the gradients it scaled are
+        read back at the loss's scale (a clip before its ``unscale_`` then shows for what it is), and the steps it
+        skips are known. Looked for on sampled steps until found."""
+        frame = sys._getframe(2)
+        for _ in range(_SCALER_DEPTH):
+            if frame is None:
+                return
+            found = frame.f_locals.get("self") if frame.f_code.co_name in ("step", "_maybe_opt_step") else None
+            if isinstance(found, torch.amp.GradScaler) and found.is_enabled():
+                self.scaler = found
+                # the loss's gradient read so far carried its unknown scale: not the loss's own
+                self.trace.meta.pop("loss_gradient_factor", None)
+                return
+            frame = frame.f_back
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
         if self._adopted_step:
@@ -1755,7 +1787,7 @@ class Recorder:
             if isinstance(scale, torch.Tensor):
                 g[_SCALE_COL] = flat[k]
                 if flat[k] > 0:  # the gradients of a scaled loss, back to the loss's own scale
-                    row[:, _SCALED_COLS] /= flat[k]
+                    row[:, _SCALED_COLS[:1] if rec.unscaled else _SCALED_COLS] /= flat[k]
             if stepped is not None:
                 self._note_clip(row[:, int(Stat.W_GRAD_NORM)], stepped)
         row[np.ix_(self._no_params, _PARAM_COLS)] = np.nan

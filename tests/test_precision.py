@@ -31,13 +31,14 @@ def teacher(seed):
     return data
 
 
-def run(model, steps=60, seed=0, dtype=torch.float16, init_scale=2.0 ** 16, reduction="mean", every=None):
+def run(model, steps=60, seed=0, dtype=torch.float16, init_scale=2.0 ** 16, reduction="mean", every=None,
+        given=True):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, enabled=dtype == torch.float16)
     applied, scales, grads = [], [], []
     opt.register_step_post_hook(lambda *_: applied.append(1))
     data = teacher(seed)
-    with NeuralDbg(model, optimizer=opt, scaler=scaler, every=every) as dbg:
+    with NeuralDbg(model, optimizer=opt, scaler=scaler if given else None, every=every) as dbg:
         for step in range(steps):
             x, y = data(step)
             opt.zero_grad()
@@ -58,13 +59,16 @@ def mlp(seed):
     return nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4))
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["given", "found"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_a_calibrating_grad_scaler_is_not_a_fault_and_its_skipped_steps_are_not_steps(seed):
-    # a loss summed over the batch: at the default scale its float16 gradients overflow for a few steps
-    dbg, applied, scales, _ = run(mlp(seed), seed=seed, reduction="sum")
+def test_a_calibrating_grad_scaler_is_not_a_fault_and_its_skipped_steps_are_not_steps(seed, given):
+    # a loss summed over the batch: at the default scale its float16 gradients overflow for a few steps; a
+    # scaler not given to the session is found calling the optimizer's step
+    dbg, applied, scales, _ = run(mlp(seed), seed=seed, reduction="sum", given=given)
     skipped = dbg.trace.skipped
     assert 0 < skipped.n < 16 and dbg.step == applied == 60 - skipped.n
-    assert list(skipped.data) == [2.0 ** 16 / 2 ** i for i in range(skipped.n)]  # the scale each overflowed at
+    if given:  # the scale each overflowed at (before a scaler is found calling a step, its scale is unknown)
+        assert list(skipped.data) == [2.0 ** 16 / 2 ** i for i in range(skipped.n)]
     assert dbg.trace.overflow is not None and dbg.trace.nonfinite is None
     assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()
     assert f"skipped: {skipped.n} optimizer steps with NaN/Inf gradients" in dbg.report()
@@ -208,3 +212,42 @@ def test_sixteen_bit_weights_whose_updates_land_train_quietly(dtype):
 def test_float32_weights_read_no_rounded_updates():
     dbg = _sixteen_bit_run(torch.float32, "adam", 1e-4, steps=60)
     assert "updates_unchanged" not in dbg.trace.meta
+
+
+def _clipped(seed: int, unscaled_first: bool, steps: int = 200):
+    """SGD under float16 autocast and a GradScaler not given to the session, with clip_grad_norm_(1.0) after
+    scaler.unscale_, or before it: on gradients 65536 times too large, which the scaler then divides again."""
+    model = mlp(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    data = teacher(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.cross_entropy(model(x).float(), y)
+            scaler.scale(loss).backward()
+            if unscaled_first:
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_clip_before_the_scaler_unscales_is_named_with_unscaling_first(seed):
+    top = _clipped(seed, unscaled_first=False).explain()[0]
+    assert (str(top.cause), top.confidence >= 0.5) == ("learning_rate_too_low", True)
+    assert "scaler.unscale_(optimizer)" in top.suggestion and "raise" not in top.suggestion
+    assert "65536" in top.chain[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_clip_after_the_scaler_unscales_is_quiet_and_reads_unscaled_gradients(seed):
+    dbg = _clipped(seed, unscaled_first=True)
+    assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()
+    assert not [h for h in dbg.explain() if h.cause == "learning_rate_too_low"]  # not even a weak clip
+    assert np.nanmax(dbg.trace.global_column("loss_scale")) == 2.0 ** 16

@@ -646,8 +646,9 @@ def test_gradients_clipped_to_almost_nothing_are_named_with_the_clip(clip):
 
 def test_a_grad_scaler_the_session_was_not_given_is_no_clip():
     """``scaler.scale(loss).backward()`` then ``scaler.step(opt)``: the gradients are 2**16 times the loss's at
-    backward end and divided back before the step, exactly by a power of two, which no clip does. Read as
-    gradients clipped to 1.5e-5 of their norm before (a weak 'clipped' hypothesis)."""
+    backward end and divided back before the step. Read as gradients clipped to 1.5e-5 of their norm before (a
+    weak 'clipped' hypothesis); the scaler is found calling the optimizer's step now, and both norms are read
+    at the loss's scale."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -664,7 +665,8 @@ def test_a_grad_scaler_the_session_was_not_given_is_no_clip():
             scaler.update()
             dbg.record_loss(loss)
     rows = dbg.trace.meta["grad_clip"]
-    assert rows and all(abs(r[1] / r[0] * 2 ** 16 - 1) < 1e-3 for r in rows)  # seen, and read as a scale
+    assert rows and all(abs(r[1] / r[0] - 1) < 1e-3 for r in rows)  # seen, at the loss's scale
+    assert set(dbg.trace.global_column("loss_scale")[1:]) == {2.0 ** 16}
     assert not [h for h in dbg.explain() if "clip" in h.suggestion or h.cause == "learning_rate_too_low"]
 
 
