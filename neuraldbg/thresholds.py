@@ -143,6 +143,12 @@ class Thresholds:
     input_tiny: float = _f(1e-3, "input scale, low", "log", 1e-9, 0.1,
                            "input mean and spread both below which the batch is out of scale the other way "
                            "(pixels divided by 255 twice, a unit slip)", slider=False)
+    input_flat: float = _f(0.05, "input flatness", "log", 1e-4, 0.5,
+                           "the samples of a batch differ on every feature by less than this share of the input's "
+                           "largest value: an offset they all share drowns what tells them apart (statistics of "
+                           "another scale used to normalise it, a constant added), read as an input with no spread "
+                           "(the weights must scale the differences up by its inverse, against an offset that "
+                           "scales up with them)", slider=False)
     batch_order: float = _f(4.0, "batch class order", "log", 1.5, 100.0,
                             "a batch's classes this many times further from the run's mix than random batches "
                             "of its size would be (chi-square per degree of freedom, the median of "

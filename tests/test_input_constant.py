@@ -108,3 +108,31 @@ def test_one_sample_repeated_to_overfit_it_trains_quietly():
     dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), same_target, steps=200))
     assert any(e.after == "constant" for e in dbg.analysis().events)  # seen, and not a failure
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def _offset(seed: int, unit: float, steps: int = 300):
+    """Pixels in [0, 1] (class clusters through a sigmoid) normalised with ImageNet's mean and std given in
+    ``unit``s: in 0-255 units, the statistics of another scale, the samples differ by ~1% of the offset they
+    all share."""
+    data = teacher_classes(12, 4, seed=seed)
+
+    def normalised(step: int):
+        x, y = data(step)
+        return (torch.sigmoid(x) - 0.45 * unit) / (0.22 * unit), y
+    model = _mlp(seed)
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), normalised, steps=steps))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_samples_that_differ_by_a_sliver_of_a_shared_offset_are_the_datas(seed):
+    dbg = _offset(seed, unit=255.0)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("data", "input", 0) and top.confidence >= CONFIDENT
+    assert "differ by at most" in top.chain[0] and "x.std(0)" in top.suggestion
+    assert not [h for h in dbg.explain()[1:] if h.confidence >= CONFIDENT]
+
+
+def test_the_input_normalised_with_statistics_of_its_own_scale_is_quiet():
+    dbg = _offset(0, unit=1.0)
+    assert not [e for e in dbg.analysis().events if e.after == "constant"]
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]

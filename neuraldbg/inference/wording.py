@@ -142,6 +142,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the model output is finite at step {c.step}",
                     "the loss (or its gradient) is NaN/Inf: NaN in the targets, or a loss undefined for them",
                     "all gradients become NaN (non_finite)"]
+        if k == "constant" and f.get("input_spread", 0.0) > 0:
+            return [f"the samples of the input batch differ by at most {fmt(f['input_spread'])} on any feature from "
+                    f"step {c.step}, against values up to {fmt(f.get('input_absmax', math.nan))} (mean "
+                    f"{fmt(f.get('input_mean', math.nan))}): an offset they all share drowns what tells them apart",
+                    "the model can hardly tell them apart: it learns one output for all of them (the targets' "
+                    "average, or their most frequent class) before it can scale their differences up"]
         if k == "constant" and f.get("input_std", 0.0) > 0:
             return [f"every sample of the input batch is the same one from step {c.step} (its features vary, its "
                     "samples do not): the samples cannot be told apart",
@@ -1024,6 +1030,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return (f"check the targets of the batch at step {c.step} (assert torch.isfinite(y).all()) and that they "
                     "are in the loss's domain (class indices in range, probabilities in [0, 1]); mask or drop samples "
                     "with NaN targets")
+        if k == "constant" and f.get("input_spread", 0.0) > 0:
+            return ("normalise each feature with statistics measured on the input as it is fed, x = (x - mean) / std "
+                    "over the training set (not the statistics of another scale: ImageNet's mean and std are for "
+                    "pixels in [0, 1], not 0-255, and the reverse), so that the samples differ by about 1: check "
+                    "that x.std(0).mean() on a batch is near 1")
         if k == "constant" and f.get("input_std", 0.0) > 0:
             return ("check that the dataset's __getitem__ uses its index (return self.x[idx], not self.x[0] or a "
                     "sample kept from an earlier call) and that the batch is not one sample repeated (x[0].expand, "
