@@ -358,10 +358,12 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
     with np.errstate(invalid="ignore"):
         grad[rel < later * max(th.diminishing_ratio, th.vanishing_ratio)] = GradState.DIMINISHING.code
         grad[rel < later * th.vanishing_ratio] = GradState.VANISHING.code
-        # far above the layers after it, or far above its own start while no smaller than them (a gradient that
-        # started attenuated and recovers has grown from a vanished start, not exploded)
-        grad[(rel > later * th.exploding_ratio) | ((rel > f.rel0 * th.exploding_ratio) & ~(rel < later))] = \
-            GradState.EXPLODING.code
+        # far above the layers after it, or far above its own start while no smaller than them, from a start that
+        # was not attenuated itself (a gradient that started far below the layers after it, as attention's
+        # queries and keys do at a small init, and grew to their level has recovered, not exploded)
+        started_low = f.rel0 < first_finite(later) * max(th.diminishing_ratio, th.vanishing_ratio)
+        grad[(rel > later * th.exploding_ratio)
+             | ((rel > f.rel0 * th.exploding_ratio) & ~(rel < later) & ~started_low)] = GradState.EXPLODING.code
     grad[f.unreached] = GradState.UNREACHED.code
     grad_values = {GradState.VANISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},
                    GradState.DIMINISHING: {"attenuation": _ratio(rel, later), "relative_grad": _at(rel)},

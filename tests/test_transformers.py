@@ -160,3 +160,32 @@ def test_a_tiny_bert_from_config_gets_the_verdict_of_a_plain_loop(tmp_path):
     assert verdict(cb.session) == verdict(plain)
     assert ("learning_rate_too_high", "", 0) in verdict(plain)
     assert hooks_left(model, opt) == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_query_and_key_gradients_that_grow_from_their_small_start_are_no_explosion(seed):
+    """A small BERT at its std-0.02 init: the queries' and keys' gradients start ~1e-5x the layers after them
+    (a product of two small projections) and grow to their level as attention learns, 1e5-fold from their
+    start. That is a recovery, not an explosion (it read as exploding_gradients at 0.53 on one seed)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=12, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=32, num_labels=2)
+    model = BertForSequenceClassification(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(100 + seed)
+    with NeuralDbg(model, opt) as dbg:
+        for _ in range(250):
+            x = torch.randint(1, 3, (32, 15), generator=g)
+            x = torch.where(torch.rand(32, 15, generator=g) < 0.3, torch.randint(3, 10, (32, 15), generator=g), x)
+            y = ((x == 1).sum(1) > (x == 2).sum(1)).long()  # which of two tokens is in the majority
+            opt.zero_grad()
+            loss = model(input_ids=torch.cat([torch.full((32, 1), 11), x], 1), labels=y).loss
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert dbg.trace.loss.data[-20:].mean() < 0.2  # it learned
+    keys = [e for e in dbg.analysis().events if e.after == "exploding" and e.layer.endswith((".query", ".key"))]
+    assert not keys
+    assert not [h for h in dbg.explain() if h.confidence >= 0.5]
