@@ -816,3 +816,26 @@ def test_a_rate_decades_too_low_beside_one_layer_too_large_stays_its_own():
     hs = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-7), teacher_classes(16, 4), steps=400)).explain()
     confident = {h.cause for h in hs if h.confidence >= CONFIDENT}
     assert {"learning_rate_too_low", "bad_initialization"} <= confident
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_units_that_die_behind_weights_far_too_small_are_in_the_inits_chain(seed):
+    """A plain 15-layer ReLU MLP with every weight drawn from N(0, 0.01) ("as in the paper"): the signal rides
+    on the biases, and units whose bias the updates push below zero die, some of them dozens of steps in. They
+    were verdicts of their own beside the initialisation; while the weights are that small, each unit's output
+    is its bias for every input, so they are the initialisation's consequence, in its chain."""
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(16, 64), torch.nn.ReLU()]
+    for _ in range(14):
+        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(64, 4))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, 0.0, 0.01)
+            torch.nn.init.zeros_(m.bias)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(16, 4, seed=seed),
+                    steps=200))
+    hs = [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+    assert [(h.cause, h.layer, h.step) for h in hs] == [("bad_initialization", "", 0)], dbg.report()
+    assert any("are dead" in line for line in hs[0].chain)
+    assert "kaiming_normal_" in hs[0].suggestion

@@ -30,6 +30,11 @@ def _after(a: Candidate, b: Candidate) -> bool:
     return b.step >= a.step
 
 
+def _holds_at(a: Candidate, step: int) -> bool:
+    """One of ``a``'s own events still holds at ``step``."""
+    return any(e.step <= step and (e.end is None or e.end >= step) for e in a.events)
+
+
 def _large_before(a: Candidate, step: int, ctx: Context, strict: bool = False) -> list:
     """Large-update events of ``a`` that started before ``step`` and still held near it (too large, or back
     only in their warning band since)."""
@@ -101,6 +106,12 @@ def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
                 and _early(a, b, ctx))
     if b.cause == C.NON_FINITE:  # (the loss's own arithmetic is no overflow of the weights' scale)
         return grows and _after(a, b) and b.kind != "loss_op"
+    if (b.cause in (C.SATURATED_ACTIVATIONS, C.DEAD_UNITS) and a.kind == "shrinks" and _holds_at(a, b.step)
+            and a.layer != b.facts.get("previous") and _downstream_of(a, b, ctx)):
+        # a signal shrunk to nothing leaves each unit its bias for every input: whichever side of the
+        # activation's edge the updates then move that bias to, the unit is the same for all of them (dead, or
+        # pinned), however long after the first step
+        return True
     if not _early(a, b, ctx):
         return False
     if b.cause == C.LEARNING_RATE_TOO_HIGH:
