@@ -93,6 +93,17 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     return tuple(layers[i].name for i in out)
 
 
+def _padding_counted(rows) -> tuple[int, float, int]:
+    """(the first sampled step, the median share of the positions the loss reads that are padding, the
+    positions read then) over the sampled passes that had padding (meta ``padding_counted``); share NaN when
+    none was read."""
+    rows = [r for r in rows or [] if len(r) >= 3]
+    if not rows:
+        return 0, math.nan, 0
+    shares = sorted(float(r[1]) for r in rows)
+    return int(rows[0][0]), shares[len(shares) // 2], int(rows[0][2])
+
+
 def _left_out(trace: Trace) -> dict[str, tuple[str, ...]]:
     """The layers part of whose parameters that require a gradient no group of the optimizer holds, while it
     holds the rest (meta ``left_out``): layer -> the names of those it leaves out."""
@@ -383,6 +394,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}),
                   norm_values={str(k): float(np.median(v)) for k, v in (trace.meta.get("norm_values") or {}).items()
                                if v},
-                  next_token=dict(trace.meta.get("next_token") or {}))
+                  next_token=dict(trace.meta.get("next_token") or {}),
+                  padding_counted=_padding_counted(trace.meta.get("padding_counted")))
     hypotheses = infer(ctx)
     return Analysis(health=table.latest, events=events, links=links, hypotheses=hypotheses, steps=steps)

@@ -1256,12 +1256,15 @@ class Recorder:
             self._read_blocked()
             if self._leak_tries:
                 self._read_next_tokens()
+            if self._padding_tries:
+                self._read_padding()
             if self._order_tries and self._rec.attn:
                 self._read_order()
         if self.optimizer is None:
             self._finish_step()
 
     _leak_tries = 4   # sampled passes whose output may still be read for next-token targets
+    _padding_tries = 8  # sampled passes on which the loss may still be read for the padding it counts
     _order_tries = 4  # sampled passes with attention that may still replay a reordered sample
     _order_next = 0   # the step from which the next one may
 
@@ -1438,6 +1441,25 @@ class Recorder:
 
     _bound_kind: tuple = (None, None)  # (the loss paths, the bounds of the output they say a regression is of)
     MAX_BLOCKED = 64  # the latest readings of the share of the output's gradient that its bound blocks
+
+    def _read_padding(self) -> None:
+        """A model given an ``attention_mask`` (batch, length) and whose output has a row per position (batch,
+        length, classes): the share of the positions the loss reads (their gradient is not all zero) where the
+        mask is 0, the padding (labels that keep the pad token instead of -100). Into the trace's meta as
+        ``padding_counted`` = [[step, share, positions read], ...] for the sampled passes that have padding."""
+        g = next((g for g in self._out_grads if g is not None and g.dim() == 3 and g.shape[-1] >= 2), None)
+        mask = self._last_inputs[1].get("attention_mask") if self._last_inputs is not None else None
+        if g is None or not isinstance(mask, torch.Tensor) or mask.shape != g.shape[:2] or mask.is_floating_point():
+            return
+        self._padding_tries -= 1
+        with torch.no_grad():
+            pad = mask.to(g.device) == 0
+            read = g.detach().ne(0).any(dim=-1)
+            values = torch.stack([pad.sum(), read.sum(), (read & pad).sum()]).tolist()  # one transfer
+        padded, n, counted = (int(v) for v in values)
+        if padded and n:
+            rows = self.trace.meta.setdefault("padding_counted", [])
+            rows.append([int(self._pass_step), counted / n, n])
 
     def _read_blocked(self) -> None:
         """For a regression loss of an output a bounded activation makes (``losspath.regression_bound``: a

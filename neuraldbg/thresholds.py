@@ -154,6 +154,10 @@ class Thresholds:
                             "of its size would be (chi-square per degree of freedom, the median of "
                             "batch_order_window sampled batches): the data is read in an order that groups classes "
                             "(not shuffled)")
+    padding_counted: float = _f(0.5, "padding counted", "linear", 0.05, 1.0,
+                                "share of the positions a loss reads that are padding (attention_mask 0) from which "
+                                "the loss is mostly about predicting the padding (labels that keep the pad token "
+                                "instead of -100): a fault of the targets", slider=False)
     next_token_share: float = _f(0.9, "next-token share", "linear", 0.5, 1.0,
                                  "share of the positions read whose target is the next input token (or the one "
                                  "after it) from which a sequence model counts as trained on next tokens, and is "

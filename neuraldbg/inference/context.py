@@ -137,6 +137,7 @@ class Context:
     norm_values: dict = field(default_factory=dict)
     # a model trained on next tokens: whether a position's output reads the tokens after it (see ``leak``)
     next_token: dict = field(default_factory=dict)
+    padding_counted: tuple = (0, math.nan, 0)  # (first step, share of the loss's positions on padding, read)
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

@@ -114,6 +114,13 @@ def candidates(ctx: Context) -> list[Candidate]:
                              facts={"loss": ctx.target_loss,
                                     "per_row": sorted(r[1] for r in several)[len(several) // 2],
                                     "share": sorted(r[2] for r in several)[len(several) // 2]}))
+    step, share, read = ctx.padding_counted
+    if share >= ctx.th.padding_counted:
+        # most of what the loss reads is the padding (targets that keep the pad token where attention_mask is
+        # 0): the model is trained mostly to predict padding, a fact of the targets from their first batch
+        out.append(Candidate(Cause.DATA, "input", step, "padding_counted", [], severity=1.0, persistence=1.0,
+                             certain=True, lasting=True, acting_from=ctx.first_step,
+                             loss_kinds=losses.ANY | {LossState.SLOW}, facts={"share": share, "positions": read}))
     ahead = ctx.next_token  # (read at a share of next-token targets of at least next_token_share when watching)
     if ahead and ahead.get("share", 1.0) < ctx.th.next_token_share:
         ahead = {}  # a share raised since: no longer a model trained on next tokens

@@ -175,6 +175,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "unscaled":
             return [f"the input is not normalised: mean {fmt(f.get('input_mean', math.nan))}, std "
                     f"{fmt(f.get('input_std', math.nan))}, values up to {fmt(f.get('input_absmax', math.nan))}"]
+        if k == "padding_counted":
+            return [f"{percent(f['share'])} of the positions the loss reads are padding (attention_mask 0; of "
+                    f"{f['positions']} read at step {c.step}, their gradient not zero): the targets there keep the "
+                    "pad token instead of the index the loss ignores",
+                    "the loss is mostly about predicting the padding, which is easy: it falls while the real "
+                    "tokens get a small share of each update"]
         if k == "targets_several":
             read = (f"{fmt(f['per_row'])} per row on average, {fmt(100 * f['share'])}% of the rows with more than one "
                     "(read off the gradient at the output)")
@@ -1065,6 +1071,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if k == "targets_broadcast":
             return ("give the outputs and the targets the same shape before the loss: out.squeeze(-1) or "
                     "y.view_as(out) (torch warns: 'Using a target size ... different to the input size')")
+        if k == "padding_counted":
+            return ("leave the padding out of the loss: labels = input_ids.masked_fill(attention_mask == 0, -100) "
+                    "(-100 is what the loss ignores; a DataCollatorForLanguageModeling(tokenizer, mlm=False) does "
+                    "it), or ignore_index=pad_token_id in a loss of your own")
         if k == "targets_several" and f.get("loss") == "bce_softmax":
             return ("give each label its own probability: remove the softmax and train with "
                     "F.binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss) on the raw outputs (a sigmoid per "
