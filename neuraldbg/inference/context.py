@@ -194,6 +194,12 @@ class Context:
         cands = [n for n, r in self.rank.items() if r < pos and self.layers[n].n_params > 0]
         return max(cands, key=self.rank.__getitem__) if cands else None
 
+    def next_weight_layer(self, name: str) -> str | None:
+        """The first layer with parameters that runs after ``name`` in the forward pass."""
+        pos = self.rank.get(name, 1 << 30)
+        cands = [n for n, r in self.rank.items() if r > pos and self.layers[n].n_params > 0]
+        return min(cands, key=self.rank.__getitem__) if cands else None
+
     def upstream(self, name: str, of: str) -> bool:
         """``name`` runs before ``of`` in the forward pass."""
         return self.rank.get(name, 1 << 30) < self.rank.get(of, -1)

@@ -62,10 +62,22 @@ def _grows_through_time(ctx: Context) -> dict[str, tuple[int, float, int]]:
     return out
 
 
+def _normalised_next(ctx: Context, e) -> bool:
+    """A layer that shrinks the signal, with weights at a usual spread, whose output a normalisation layer
+    reads next (a residual branch summed into a LayerNorm, a convolution into its BatchNorm): the norm takes
+    its scale away, forward and backward (the gradient it passes back grows as its input shrinks), so the
+    shrink costs nothing. Weights far below their default spread leave outputs made of the biases, which a
+    norm does not give back the samples' differences."""
+    after = ctx.next_weight_layer(e.layer)
+    return (e.after == GainState.SHRINKS and after is not None and ctx.layers[after].kind == Kind.NORM
+            and not _off(ctx, e.values.get("weight_scale", 1.0)))
+
+
 def candidates(ctx: Context) -> list[Candidate]:
     out = _symmetric(ctx)
     # (an input far below unit scale amplified by weights at their default spread is the data's)
-    gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e) and not ctx.input_too_small(e)]
+    gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e) and not ctx.input_too_small(e)
+             and not _normalised_next(ctx, e)]
     recurrent = [e for e in gains if _recurrent_off(ctx, e)]
     through = _grows_through_time(ctx)
     for e in recurrent:
