@@ -90,7 +90,8 @@ class LayerInfo:
     # value every weight of a Linear or convolution holds when watching starts (zero, or a constant); for a functional
     # operation (a "site"): "owner", the module it is attributed to,
     # and "relation", "after" (it consumes that module's output) or "in" (it runs in its forward);
-    # "passthrough": the module ran but only returned its input
+    # "passthrough": the module ran but only returned its input; "bidirectional": a recurrent module that runs
+    # both ways along the sequence
     extra: dict = field(default_factory=dict)
 
     @property
@@ -144,7 +145,7 @@ class LayerInfo:
 
 
 _EXTRA_TEXT = ("owner", "relation")
-_EXTRA_FLAGS = ("passthrough",)
+_EXTRA_FLAGS = ("passthrough", "bidirectional")
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -240,4 +241,5 @@ def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
                      extra={**({} if scale is None else {"recurrent_scale": scale}),
                             **({} if wscale is None else {"weight_scale": wscale}),
                             **({} if brms is None else {"bias_rms": brms}),
-                            **({} if equal is None else {"equal_weights": equal})})
+                            **({} if equal is None else {"equal_weights": equal}),
+                            **({"bidirectional": True} if getattr(module, "bidirectional", False) is True else {})})

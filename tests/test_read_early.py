@@ -225,3 +225,35 @@ def test_padding_a_mask_hides_is_not_read_as_an_early_readout():
     assert not [h for h in dbg.explain() if "out[:, -1]" in h.suggestion], dbg.report()
     rows = dbg.trace.meta["positions_read"]["emb"]
     assert all(r[4] >= r[3] for r in rows)  # every real token reached: the padding is no part of the length
+
+
+class BiReader(nn.Module):
+    """A bidirectional LSTM read at its last position (the backward direction has seen one step there), or
+    at both directions' final states."""
+
+    def __init__(self, seed: int, ends: bool):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.rnn = nn.LSTM(8, 48, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(96, 4)
+        self.ends = ends
+
+    def forward(self, x):
+        out, (h, _) = self.rnn(x)
+        return self.head(torch.cat([h[-2], h[-1]], dim=1) if self.ends else out[:, -1])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_bidirectional_layer_read_at_its_last_position_gets_the_readouts_fix(seed):
+    """The first step decides the class: only the backward direction's end, at the first step, reads it in one
+    step; read at out[:, -1], the gradient vanishes back through the forward direction. It was named
+    with the forget-gate bias, which leaves the readout as it is."""
+    model = BiReader(seed, ends=False)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), _sequences("first"), steps=300))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("vanishing_gradients", "rnn") and top.confidence >= CONFIDENT
+    assert "h_n[-2]" in top.suggestion and "forget-gate" not in top.suggestion
+    assert any("bidirectional" in line for line in top.chain)
+    fixed = BiReader(seed, ends=True)
+    assert not [h for h in train(Run(fixed, torch.optim.Adam(fixed.parameters(), lr=3e-3), _sequences("first"),
+                                     steps=300)).explain() if h.confidence >= CONFIDENT]

@@ -54,6 +54,11 @@ def clipped_scaled(c, ctx) -> float:
     return math.nan
 
 
+def _bidirectional(ctx: Context, layer: str) -> bool:
+    info = ctx.layers.get(layer)
+    return info is not None and bool(info.extra.get("bidirectional"))
+
+
 def layer_list(names: list[str], limit: int = 4) -> str:
     unique = list(dict.fromkeys(n for n in names if n))
     shown = ", ".join(f"`{n}`" for n in unique[:limit])
@@ -345,9 +350,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.VANISHING_GRADIENTS and k == "through_time":
         reach = ("no gradient at all reaches the first step of its input" if f["ratio"] <= 0 else
                  f"the gradient reaching the first step of its input is {fmt(f['ratio'])}x the most any step gets")
-        return [f"through the {f['steps_in_time']} time steps of `{c.layer}`, {reach} (typical of {f['samples']} "
-                "sampled steps): it vanishes through time inside the recurrent module",
-                "what the loss needs from early in the sequence is not learned"]
+        lines = [f"through the {f['steps_in_time']} time steps of `{c.layer}`, {reach} (typical of {f['samples']} "
+                 "sampled steps): it vanishes through time inside the recurrent module",
+                 "what the loss needs from early in the sequence is not learned"]
+        if _bidirectional(ctx, c.layer):
+            lines.insert(1, f"`{c.layer}` is bidirectional, and its backward direction, which ends at the first "
+                            "step, would bring the gradient there in one step: its output is not read where that "
+                            "direction ends (out[:, -1] holds a backward direction that has seen one step)")
+        return lines
     if c.cause == Cause.VANISHING_GRADIENTS and k == "unreached":
         others = f" (nor {layer_list(f['before'], 3)} before it)" if f["before"] else ""
         return [f"no gradient reaches `{c.layer}`{others} from step {c.step}, though its weights are trainable and "
@@ -1236,6 +1246,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                          "[hidden:2*hidden]) so its state is kept; ",
                  "GRU": f"bias the update gate of `{c.layer}` toward keeping its state (bias_ih/bias_hh entries "
                         "[hidden:2*hidden] at +1 or more); "}.get(cell, "")
+        if _bidirectional(ctx, c.layer):
+            return (f"read each direction of `{c.layer}` where it ends: torch.cat([h_n[-2], h_n[-1]], dim=1) (the "
+                    "last layer's forward and backward final states), or out[:, -1, :hidden] with out[:, 0, hidden:] "
+                    "(batch_first), not out[:, -1] alone")
         return (gates + "if the loss needs the start of long sequences, shorten them (chunks, truncated "
                 "backpropagation) or give the model a path over time (attention, skip connections across steps)")
     if c.cause == Cause.VANISHING_GRADIENTS and k == "unreached":
