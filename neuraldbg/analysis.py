@@ -381,6 +381,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   order_blind=dict(trace.meta.get("order_blind") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),
                   optimizer_momentum=float(trace.meta.get("optimizer_momentum", math.nan)),
+                  optimizer_betas=tuple(float(b) for b in trace.meta.get("optimizer_betas") or ()),
                   optimizer_weight_decay=float(trace.meta.get("optimizer_weight_decay", math.nan)),
                   optimizer=str(trace.meta.get("optimizer") or ""), grad_rms=_grad_rms(trace),
                   optimizer_kind=str(trace.meta.get("optimizer_kind") or ""),

@@ -225,7 +225,8 @@ def _synced(module: nn.Module) -> int:
 
 def _precision_meta(params: list, optimizer) -> dict:
     """The dtype most of the watched weights are stored in, the optimizer's ``eps`` (what an update in that
-    dtype divides by), its ``momentum`` (SGD's, RMSprop's: a step sums ~1 / (1 - momentum) gradients) and its
+    dtype divides by), its ``momentum`` (SGD's, RMSprop's: a step sums ~1 / (1 - momentum) gradients), its
+    ``betas`` (Adam's) and its
     groups' largest ``weight_decay``, when it has them."""
     out: dict = {}
     sizes: dict[str, int] = {}
@@ -241,6 +242,12 @@ def _precision_meta(params: list, optimizer) -> dict:
     momentum = getattr(optimizer, "defaults", {}).get("momentum") if optimizer is not None else None
     if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
         out["optimizer_momentum"] = float(momentum)
+    betas = getattr(optimizer, "defaults", {}).get("betas") if optimizer is not None else None
+    if isinstance(betas, (tuple, list)) and len(betas) == 2:  # Adam's and its kin's (floats, or tensors)
+        try:
+            out["optimizer_betas"] = [float(betas[0]), float(betas[1])]
+        except (TypeError, ValueError, RuntimeError):
+            pass
     decays = [g.get("weight_decay") for g in getattr(optimizer, "param_groups", None) or []]
     decays = [float(d) for d in decays if isinstance(d, (int, float)) and not isinstance(d, bool)]
     if decays:  # the largest group's: the one that may hold weights down

@@ -1,7 +1,8 @@
 """Learning-rate settings whose fix is not the starting rate: a schedule that keeps raising the rate (a warm-up
 written without its cap, an ExponentialLR with gamma > 1), where the fix is the schedule's (a warm-up that
 reaches its peak and holds is no such schedule, at any peak); a momentum near one, which multiplies the step;
-an adaptive optimizer's eps far above the gradients, which divides it; a learning rate of zero."""
+an adaptive optimizer's eps far above the gradients, which divides it; Adam's betas with beta1 at or above
+sqrt(beta2), which unbound its step; a learning rate of zero."""
 from __future__ import annotations
 
 import pytest
@@ -87,6 +88,38 @@ def test_an_adam_eps_that_still_learns_and_the_default_stay_quiet():
     """At lr 1.0 the same eps gives steps of ~gradient: it learns. The default eps is no finding."""
     for eps, lr in ((1.0, 1.0), (1e-8, 1e-3)):
         assert not [h for h in _adam(eps, lr) if h.confidence >= CONFIDENT], (eps, lr)
+
+
+def _adam_betas(betas: tuple[float, float], steps: int = 600):
+    """A 20-64-64-5 MLP on the classes a random tanh network gives, Adam at 3e-3."""
+    g = torch.Generator().manual_seed(1234)
+    w1, w2 = torch.randn(20, 32, generator=g) / 20 ** 0.5, torch.randn(32, 5, generator=g) / 32 ** 0.5
+
+    def data(step: int):
+        x = torch.randn(64, 20, generator=torch.Generator().manual_seed(step))
+        return x, (torch.tanh(x @ w1 * 2) @ w2).argmax(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+    return train(Run(model, torch.optim.Adam(model.parameters(), lr=3e-3, betas=betas), data, steps=steps))
+
+
+def test_adam_betas_with_beta1_above_sqrt_beta2_are_named_in_the_fix():
+    """betas=(0.999, 0.9), the two swapped: the first moment averages more steps than the second divides it by,
+    so the step loses the bound the learning rate gives it, and the loss blows up hundreds of steps in. It
+    read as exploding gradients with a clip, which an Adam step does not feel."""
+    dbg = _adam_betas((0.999, 0.9))
+    assert dbg.trace.loss.data.max() > 100 * dbg.trace.loss.data[0]  # it blows up
+    top = dbg.explain()[0]
+    assert top.cause in ("exploding_gradients", "learning_rate_too_high") and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("give the optimizer betas") and "(0.9, 0.999)" in top.suggestion
+    assert any("betas are (0.999, 0.9)" in line for line in top.chain)
+
+
+def test_adam_betas_within_the_bound_are_no_finding():
+    """(0.9, 0.9) keeps beta1 below sqrt(beta2): it trains, and nothing is said of the betas."""
+    dbg = _adam_betas((0.9, 0.9), steps=300)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+    assert not [h for h in dbg.explain() if "betas" in h.suggestion]
 
 
 def test_a_plateau_under_a_schedule_that_cut_the_rate_raises_the_peak_not_the_remnant():

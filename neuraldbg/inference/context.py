@@ -104,6 +104,7 @@ class Context:
     order_blind: dict = field(default_factory=dict)
     optimizer_eps: float = math.nan  # the optimizer's eps, when it has one
     optimizer_momentum: float = math.nan  # its momentum (SGD, RMSprop), when it has one
+    optimizer_betas: tuple = ()      # its betas (Adam and its kin), when it has them
     optimizer_weight_decay: float = math.nan  # its groups' largest weight_decay, when it has one
     optimizer: str = ""             # the watched optimizer's class name ("": none)
     optimizer_kind: str = ""        # the torch.optim class it is or derives from ("": none known)
@@ -138,6 +139,12 @@ class Context:
     # a model trained on next tokens: whether a position's output reads the tokens after it (see ``leak``)
     next_token: dict = field(default_factory=dict)
     padding_counted: tuple = (0, math.nan, 0)  # (first step, share of the loss's positions on padding, read)
+
+    def betas_unbounded(self) -> bool:
+        """Adam's step is bounded (by ~the learning rate) only while beta1 < sqrt(beta2): past it the first
+        moment averages the gradients over more steps than the second moment that divides it."""
+        b = self.optimizer_betas
+        return len(b) == 2 and 0 <= b[1] < 1 and b[0] >= math.sqrt(b[1])
 
     def grads_never_zeroed(self) -> bool:
         """The backward passes start on the gradients of the steps before: ``zero_grad`` is not called."""

@@ -54,6 +54,20 @@ def clipped_scaled(c, ctx) -> float:
     return math.nan
 
 
+def _betas_line(ctx: Context) -> str:
+    b1, b2 = ctx.optimizer_betas
+    return (f"the optimizer's betas are ({fmt(b1)}, {fmt(b2)}): with beta1 at or above sqrt(beta2) "
+            f"({fmt(math.sqrt(b2))}), the first moment averages the gradients over more steps than the second "
+            "moment that divides it, and the step is no longer bounded by the learning rate")
+
+
+def _betas_fix(ctx: Context) -> str:
+    b1, b2 = ctx.optimizer_betas
+    swapped = " (they look swapped)" if b2 < b1 else ""
+    return (f"give the optimizer betas with beta1 below sqrt(beta2): the default (0.9, 0.999), not ({fmt(b1)}, "
+            f"{fmt(b2)}){swapped}; clipping the gradients does not bound its step")
+
+
 def _bidirectional(ctx: Context, layer: str) -> bool:
     info = ctx.layers.get(layer)
     return info is not None and bool(info.extra.get("bidirectional"))
@@ -344,6 +358,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if c.layer != f["origin"]:
             lines.insert(0, f"the backward pass of `{c.layer}` ({ctx.layers[c.layer].type_name}) multiplies the "
                             "gradient that flows through it")
+        if ctx.betas_unbounded():
+            lines.insert(0, _betas_line(ctx))
         if f["others"]:
             lines.append(f"the growth reaches {names(f['others'])}")
         return lines
@@ -384,6 +400,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             lines.append(f"the loss is multiplied by {int(ctx.scaled_steps)} (2^{round(math.log2(ctx.scaled_steps))}) "
                          "before backward (a GradScaler's scale(loss)) and the optimizer steps on those gradients as "
                          "they are: nothing divides them back")
+        if ctx.betas_unbounded():
+            lines.append(_betas_line(ctx))
         if ctx.optimizer_momentum >= ctx.th.momentum_high:
             lines.append(f"the optimizer's momentum is {fmt(ctx.optimizer_momentum)}: a step carries the gradients of "
                          "the steps before it, and at a steady gradient moves "
@@ -1228,6 +1246,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             return ((f"lower the learning rate from {high} to ~{high10} and clip gradients " if may_lower else
                      "clip gradients ") + "(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0))")
         return "run the failing step under torch.autograd.detect_anomaly() to find the operation"
+    if c.cause in (Cause.EXPLODING_GRADIENTS, Cause.LEARNING_RATE_TOO_HIGH) and ctx.betas_unbounded():
+        return _betas_fix(ctx)
     if c.cause == Cause.EXPLODING_GRADIENTS:
         text = "clip gradients with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)"
         info = ctx.layers.get(f["origin"])
