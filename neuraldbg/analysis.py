@@ -68,9 +68,9 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     """The trainable layers whose weights hold a gradient and never move, at every sampled step where updates
     were read and another layer's weights did move (at least ``persist`` of them), in forward order: no
     optimizer steps them (left out of the optimizer's parameters, a module added after it was made, a
-    group whose learning rate is 0). A layer part of whose weights no group holds (meta ``left_out``: its
-    weight left out while its bias is stepped) is one of them once its gradient is read as often: its
-    update then moves only what the optimizer holds."""
+    group whose learning rate is 0). A layer part of whose parameters no group holds (meta ``left_out``: its
+    weight left out while its bias is stepped) is one of them once its gradient is read as often, though its
+    update is not 0: that update moves only what the optimizer holds, and the weights left out stand still."""
     st = trace.stats
     if st.n == 0:
         return ()

@@ -543,8 +543,10 @@ def global_series(trace: Trace, f: Features, th: Thresholds) -> list[StateSeries
         # dataset that ignores its index): not a scale to normalise, nothing to tell the samples apart by
         inp[(sd == 0) | (spread == 0)] = InputState.CONSTANT.code
         # samples that differ by a sliver of the values they share (an offset far larger than the differences):
-        # as good as one sample repeated to a model that must first scale those differences up
-        inp[(spread > 0) & (spread < th.input_flat * absmax)] = InputState.CONSTANT.code
+        # as good as one sample repeated to a model that must first scale those differences up (an input out of
+        # scale already, a raw feature in the thousands, says more as such)
+        flat = (spread > 0) & (spread < th.input_flat * absmax) & (inp != InputState.UNSCALED.code)
+        inp[flat] = InputState.CONSTANT.code
     inp[in_nf > 0] = InputState.NONFINITE.code
     in_values = {"input_mean": _at(mean), "input_std": _at(sd), "input_absmax": _at(absmax),
                  "input_spread": _at(spread)}

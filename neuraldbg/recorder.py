@@ -1450,15 +1450,33 @@ class Recorder:
     MAX_BLOCKED = 64  # the latest readings of the share of the output's gradient that its bound blocks
 
     def _read_padding(self) -> None:
-        """A model given an ``attention_mask`` (batch, length) and whose output has a row per position (batch,
-        length, classes): the share of the positions the loss reads (their gradient is not all zero) where the
-        mask is 0, the padding (labels that keep the pad token instead of -100). Into the trace's meta as
-        ``padding_counted`` = [[step, share, positions read], ...] for the sampled passes that have padding."""
+        """A model given an ``attention_mask`` (batch, length) by keyword, whose output has a row per position of
+        the token input the mask belongs to (batch, length, classes), as a language model's: the share of the
+        positions the loss reads (their gradient is not all zero) where the mask is 0, the padding (labels that
+        keep the pad token instead of -100). Into the trace's meta as ``padding_counted`` = [[step, share,
+        positions read], ...] for the sampled passes that have padding. The output is taken to be that input's
+        only where its targets are that input's next tokens (``leak.next_token_share``, one or two ahead): a
+        decoder's output of the same length as its encoder's masked input is not, even where its targets are
+        that input's own tokens. A mask given by position, or as floats, is not read."""
         g = next((g for g in self._out_grads if g is not None and g.dim() == 3 and g.shape[-1] >= 2), None)
-        mask = self._last_inputs[1].get("attention_mask") if self._last_inputs is not None else None
-        if g is None or not isinstance(mask, torch.Tensor) or mask.shape != g.shape[:2] or mask.is_floating_point():
+        if g is None or self._last_inputs is None:
             return
+        args, kwargs = self._last_inputs
+        mask = kwargs.get("attention_mask")
+        if not isinstance(mask, torch.Tensor) or mask.shape != g.shape[:2] or mask.is_floating_point():
+            return
+        ids = kwargs.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.shape != mask.shape:
+            inputs = [t for t in leak.token_inputs(args, kwargs, int(g.shape[0]), int(g.shape[1])) if t is not mask]
+            ids = inputs[0] if len(inputs) == 1 else None
         self._padding_tries -= 1
+        try:
+            read = leak.next_token_share(ids, g) if ids is not None else None
+        except Exception:  # noqa: BLE001 - a gradient this way cannot be read (a sharded vocabulary): not again
+            self._padding_tries = 0
+            return
+        if read is None or read[0] < self._next_token_share or read[2] == 0:
+            return  # an output that is not this input's next tokens: the mask may be another input's
         with torch.no_grad():
             pad = mask.to(g.device) == 0
             read = g.detach().ne(0).any(dim=-1)
@@ -1617,7 +1635,7 @@ class Recorder:
                 checked, was = self.trace.meta.get("steps_cleared", (0, 0))
                 self.trace.meta["steps_cleared"] = (checked + 1, was + int(cleared))
         rec = self._rec
-        if rec is not None and self.scaler is None:
+        if rec is not None and (self.scaler is None or self._scaler_found):
             self._find_scaler()
         if rec is not None and self._params and not cleared:  # a step on no gradients is no update to measure
             rec.prev_params = self._pnorms.snapshot()
@@ -1628,20 +1646,24 @@ class Recorder:
                 rec.stepped = self._pnorms.grads(len(self.layers))
         return None
 
+    _scaler_found = False  # the GradScaler watched was found stepping the optimizer, not given
+
     def _find_scaler(self) -> None:
         """A GradScaler none was given for, whose ``step`` calls the optimizer's (a caller of this hook, a few
         frames up), is watched from this sampled step on as if it had been given: the gradients it scaled are
         read back at the loss's scale (a clip before its ``unscale_`` then shows for what it is), and the steps it
-        skips are known. Looked for on sampled steps until found."""
+        skips are known. Looked for on every sampled step (a scaler made again, each epoch, replaces the one
+        found)."""
         frame = sys._getframe(2)
         for _ in range(_SCALER_DEPTH):
             if frame is None:
                 return
             found = frame.f_locals.get("self") if frame.f_code.co_name in ("step", "_maybe_opt_step") else None
             if isinstance(found, torch.amp.GradScaler) and found.is_enabled():
-                self.scaler = found
-                # the loss's gradient read so far carried its unknown scale: not the loss's own
-                self.trace.meta.pop("loss_gradient_factor", None)
+                if found is not self.scaler:
+                    self.scaler, self._scaler_found = found, True
+                    # the loss's gradient read so far carried its unknown scale: not the loss's own
+                    self.trace.meta.pop("loss_gradient_factor", None)
                 return
             frame = frame.f_back
 
@@ -1657,8 +1679,10 @@ class Recorder:
         if not self._awaiting and self._trains:  # no backward pass reached the model since the last step
             self.trace.meta["steps_unreached"] = self.trace.meta.get("steps_unreached", 0) + 1
         rec = self._rec
-        if rec is not None and len(optimizer.param_groups) != self._left_out_groups:
+        if rec is not None and (id(optimizer), len(optimizer.param_groups)) != self._left_out_groups:
             self._note_left_out(optimizer)
+        elif rec is not None and self._left_out_kept:
+            self._drop_moved_left_out()
         if rec is not None and rec.prev_params is not None:
             n = len(self.layers)
             upd = self._pnorms.updates(rec.prev_params, n)
@@ -1679,25 +1703,44 @@ class Recorder:
                 rec.unchanged = self._pnorms.unchanged.float() / self._pnorms.narrow_read
         self._finish_step()
 
-    _left_out_groups = 0  # the optimizer's group count when ``_note_left_out`` last read it
+    _left_out_groups: tuple = ()  # the optimizer and its group count when ``_note_left_out`` last read them
+    _left_out_kept: list = []     # [(module, name, parameter, its norm then)] of those found left out
 
     def _note_left_out(self, optimizer) -> None:
         """The parameters that require a gradient and that no group of the optimizer holds, of the modules
         whose other parameters it does hold (meta ``left_out``: {module: [names]}): read on a sampled step,
-        again whenever its groups change (``add_param_group``). Such a layer moves (its bias is stepped while
-        its weight is left out), so only this tells that part of it stands still; a layer left out whole
-        shows in its updates."""
-        self._left_out_groups = len(optimizer.param_groups)
+        again whenever the optimizer or its groups change (``add_param_group``). Such a layer moves (its bias is
+        stepped while its weight is left out), so only this tells that part of it stands still; a layer left
+        out whole shows in its updates. One that moves between sampled steps all the same is stepped by
+        another optimizer (weights and biases split between two) and is dropped (``_drop_moved_left_out``)."""
+        self._left_out_groups = (id(optimizer), len(optimizer.param_groups))
         owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        left: dict[str, list[str]] = {}
+        left: dict[str, list[tuple[str, torch.Tensor]]] = {}
         held: set[str] = set()
         for name, p in self.inner.named_parameters():
             module, _, short = name.rpartition(".")
             if id(p) in owned:
                 held.add(module)
             elif p.requires_grad:
-                left.setdefault(module, []).append(short)
-        out = {module: names for module, names in left.items() if module in held}
+                left.setdefault(module, []).append((short, p))
+        kept = [(module, short, p) for module, items in left.items() if module in held for short, p in items]
+        with torch.no_grad():
+            self._left_out_kept = [(module, short, p, p.detach().float().norm()) for module, short, p in kept]
+        self._write_left_out()
+
+    def _drop_moved_left_out(self) -> None:
+        """Parameters found left out whose values changed since they were read: another optimizer steps them."""
+        with torch.no_grad():
+            now = torch.stack([p.detach().float().norm().to(n0.device) for _, _, p, n0 in self._left_out_kept])
+            moved = (now != torch.stack([n0 for *_, n0 in self._left_out_kept])).tolist()  # one transfer
+        if any(moved):
+            self._left_out_kept = [k for k, m in zip(self._left_out_kept, moved) if not m]
+            self._write_left_out()
+
+    def _write_left_out(self) -> None:
+        out: dict[str, list[str]] = {}
+        for module, short, _, _ in self._left_out_kept:
+            out.setdefault(module, []).append(short)
         if out:
             self.trace.meta["left_out"] = out
         else:

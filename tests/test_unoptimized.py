@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from neuraldbg import NeuralDbg
 from zoo import Run, teacher_classes, train
 
 CONFIDENT = 0.5
@@ -85,3 +86,44 @@ def test_a_group_added_later_is_read_again():
     dbg = train(Run(model, opt, teacher_classes(16, 4), steps=300, before_step=add))
     assert "left_out" not in dbg._trace.meta
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT and h.cause == "loss_plateau"]
+
+
+def test_weights_and_biases_split_between_two_optimizers_are_not_left_out():
+    """Weights to one optimizer, biases to another (as a Muon and AdamW split does), the session watching one:
+    the parameters it leaves out move all the same, stepped by the other."""
+    model = _mlp(0)
+    named = list(model.named_parameters())
+    weights = torch.optim.SGD([p for n, p in named if n.endswith("weight")], lr=0.05, momentum=0.9)
+    biases = torch.optim.AdamW([p for n, p in named if n.endswith("bias")], lr=1e-3)
+    data = teacher_classes(16, 4)
+    with NeuralDbg(model, optimizer=biases) as dbg:
+        for step in range(200):
+            x, y = data(step)
+            weights.zero_grad()
+            biases.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            weights.step()
+            biases.step()
+            dbg.record_loss(loss)
+    assert "left_out" not in dbg.trace.meta
+    assert not [h for h in dbg.explain() if h.cause == "loss_plateau"]
+
+
+def test_an_optimizer_made_again_with_every_parameter_is_read_again():
+    """The first optimizer steps the biases only; the one made after it, with as many groups, steps all."""
+    model = _mlp(0)
+    data = teacher_classes(16, 4)
+    opt = torch.optim.AdamW(_groups(model, keep_weights=False), lr=3e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(200):
+            if step == 20:
+                opt = torch.optim.AdamW([{"params": list(model.parameters())}], lr=3e-3)
+                dbg.set_optimizer(opt)
+            x, y = data(step)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert "left_out" not in dbg.trace.meta

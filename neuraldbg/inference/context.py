@@ -202,7 +202,8 @@ class Context:
         return max(cands, key=self.rank.__getitem__) if cands else None
 
     def next_weight_layer(self, name: str) -> str | None:
-        """The first layer with parameters that runs after ``name`` in the forward pass."""
+        """The first layer with parameters that runs after ``name`` in the forward pass (the order they run in,
+        not the data flow: in a model of two branches it may read the other branch's output)."""
         pos = self.rank.get(name, 1 << 30)
         cands = [n for n, r in self.rank.items() if r > pos and self.layers[n].n_params > 0]
         return min(cands, key=self.rank.__getitem__) if cands else None
