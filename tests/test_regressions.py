@@ -881,3 +881,80 @@ def test_the_same_shrink_with_no_norm_after_it_is_still_read():
     model = _small_init_net(0, norm=False)
     dbg = train(Run(model, torch.optim.AdamW(model.parameters(), lr=1e-3), teacher_classes(16, 4), steps=200))
     assert [h for h in dbg.explain() if h.cause == "bad_initialization"], dbg.report()
+
+
+class _PooledNorm(torch.nn.Module):
+    """Features of each position, normalised by hand, then averaged over the positions into a head: over the
+    features (dim=-1), or over the positions (dim=1), which leaves a mean of exactly what was centred: 0."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU())
+        self.proj, self.head, self.dim = torch.nn.Linear(32, 32), torch.nn.Linear(32, 4), dim
+
+    def forward(self, x):
+        h = self.proj(self.embed(x))
+        h = (h - h.mean(self.dim, keepdim=True)) / (h.std(self.dim, keepdim=True) + 1e-5)
+        return self.head(h.mean(1))
+
+
+def _sequences_of(step: int):
+    x = torch.randn(32, 10, 8, generator=torch.Generator().manual_seed(step))
+    s = x.mean(1)
+    return x, (s[:, :4].sum(1) > 0).long() + 2 * (s[:, 4:].sum(1) > 0).long()
+
+
+def test_a_signal_erased_by_code_between_two_layers_is_named_there():
+    """No module runs between `proj` and `head` that could shrink a gradient, yet it falls ~1e8-fold there:
+    the forward's own code erases the signal. It was named with 'add normalisation or residual connections'."""
+    model = _PooledNorm(dim=1)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-2), _sequences_of, steps=150))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("vanishing_gradients", "proj") and top.confidence >= CONFIDENT
+    assert "between `proj` and `head`" in top.suggestion and "residual" not in top.suggestion
+    fixed = _PooledNorm(dim=-1)
+    assert not [h for h in train(Run(fixed, torch.optim.Adam(fixed.parameters(), lr=1e-2), _sequences_of,
+                                     steps=150)).explain() if h.confidence >= CONFIDENT]
+
+
+def test_a_confident_classifiers_squashing_layer_is_no_saturation_fault():
+    """A tanh before the head whose units sit at +-1 once the model has learned (the loss near 0): pinned
+    units are a fault only where the loss shows they stop learning. It read as saturated_activations 0.8."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32), torch.nn.Tanh(),
+                                torch.nn.Linear(32, 4))
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-2), teacher_classes(16, 4), steps=300))
+    assert dbg.trace.loss.data[-10:].mean() < 0.1 * dbg.trace.loss.data[:10].mean()  # it learned
+    assert not [h for h in dbg.explain() if h.cause == "saturated_activations" and h.confidence >= CONFIDENT]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_small_bert_at_a_rate_far_too_low_is_the_rates_not_its_small_init(seed):
+    """AdamW at 1e-7: nothing moves. The keys' small gradient and the head's small init were named before the
+    rate (Adam's steps do not shrink with the gradient, and a head that starts small gives near-uniform
+    outputs by design)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=64,
+                                                     max_position_embeddings=32, num_labels=2,
+                                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
+    g = torch.Generator().manual_seed(seed)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(200):
+            ids = torch.randint(4, 40, (32, 12), generator=g)
+            y = torch.randint(0, 2, (32,), generator=g)
+            ids[y == 1, 5] = 3  # label 1: token 3 is there
+            opt.zero_grad()
+            loss = model(input_ids=ids, labels=y).loss
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    top = dbg.explain()[0]
+    assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT and h.cause == "vanishing_gradients"]
+    assert not [h for h in dbg.explain() if h.layer == "classifier" and h.cause == "bad_initialization"]

@@ -84,9 +84,11 @@ def candidates(ctx: Context) -> list[Candidate]:
         frac = _share(ev, "saturated_fraction")
         worst = max(frac, _share(ev, "saturated_peak", frac))
         blocked = ctx.linked(LinkKind.BLOCKS, ev)
+        # (pinned units are no failure by themselves: a confident classifier's squashing layer pins them too,
+        # once it has learned; they are one where the loss shows they stop learning)
         out.append(Candidate(Cause.SATURATED_ACTIVATIONS, ev.layer, ev.step, "saturated", [ev],
                              severity=past_fraction(worst, ctx.th.saturated_fraction),
-                             persistence=persistence(ev, ctx), symptoms=blocked, partial=True,
+                             persistence=persistence(ev, ctx), symptoms=blocked, partial=True, needs_harm=True,
                              loss_kinds=_loss_kinds(ctx, ev),
                              facts={"fraction": frac, "blocked": blocked,
                                     "previous": ctx.previous_weight_layer(ev.layer)}))

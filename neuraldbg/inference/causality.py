@@ -277,7 +277,9 @@ def _no_gradient(a: Candidate, b: Candidate) -> bool:
 
 
 def _vanishing(a: Candidate, b: Candidate, ctx: Context) -> bool:
-    return b.cause == C.LEARNING_RATE_TOO_LOW and a.kind == "vanishing" and _no_gradient(a, b)
+    # (an adaptive optimizer's steps do not shrink with the gradient: its negligible updates are its rate's)
+    return (b.cause == C.LEARNING_RATE_TOO_LOW and a.kind == "vanishing" and _no_gradient(a, b)
+            and not (ctx.adaptive() and b.kind == "negligible"))
 
 
 def _nonfinite(a: Candidate, b: Candidate, ctx: Context) -> bool:

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from ..rankevents import RankEvidence
 
 
+ADAPTIVE = frozenset({"Adam", "AdamW", "NAdam", "RAdam", "Adamax", "RMSprop", "Adagrad", "SparseAdam"})
+
+
 @dataclass
 class Context:
     events: list[SemanticEvent]
@@ -139,6 +142,11 @@ class Context:
     # a model trained on next tokens: whether a position's output reads the tokens after it (see ``leak``)
     next_token: dict = field(default_factory=dict)
     padding_counted: tuple = (0, math.nan, 0)  # (first step, share of the loss's positions on padding, read)
+
+    def adaptive(self) -> bool:
+        """The optimizer divides each update by the gradient's running size (Adam, RMSprop ...): its steps do not
+        shrink with the gradient (until the gradient falls to its eps)."""
+        return (self.optimizer_kind or self.optimizer) in ADAPTIVE
 
     def betas_unbounded(self) -> bool:
         """Adam's step is bounded (by ~the learning rate) only while beta1 < sqrt(beta2): past it the first

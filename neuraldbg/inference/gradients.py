@@ -155,11 +155,46 @@ def candidates(ctx: Context) -> list[Candidate]:
                    key=lambda run: ctx.rank.get(run[0].layer, -1))
         origin = span[0]
         att = min((e.values.get("attenuation", math.nan) for run in pool for e in run), default=math.nan)
+        gap = _gap(ctx, origin.layer) if span[-1].values.get("attenuation", 1.0) < ctx.th.vanishing_ratio else None
+        # an adaptive optimizer's steps do not shrink with the gradient: a loss that does not improve while no
+        # weight moves is the updates' (negligible), not the attenuation's, as through time
+        still = ctx.adaptive() and bool(ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
         out.append(Candidate(Cause.VANISHING_GRADIENTS, origin.layer, first, kind, span,
                              # from the diminishing threshold: one decade below it is (by default) vanishing
                              severity=below_ratio(att, max(ctx.th.diminishing_ratio, ctx.th.vanishing_ratio)),
                              persistence=_span_persistence(span, ctx), needs_harm=True,
-                             loss_kinds=losses.FLAT,
+                             loss_kinds=frozenset() if still else losses.FLAT,
                              facts={"attenuation": span[-1].values.get("attenuation", math.nan),
-                                    "others": [run[0] for run in pool if ctx.upstream(run[0].layer, origin.layer)]}))
+                                    "others": [run[0] for run in pool if ctx.upstream(run[0].layer, origin.layer)],
+                                    "gap": gap}))
     return out
+
+
+# modules whose backward can shrink a gradient by itself: units that die or saturate, a state through time, a
+# softmax over positions, a pooling, custom code
+_SHRINKING = frozenset({Kind.RELU, Kind.BOUNDED, Kind.SMOOTH, Kind.RECURRENT, Kind.ATTENTION, Kind.POOL, Kind.OTHER})
+
+
+def _parallel(ctx: Context, a: str, b: str) -> bool:
+    """Two layers of one module that holds an attention: its query, key and value projections read the same
+    input side by side (the order they run in is no data flow), and a softmax over small logits keeps the
+    queries' and keys' gradients far below the rest by design."""
+    parent = a.rpartition(".")[0]
+    if b.rpartition(".")[0] != parent:
+        return False
+    inside = [n for n in ctx.layers if not parent or n == parent or n.startswith((parent + ".", parent + ":"))]
+    return any(ctx.layers[n].kind == Kind.ATTENTION for n in inside)
+
+
+def _gap(ctx: Context, layer: str) -> str | None:
+    """The weight layer after ``layer`` (not a projection beside it in an attention) when nothing runs between
+    them that could shrink a gradient (a dropout, a normalisation, a module that returns its input, are no
+    such thing) and ``layer``'s gradient vanished against the layers after it all the same: the forward
+    between them, in code no module hook sees, erases the signal (a normalisation over the wrong axis, a mean
+    of what was just centred)."""
+    after = ctx.next_weight_layer(layer)
+    if after is None or ctx.layers[after].kind == Kind.NORM or _parallel(ctx, layer, after):
+        return None
+    lo, hi = ctx.rank.get(layer, 0), ctx.rank.get(after, 0)
+    between = [n for n, r in ctx.rank.items() if lo < r < hi and not ctx.layers[n].extra.get("passthrough")]
+    return None if any(ctx.layers[n].kind in _SHRINKING for n in between) else after

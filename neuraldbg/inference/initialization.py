@@ -73,11 +73,21 @@ def _normalised_next(ctx: Context, e) -> bool:
             and not _off(ctx, e.values.get("weight_scale", 1.0)))
 
 
+def _output_shrinks(ctx: Context, e) -> bool:
+    """The last weight layer, whose output is the model's, shrinking the signal with weights at a usual spread:
+    outputs near zero at the start (near-uniform predictions, the aim of a head initialised small or at zero),
+    which the loss's gradient at the output moves as it needs."""
+    last = max((n for n, l in ctx.layers.items() if n in ctx.rank and l.n_params > 0 and l.kind != Kind.NORM),
+               key=ctx.rank.__getitem__, default=None)
+    return (e.after == GainState.SHRINKS and e.layer == last
+            and not _off(ctx, e.values.get("weight_scale", 1.0)))
+
+
 def candidates(ctx: Context) -> list[Candidate]:
     out = _symmetric(ctx)
     # (an input far below unit scale amplified by weights at their default spread is the data's)
     gains = [e for e in ctx.all(Signal.GAIN) if e.bad and ctx.from_start(e) and not ctx.input_too_small(e)
-             and not _normalised_next(ctx, e)]
+             and not _normalised_next(ctx, e) and not _output_shrinks(ctx, e)]
     recurrent = [e for e in gains if _recurrent_off(ctx, e)]
     through = _grows_through_time(ctx)
     for e in recurrent:

@@ -227,17 +227,13 @@ def _decayed(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
     return out
 
 
-# optimizers that divide each update by the root of a running mean of squared gradients plus eps
-_ADAPTIVE = frozenset({"Adam", "AdamW", "NAdam", "RAdam", "Adamax", "RMSprop", "Adagrad", "SparseAdam"})
-
-
 def _damped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
     """An adaptive optimizer (Adam, RMSprop ...) whose ``eps`` is ``eps_damps`` times the gradients' typical RMS
     per entry or more: each update is lr x gradient / eps instead of ~lr, as small as the gradient is next to
     eps (``Adam(..., eps=1.0)``, a TensorFlow setting). No failure by itself: it needs a loss that does not
     come down, or barely."""
     eps, rms = ctx.optimizer_eps, ctx.grad_rms
-    if ((ctx.optimizer_kind or ctx.optimizer) not in _ADAPTIVE or not (eps == eps and rms == rms and rms > 0)
+    if (not ctx.adaptive() or not (eps == eps and rms == rms and rms > 0)
             or eps < ctx.th.eps_damps * rms):
         return []
     return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "eps", [],

@@ -383,6 +383,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         word = "is typically" if k == "diminishing" else "is"
         lines = [f"the relative gradient of `{c.layer}` {word} {fmt(f['attenuation'])}x that of the layers after it "
                  f"from step {c.step}"]
+        if f.get("gap"):
+            lines.insert(1, f"no module that could shrink a gradient runs between `{c.layer}` and `{f['gap']}`, the "
+                            "next weight layer: the forward's own code between them (no module hook sees it) "
+                            "erases the signal")
         if f["others"]:
             lines.append(f"it fades further toward the input: {names(f['others'])}")
         lines.append("the layers near the input barely learn")
@@ -1277,6 +1281,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "through .item(), .numpy() or torch.tensor(...), a torch.no_grad() block, or torch.utils.checkpoint "
                 "with use_reentrant=True on inputs that need no gradient (pass use_reentrant=False); if it is meant "
                 "to stay fixed, freeze it (requires_grad_(False) on its parameters)")
+    if c.cause == Cause.VANISHING_GRADIENTS and f.get("gap"):
+        return (f"find the operation in the forward between `{c.layer}` and `{f['gap']}` that erases the signal: a "
+                "normalisation over the wrong axis (dim=1 of (batch, length, features) normalises over the "
+                "positions, where the features, dim=-1, were meant), a mean of what was just centred, a "
+                f"multiplication by a mask of zeros; the input of `{f['gap']}` is then the same for every sample")
     if c.cause == Cause.VANISHING_GRADIENTS:
         bounded = sorted({n for n, l in ctx.layers.items() if str(l.kind) == "bounded" and n in ctx.rank},
                          key=ctx.rank.__getitem__)
