@@ -762,6 +762,9 @@ class Recorder:
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
     def _on_forward_start(self, module, args, kwargs):
+        if self._explicit and not self._replaying and self.trace.nonfinite is None:
+            # a pass a trainer began before it opened its precision's autocast: the forward runs under this one
+            self._autocast = nanhunt.autocast_state()
         if self._explicit or self._replaying or not torch.is_grad_enabled():
             return None  # evaluation passes under no_grad are neither steps nor statistics
         self._start_pass(args, kwargs, None)

@@ -125,3 +125,44 @@ def test_bad_options_fail_at_construction_with_one_clear_message():
         NeuralDbgCallback(session="dbg")
     with pytest.raises(ValueError, match="does not exist"):
         NeuralDbgCallback(save="/no/such/folder/run.ndbg")
+
+
+class HandBCE(pl.LightningModule):
+    """A binary cross-entropy written by hand on a sigmoid: under float16 autocast the sigmoid of a confident
+    logit rounds to 1, and log(1 - p) is -inf."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                       torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+    def forward(self, x):
+        return self.net(x)[:, 0]
+
+    def training_step(self, batch, _):
+        x, y = batch
+        p = torch.sigmoid(self(x))
+        t = (y == 0).float()
+        return -(t * torch.log(p) + (1 - t) * torch.log(1 - p)).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def test_a_nan_under_the_trainers_float16_autocast_is_found_in_the_loss():
+    """Lightning opens its precision's autocast after the callback begins the pass: the replay that finds
+    the operation ran without it, in float32, where the sigmoid does not round to 1, and the NaN was placed in
+    the model with a generic fix."""
+    g = torch.Generator().manual_seed(1234)
+    w1, w2 = torch.randn(16, 32, generator=g), torch.randn(32, 4, generator=g)
+    x = torch.randn(2048, 16, generator=g)
+    y = (torch.tanh(x @ w1) @ w2).argmax(1)
+    cb = NeuralDbgCallback(report=False)
+    pl.seed_everything(0, verbose=False)
+    pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, precision="16-mixed", callbacks=[cb]).fit(
+        HandBCE(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True))
+    top = cb.session.explain()[0]
+    assert (top.cause, top.confidence >= 0.5) == ("non_finite", True)
+    assert "the loss's torch.log" in top.chain[0]
