@@ -128,7 +128,7 @@ def test_bad_options_fail_at_construction_with_one_clear_message():
 
 
 class HandBCE(pl.LightningModule):
-    """A binary cross-entropy written by hand on a sigmoid: under float16 autocast the sigmoid of a confident
+    """A binary cross-entropy written by hand on a sigmoid: under a 16-bit autocast the sigmoid of a confident
     logit rounds to 1, and log(1 - p) is -inf."""
 
     def __init__(self):
@@ -150,10 +150,10 @@ class HandBCE(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
-def test_a_nan_under_the_trainers_float16_autocast_is_found_in_the_loss():
-    """Lightning opens its precision's autocast after the callback begins the pass: the replay that finds
-    the operation ran without it, in float32, where the sigmoid does not round to 1, and the NaN was placed in
-    the model with a generic fix."""
+def test_a_nan_under_the_trainers_16_bit_autocast_is_found_in_the_loss():
+    """Lightning opens its precision's autocast after the callback begins the pass (on the CPU it runs
+    "16-mixed" as bfloat16): the replay that finds the operation ran without it, in float32, where the
+    sigmoid does not round to 1, and the NaN was placed in the model with a generic fix."""
     g = torch.Generator().manual_seed(1234)
     w1, w2 = torch.randn(16, 32, generator=g), torch.randn(32, 4, generator=g)
     x = torch.randn(2048, 16, generator=g)
