@@ -1670,6 +1670,14 @@ class Recorder:
                 return
             frame = frame.f_back
 
+    def _grads_held(self) -> bool:
+        """A step none of whose passes the hooks saw end still found gradients that are not all zero on the
+        model's weights (their layers' smallest parameters): a backward pass reached them through modules of
+        the model called on their own (a container whose own forward never runs, as a GAN's holding both
+        networks). Read only on such steps (one transfer)."""
+        grads = [p.grad for p in self._sentinels if p.grad is not None]
+        return bool(grads) and bool(torch.stack([g.detach().abs().amax().float().cpu() for g in grads]).gt(0).any())
+
     def _on_optimizer_post(self, optimizer, args, kwargs):
         if self._adopted_step:
             self._adopted_step = False
@@ -1679,7 +1687,8 @@ class Recorder:
             return
         self._in_step = False
         self._stepped = True
-        if not self._awaiting and self._trains:  # no backward pass reached the model since the last step
+        if not self._awaiting and self._trains and not self._grads_held():
+            # no backward pass reached the model since the last step
             self.trace.meta["steps_unreached"] = self.trace.meta.get("steps_unreached", 0) + 1
         rec = self._rec
         if rec is not None and (id(optimizer), len(optimizer.param_groups)) != self._left_out_groups:
