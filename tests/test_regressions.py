@@ -918,15 +918,365 @@ def test_a_signal_erased_by_code_between_two_layers_is_named_there():
                                      steps=150)).explain() if h.confidence >= CONFIDENT]
 
 
-def test_a_confident_classifiers_squashing_layer_is_no_saturation_fault():
-    """A tanh before the head whose units sit at +-1 once the model has learned (the loss near 0): pinned
-    units are a fault only where the loss shows they stop learning. It read as saturated_activations 0.8."""
+def _token_bert(seed: int, layers: int, lr: float, steps: int = 200):
+    """A small BERT classifier (std-0.02 init) on whether token 3 is in the sequence, trained under AdamW."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from neuraldbg import NeuralDbg
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=layers,
+                                                     num_attention_heads=2, intermediate_size=64,
+                                                     max_position_embeddings=32, num_labels=2,
+                                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(steps):
+            ids = torch.randint(4, 40, (32, 12), generator=g)
+            y = torch.randint(0, 2, (32,), generator=g)
+            at = torch.randint(1, 12, (32,), generator=g)
+            ids[y == 1, at[y == 1]] = 3  # label 1: token 3 is there
+            ids[:, 0] = 2
+            opt.zero_grad()
+            loss = model(input_ids=ids, labels=y).loss
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_confident_classifiers_squashing_layer_is_no_saturation_fault(seed):
+    """A post-LN BERT trained to a loss near 0: its pooler's tanh sits at +-1, pinned by a confident
+    classifier, and blocks the gradient to the layers before it. Pinned units are a fault only where the
+    loss shows they stop learning; it read as saturated_activations 0.67-0.78."""
+    dbg = _token_bert(seed, layers=4, lr=5e-3)
+    assert dbg.trace.loss.data[-10:].mean() < 0.01  # it learned
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_small_bert_at_a_rate_far_too_low_is_the_rates_not_its_small_init(seed):
+    """AdamW at 1e-7: nothing moves. The keys' small gradient and the head's small init were named before the
+    rate (Adam's steps do not shrink with the gradient, and a head that starts small gives near-uniform
+    outputs by design)."""
+    dbg = _token_bert(seed, layers=2, lr=1e-7)
+    top = dbg.explain()[0]
+    assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
+    assert "clipped" in top.chain[0] and "max_norm" in top.suggestion
+    assert "raise the learning rate" not in top.suggestion
+    assert not contradictions(dbg.explain())
+
+
+def test_a_grad_scaler_the_session_was_not_given_is_no_clip():
+    """``scaler.scale(loss).backward()`` then ``scaler.step(opt)``: the gradients are 2**16 times the loss's at
+    backward end and divided back before the step. Read as gradients clipped to 1.5e-5 of their norm before (a
+    weak 'clipped' hypothesis); the scaler is found calling the optimizer's step now, and both norms are read
+    at the loss's scale."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32), torch.nn.Tanh(),
-                                torch.nn.Linear(32, 4))
-    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-2), teacher_classes(16, 4), steps=300))
-    assert dbg.trace.loss.data[-10:].mean() < 0.1 * dbg.trace.loss.data[:10].mean()  # it learned
-    assert not [h for h in dbg.explain() if h.cause == "saturated_activations" and h.confidence >= CONFIDENT]
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu")
+    data = teacher_classes(20, 5)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(300):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            dbg.record_loss(loss)
+    rows = dbg.trace.meta["grad_clip"]
+    assert rows and all(abs(r[1] / r[0] - 1) < 1e-3 for r in rows)  # seen, at the loss's scale
+    assert set(dbg.trace.global_column("loss_scale")[1:]) == {2.0 ** 16}
+    assert not [h for h in dbg.explain() if "clip" in h.suggestion or h.cause == "learning_rate_too_low"]
+
+
+def _scaled_run(mode: str, opt_kind: str = "sgd", steps: int = 200, give_scaler: bool = False,
+                clip: str = "", max_norm: float = 1.0, reduction: str = "mean"):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    opt = (torch.optim.SGD(model.parameters(), lr=0.05) if opt_kind == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-3))
+    scaler = torch.amp.GradScaler("cpu")
+    data = teacher_classes(20, 5)
+    from neuraldbg import NeuralDbg
+    with NeuralDbg(model, optimizer=opt, scaler=scaler if give_scaler else None) as dbg:
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y, reduction=reduction)
+            scaler.scale(loss).backward()
+            if clip == "unscaled":
+                scaler.unscale_(opt)
+            if clip:  # "scaled": clipped while still multiplied by the scale
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            if mode == "optimizer.step":  # the scaled gradients stepped on as they are
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def test_scaled_gradients_stepped_on_without_the_scaler_are_named_with_the_scalers_step():
+    """``scaler.scale(loss).backward()`` then ``optimizer.step()``: every update is 2**16 times too large, and
+    the run diverges at once. Was "lower the learning rate 10x", which would still leave it 6554x too large."""
+    dbg = _scaled_run("optimizer.step")
+    top = dbg.explain()[0]
+    assert (top.cause, top.step) == ("learning_rate_too_high", 0) and top.confidence >= CONFIDENT
+    assert "scaler.step(optimizer)" in top.suggestion and "lower the learning rate" not in top.suggestion
+    assert any("65536" in line for line in top.chain)
+    assert dbg.trace.meta["loss_gradient_factor"][0] == 2 ** 16
+
+
+@pytest.mark.parametrize("give_scaler", [False, True], ids=["scaler-found", "scaler-given"])
+def test_gradients_clipped_before_the_scaler_unscales_them_are_named_with_unscale(give_scaler):
+    """``clip_grad_norm_(params, 1.0)`` between ``scaler.scale(loss).backward()`` and ``scaler.step``: the clip
+    acts on gradients 2**16 too large, then the scaler divides what is left: every update 1e-5 of its size.
+    Was "raise max_norm" to ~3x the scaled norm. With the scaler given, its scale is known: the norm the
+    optimizer steps on is 1.0 (a ``max_norm`` written by hand) only once multiplied back by it."""
+    dbg = _scaled_run("scaler.step", clip="scaled", steps=300, give_scaler=give_scaler)
+    top = dbg.explain()[0]
+    assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
+    assert "scaler.unscale_(optimizer)" in top.suggestion and "raise" not in top.suggestion
+    assert "65536" in top.chain[0]
+    assert not [h for h in _scaled_run("scaler.step", clip="unscaled", steps=300, give_scaler=give_scaler).explain()
+                if h.confidence >= CONFIDENT]
+
+
+@pytest.mark.parametrize("max_norm, reduction", [(1e-4, "mean"), (0.125, "sum")])
+def test_a_tiny_clip_after_the_unscale_is_the_clips_own_with_the_scaler_given(max_norm, reduction):
+    """Unscaled first, then clipped far below the gradients' norm: the clip itself is too small (the norm
+    stepped on is the ``max_norm`` as written), whatever the scaler's scale. 0.125 times 2**16 is 8192: a
+    power of two, not a number written by hand to the precision a clip keeps (8200 is 1e-3 away)."""
+    dbg = _scaled_run("scaler.step", clip="unscaled", steps=300, give_scaler=True, max_norm=max_norm,
+                      reduction=reduction)
+    top = dbg.explain()[0]
+    assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
+    assert "max_norm" in top.suggestion and "unscale_" not in top.suggestion
+
+
+@pytest.mark.parametrize("mode, opt_kind, give_scaler", [("scaler.step", "sgd", False), ("scaler.step", "sgd", True),
+                                                         ("optimizer.step", "adam", False)],
+                         ids=["through-the-scaler", "scaler-given", "adam-scale-free"])
+def test_a_scaler_used_as_meant_or_under_adam_is_quiet(mode, opt_kind, give_scaler):
+    dbg = _scaled_run(mode, opt_kind, give_scaler=give_scaler)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+    assert not [h for h in dbg.explain() if "scaler.step" in h.suggestion]
+
+
+@pytest.mark.parametrize("clip, opt_kind", [(lambda p: torch.nn.utils.clip_grad_norm_(p, 1.0), "sgd"),
+                                            (lambda p: torch.nn.utils.clip_grad_norm_(p, 1e-3), "adam")],
+                         ids=["usual-clip", "adam-scale-free"])
+def test_a_clip_that_leaves_training_alone_is_quiet(clip, opt_kind):
+    """A usual clip; and a tiny one under Adam, whose updates do not depend on the gradients' scale."""
+    dbg = _clipped_run(clip, opt_kind)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
+
+
+@pytest.mark.parametrize("trainable_only", [False, True])
+def test_a_plateau_with_most_of_the_model_frozen_names_the_frozen_layers_in_its_fix(trainable_only):
+    """Every layer but the head left with requires_grad=False (a freeze never undone): the loss stays flat, and
+    the plateau's fix names the frozen layers before the generic checks; with them trainable, no such text."""
+    def run(freeze: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                    torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        for p in model[:6].parameters():
+            p.requires_grad_(not freeze)
+        params = [p for p in model.parameters() if p.requires_grad] if trainable_only else model.parameters()
+        opt = torch.optim.Adam(params, lr=1e-3)
+        return train(Run(model, opt, teacher_classes(16, 4), steps=300)).explain()
+    top = run(True)[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("if `0`, `2`, `4` should learn, unfreeze them")
+    assert any("are frozen (requires_grad=False)" in line for line in top.chain)
+    assert not any("frozen" in h.suggestion for h in run(False))
+
+
+def test_a_model_trained_already_and_trained_again_is_quiet():
+    """The training cell run a second time on the model it trained (a common move in a notebook): the loss
+    starts far below chance and stays there, a floor, not a plateau; under SGD at a lower rate its updates add
+    up to little, which says nothing of a learning rate too low either."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4))
+    first = train(Run(model, torch.optim.Adam(model.parameters(), lr=3e-3), teacher_classes(16, 4), steps=900))
+    assert first.trace.loss.data[-50:].mean() < 0.05 * math.log(4), "the first run was meant to train"
+    for opt in (torch.optim.Adam(model.parameters(), lr=1e-3), torch.optim.SGD(model.parameters(), lr=0.01)):
+        again = train(Run(model, opt, teacher_classes(16, 4), steps=300))
+        assert not [h for h in again.explain() if h.confidence >= CONFIDENT], again.report()
+
+
+def test_updates_small_next_to_weights_far_too_large_are_the_inits_not_the_rates():
+    """Every layer of a deep ReLU MLP drawn with std 1 (~8x the default spread): the loss is in the
+    thousands and each update is small next to such weights. The initialisation is the root, and no fix
+    raises the learning rate."""
+    torch.manual_seed(0)
+    layers = []
+    for i in range(5):
+        layers += [torch.nn.Linear(16 if i == 0 else 64, 64), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(64, 4))
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=1.0)
+    hs = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(16, 4), steps=300)).explain()
+    assert hs[0].cause == "bad_initialization" and hs[0].confidence >= CONFIDENT
+    assert not [h for h in hs if h.cause == "learning_rate_too_low"]
+
+
+def test_a_rate_decades_too_low_beside_one_layer_too_large_stays_its_own():
+    """One layer drawn 18x too large and Adam at 1e-7: the weight scale explains no more than its own factor
+    of how little the updates move the weights; a rate that low is a root of its own, named beside it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4))
+    with torch.no_grad():
+        model[2].weight.mul_(18.0)
+    hs = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-7), teacher_classes(16, 4), steps=400)).explain()
+    confident = {h.cause for h in hs if h.confidence >= CONFIDENT}
+    assert {"learning_rate_too_low", "bad_initialization"} <= confident
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_units_that_die_behind_weights_far_too_small_are_in_the_inits_chain(seed):
+    """A plain 15-layer ReLU MLP with every weight drawn from N(0, 0.01) ("as in the paper"): the signal rides
+    on the biases, and units whose bias the updates push below zero die, some of them dozens of steps in. They
+    were verdicts of their own beside the initialisation; while the weights are that small, each unit's output
+    is its bias for every input, so they are the initialisation's consequence, in its chain."""
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(16, 64), torch.nn.ReLU()]
+    for _ in range(14):
+        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(64, 4))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, 0.0, 0.01)
+            torch.nn.init.zeros_(m.bias)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), teacher_classes(16, 4, seed=seed),
+                    steps=200))
+    hs = [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+    assert [(h.cause, h.layer, h.step) for h in hs] == [("bad_initialization", "", 0)], dbg.report()
+    assert any("are dead" in line for line in hs[0].chain)
+    assert "kaiming_normal_" in hs[0].suggestion
+
+
+class _NormedBlock(torch.nn.Module):
+    def __init__(self, d: int, norm: bool):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        self.norm = torch.nn.LayerNorm(d) if norm else torch.nn.Identity()
+
+    def forward(self, h):
+        return self.norm(h + self.down(F.gelu(self.up(h))))
+
+
+def _small_init_net(seed: int, norm: bool) -> torch.nn.Module:
+    """BERT's init (every weight from N(0, 0.02)) on a stem and two residual blocks, each summed into a
+    LayerNorm, or into nothing."""
+    torch.manual_seed(seed)
+    d = 64
+    model = torch.nn.Sequential(torch.nn.Linear(16, d), torch.nn.LayerNorm(d) if norm else torch.nn.Identity(),
+                                _NormedBlock(d, norm), _NormedBlock(d, norm), torch.nn.Linear(d, 4))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, 0.0, 0.02)
+            torch.nn.init.zeros_(m.bias)
+    return model
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_shrinking_layer_a_norm_reads_next_is_no_bad_initialization(seed):
+    """A layer that scales the signal by 0.1-0.16 into a LayerNorm (a residual branch, BERT's std-0.02 init):
+    the norm takes that scale away, forward and backward. It read as a weak bad_initialization (and, with the
+    attention's small gradients behind it, at 0.52-0.56 on small BERT classifiers that trained right)."""
+    model = _small_init_net(seed, norm=True)
+    dbg = train(Run(model, torch.optim.AdamW(model.parameters(), lr=1e-3), teacher_classes(16, 4, seed=seed),
+                    steps=200))
+    assert dbg.trace.loss.data[-10:].mean() < 0.3 * dbg.trace.loss.data[:10].mean()  # it trains
+    assert not [h for h in dbg.explain() if h.cause == "bad_initialization"], dbg.report()
+
+
+def test_the_same_shrink_with_no_norm_after_it_is_still_read():
+    model = _small_init_net(0, norm=False)
+    dbg = train(Run(model, torch.optim.AdamW(model.parameters(), lr=1e-3), teacher_classes(16, 4), steps=200))
+    assert [h for h in dbg.explain() if h.cause == "bad_initialization"], dbg.report()
+
+
+class _PooledNorm(torch.nn.Module):
+    """Features of each position, normalised by hand, then averaged over the positions into a head: over the
+    features (dim=-1), or over the positions (dim=1), which leaves a mean of exactly what was centred: 0."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU())
+        self.proj, self.head, self.dim = torch.nn.Linear(32, 32), torch.nn.Linear(32, 4), dim
+
+    def forward(self, x):
+        h = self.proj(self.embed(x))
+        h = (h - h.mean(self.dim, keepdim=True)) / (h.std(self.dim, keepdim=True) + 1e-5)
+        return self.head(h.mean(1))
+
+
+def _sequences_of(step: int):
+    x = torch.randn(32, 10, 8, generator=torch.Generator().manual_seed(step))
+    s = x.mean(1)
+    return x, (s[:, :4].sum(1) > 0).long() + 2 * (s[:, 4:].sum(1) > 0).long()
+
+
+def test_a_signal_erased_by_code_between_two_layers_is_named_there():
+    """No module runs between `proj` and `head` that could shrink a gradient, yet it falls ~1e8-fold there:
+    the forward's own code erases the signal. It was named with 'add normalisation or residual connections'."""
+    model = _PooledNorm(dim=1)
+    dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-2), _sequences_of, steps=150))
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer) == ("vanishing_gradients", "proj") and top.confidence >= CONFIDENT
+    assert "between `proj` and `head`" in top.suggestion and "residual" not in top.suggestion
+    fixed = _PooledNorm(dim=-1)
+    assert not [h for h in train(Run(fixed, torch.optim.Adam(fixed.parameters(), lr=1e-2), _sequences_of,
+                                     steps=150)).explain() if h.confidence >= CONFIDENT]
+
+
+def _token_bert(seed: int, layers: int, lr: float, steps: int = 200):
+    """A small BERT classifier (std-0.02 init) on whether token 3 is in the sequence, trained under AdamW."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from neuraldbg import NeuralDbg
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=layers,
+                                                     num_attention_heads=2, intermediate_size=64,
+                                                     max_position_embeddings=32, num_labels=2,
+                                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(steps):
+            ids = torch.randint(4, 40, (32, 12), generator=g)
+            y = torch.randint(0, 2, (32,), generator=g)
+            at = torch.randint(1, 12, (32,), generator=g)
+            ids[y == 1, at[y == 1]] = 3  # label 1: token 3 is there
+            ids[:, 0] = 2
+            opt.zero_grad()
+            loss = model(input_ids=ids, labels=y).loss
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_confident_classifiers_squashing_layer_is_no_saturation_fault(seed):
+    """A post-LN BERT trained to a loss near 0: its pooler's tanh sits at +-1, pinned by a confident
+    classifier, and blocks the gradient to the layers before it. Pinned units are a fault only where the
+    loss shows they stop learning; it read as saturated_activations 0.67-0.78."""
+    dbg = _token_bert(seed, layers=4, lr=5e-3)
+    assert dbg.trace.loss.data[-10:].mean() < 0.01  # it learned
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
