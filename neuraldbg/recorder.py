@@ -1314,6 +1314,10 @@ class Recorder:
         finally:
             self._replaying = False
 
+    def _position_grad(self) -> torch.Tensor | None:
+        """The output's gradient with a row per position (batch, length, classes), when the pass has one."""
+        return next((g for g in self._out_grads if g is not None and g.dim() == 3 and g.shape[-1] >= 2), None)
+
     def _read_next_tokens(self) -> None:
         """A model whose output has a row per position of a token input (batch, length, vocabulary): are the
         targets the next input tokens (``leak.next_token_share``)? If so, once, does a position's output see
@@ -1323,7 +1327,7 @@ class Recorder:
         model reads no token after it (labels not shifted, under a causal model)}. A pass driven from outside the
         model's forward, a compiled model or a run already non-finite is not replayed; a model whose replay fails
         is left alone."""
-        g = next((g for g in self._out_grads if g is not None and g.dim() == 3 and g.shape[-1] >= 2), None)
+        g = self._position_grad()
         if g is None or self._last_inputs is None or self._replay_run is not None or self.compiled:
             return
         args, kwargs = self._last_inputs
@@ -1461,7 +1465,7 @@ class Recorder:
         only where its targets are that input's next tokens (``leak.next_token_share``, one or two ahead): a
         decoder's output of the same length as its encoder's masked input is not, even where its targets are
         that input's own tokens. A mask given by position, or as floats, is not read."""
-        g = next((g for g in self._out_grads if g is not None and g.dim() == 3 and g.shape[-1] >= 2), None)
+        g = self._position_grad()
         if g is None or self._last_inputs is None:
             return
         args, kwargs = self._last_inputs
@@ -1676,7 +1680,11 @@ class Recorder:
         the model called on their own (a container whose own forward never runs, as a GAN's holding both
         networks). Read only on such steps (one transfer)."""
         grads = [p.grad for p in self._sentinels if p.grad is not None]
-        return bool(grads) and bool(torch.stack([g.detach().abs().amax().float().cpu() for g in grads]).gt(0).any())
+        if not grads:
+            return False
+        with torch.no_grad():
+            tops = torch.stack([g.detach().abs().amax().float().to(grads[0].device) for g in grads])
+            return bool(tops.gt(0).any())
 
     def _on_optimizer_post(self, optimizer, args, kwargs):
         if self._adopted_step:
