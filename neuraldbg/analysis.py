@@ -347,6 +347,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   last_step=last, nonfinite=nonfinite, overflow=trace.overflow, lr=lr, lr_first=lr_first,
                   lr_peak=lr_peak, lr_rising=_lr_rising(trace, thresholds), th=thresholds,
                   lr_base=float(trace.meta.get("lr_base", math.nan)),
+                  lr_base_key=str(trace.meta.get("lr_base_key", "initial_lr")),
                   dropout={str(k): [(int(r[0]), float(r[1])) for r in v] for k, v in
                            (trace.meta.get("dropout") or {}).items()},
                   dropout_inside=tuple(trace.meta.get("dropout_inside") or ()),

@@ -1988,18 +1988,20 @@ class Recorder:
 
     def _note_lr_base(self) -> None:
         """The rate a schedule scales (``initial_lr``: torch's schedulers, and those built on them, set it on
-        each group when made), for the first group, whose rate is the one recorded."""
+        each group when made) or heads to (a one-cycle's ``max_lr``, when larger), for the first group, whose
+        rate is the one recorded."""
         groups = getattr(self.optimizer, "param_groups", None)
         # (a scheduler wraps the optimizer's step when made: an initial_lr restored from a checkpoint without one
         # says nothing of this run)
         wrapped = getattr(getattr(self.optimizer, "step", None), "_wrapped_by_lr_sched", False)
-        base = groups[0].get("initial_lr") if groups and wrapped else None
-        try:
-            base = float(base) if base is not None else math.nan
-        except (TypeError, ValueError):
-            base = math.nan
-        if base == base and base > 0:
-            self.trace.meta["lr_base"] = base
+        if not groups or not wrapped:
+            return
+        # a one-cycle schedule starts at a fraction of the rate it heads to (``max_lr``, set on each group too)
+        rates = {key: _positive(groups[0].get(key)) for key in ("initial_lr", "max_lr")}
+        key = max(rates, key=lambda k: rates[k] if rates[k] == rates[k] else -1.0)
+        if rates[key] == rates[key]:
+            self.trace.meta["lr_base"] = rates[key]
+            self.trace.meta["lr_base_key"] = key
 
     def _lr(self, sync: bool = True) -> float:
         """The first parameter group's learning rate; NaN when unknown, or when it is a tensor on an
@@ -2013,6 +2015,15 @@ class Recorder:
             return float(lr)
         except (TypeError, ValueError):
             return float("nan")
+
+
+def _positive(value) -> float:
+    """A positive float, or NaN."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return value if value > 0 else math.nan
 
 
 def _attention_logits(func, args, kwargs) -> torch.Tensor | None:

@@ -337,6 +337,33 @@ def test_a_warmup_longer_than_the_run_is_the_schedules_fix_not_the_base_rates(op
     assert not any("raise the learning rate" in h.suggestion or "larger learning rate" in h.suggestion for h in hs)
 
 
+@pytest.mark.parametrize("opt_of, seed, named", [(_OPTIMIZERS[0], 0, True), (_OPTIMIZERS[0], 1, True),
+                                                  (_OPTIMIZERS[1], 0, False)], ids=["adam-0", "adam-1", "sgd-0"])
+def test_a_one_cycle_sized_for_far_more_steps_is_named_with_its_size(opt_of, seed, named):
+    """A OneCycleLR given total_steps for 1000 epochs in a run of 300 steps: it never leaves its warm-up's
+    floor (max_lr / 25), so each update still counts, but the loss comes down far slower than at the rate the
+    schedule heads to (Adam's stays near its start). The schedule's size is the fix, not the base rate. Under
+    SGD with momentum the loss still halves: a weak signal with the same fix."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = opt_of(model.parameters())
+    peak = opt.param_groups[0]["lr"]
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=peak, total_steps=300_000)
+    hs = train(Run(model, opt, teacher_classes(16, 4, seed=seed), steps=300,
+                   before_step=lambda s, o: sched.step() if s else None)).explain()
+    top = hs[0]
+    assert top.cause == "learning_rate_too_low" and (top.confidence >= CONFIDENT) == named
+    assert top.suggestion.startswith("size the one-cycle schedule to the run")
+    assert not any("raise the learning rate" in h.suggestion or "larger learning rate" in h.suggestion for h in hs)
+
+
+@pytest.mark.parametrize("opt_of", _OPTIMIZERS, ids=["adam", "sgd"])
+def test_a_one_cycle_sized_to_the_run_stays_quiet(opt_of):
+    hs = _scheduled(opt_of, lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=o.param_groups[0]["lr"],
+                                                                          total_steps=300))
+    assert not [h for h in hs if h.confidence >= CONFIDENT]
+
+
 @pytest.mark.parametrize("opt_of", _OPTIMIZERS, ids=["adam", "sgd"])
 def test_a_warmup_over_a_tenth_of_the_run_stays_quiet(opt_of):
     hs = _scheduled(opt_of, lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1e-3, total_iters=30))

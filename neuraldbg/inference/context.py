@@ -86,8 +86,10 @@ class Context:
     target_count: tuple = ()
     # the loss they were read under: "" (a cross-entropy), "bce_softmax" (a binary cross-entropy of a softmax)
     target_loss: str = ""
-    # the rate the optimizer's schedule scales (its first group's ``initial_lr``; NaN: no schedule seen)
+    # the rate the optimizer's schedule scales or heads to (its first group's ``initial_lr``, or a one-cycle's
+    # ``max_lr``, the key in ``lr_base_key``; NaN: no schedule seen)
     lr_base: float = math.nan
+    lr_base_key: str = "initial_lr"
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so
     bounded_output: tuple | None = None
     loss_min: float = math.nan      # the lowest finite loss recorded

@@ -81,7 +81,22 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
         # little so far by design, unless it stayed far below the rate the schedule raises it to for the whole
         # run (a warm-up longer than the run)
         out += _still(ctx, divided) + _group_still(ctx)
+    if not named and not small and not any(c.kind == "still" for c in out):
+        out += _held(ctx)
     return out
+
+
+def _held(ctx: Context) -> list[Candidate]:
+    """A schedule that held the rate ``lr_held`` times below the one it scales or heads to for the whole run,
+    its peak included (a warm-up longer than the run, a one-cycle sized for many more steps than were run):
+    the run never trained at the rate it was set up for. Its updates need not be negligible; it needs a loss
+    that does not come down, or barely, and the schedule is what to mend, not the base rate."""
+    hold = ctx.schedule_hold()
+    if hold != hold:
+        return []
+    return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "held", [],
+                      severity=past_ratio(hold, ctx.th.lr_held), persistence=1.0, needs_harm=True, lasting=True,
+                      loss_kinds=losses.FLAT | {LossState.SLOW}, facts={"held": hold})]
 
 
 def _group_still(ctx: Context) -> list[Candidate]:

@@ -568,6 +568,7 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.LEARNING_RATE_TOO_LOW:
         lines = ([f"over the {ctx.last_step + 1} steps of the run the weights moved at most {fmt(100 * f['moved'])}% "
                   f"of their norm (`{f['layer']}`, the layer that moved most, lr {fmt(f['lr'])})"] if k == "still" else
+                 [] if k == "held" else
                  [f"updates are negligible from step {c.step}: the largest is typically {fmt(f['update_typical'])} x "
                   f"the weights per step (lr {fmt(ctx.lr)})"])
         if (hold := ctx.schedule_hold()) == hold:
@@ -1366,7 +1367,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"raise the learning rate from {number(peak)} (its peak, before a schedule cut it to "
                 f"{number(ctx.lr)}) to ~{number(peak * 1e3)} (updates of ~1e-3 x the weights per step are typical)")
     hold = ctx.schedule_hold()
-    if c.cause == Cause.LEARNING_RATE_TOO_LOW and hold == hold and k in ("negligible", "still"):
+    if c.cause == Cause.LEARNING_RATE_TOO_LOW and hold == hold and k in ("negligible", "still", "held"):
         return _schedule_held(ctx, hold)
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "group":
         # a rate that moves its layers by about their norm over a run this long, up to the other group's
@@ -1554,6 +1555,8 @@ def _strong_dropout(ctx: Context) -> tuple[float, str] | None:
 def _held_where(ctx: Context, held: float) -> str:
     at = int(ctx.lr_rows[-1][0]) if ctx.lr_rows else ctx.last_step
     times = f"{held:,.0f}" if held >= 100 else fmt(held)
+    if ctx.lr_base_key == "max_lr":
+        return f"{number(ctx.lr)} at step {at}, {times}x below the {number(ctx.lr_base)} it heads to (its max_lr)"
     return f"{number(ctx.lr)} at step {at}, {times}x below the optimizer's {number(ctx.lr_base)}"
 
 
@@ -1569,6 +1572,10 @@ def _schedule_held(ctx: Context, held: float) -> str:
                 "last many times "
                 "that, warm up over ~5-10% of its steps (LinearLR's total_iters, the warm-up steps of a LambdaLR or "
                 "of num_warmup_steps) and leave the base rate as it is")
+    if ctx.lr_base_key == "max_lr":
+        return (f"size the one-cycle schedule to the run: it holds the learning rate at {where}, still in its "
+                "warm-up; its total_steps (or epochs x steps_per_epoch) must count the scheduler.step() calls the "
+                "run makes (once per batch, not per epoch)")
     return (f"check the schedule: it holds the learning rate at {where} (a LambdaLR multiplies the base rate by "
             "what its lambda returns; a warm-up's length counts the scheduler's steps, not epochs)")
 
