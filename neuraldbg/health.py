@@ -774,15 +774,31 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state[enough & (c.progress < th.slow_progress)] = LossState.SLOW.code
     state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
     # hysteresis: a plateau holds until the loss clearly improves (past slow_progress), so a loss hovering at
-    # the plateau threshold is one plateau, not a flicker between flat and slow
+    # the plateau threshold is one plateau, not a flicker between flat and slow; or until it has come down from
+    # where the plateau began by as much again as a plateau allows, past its batch-to-batch noise, and comes
+    # down steadily from its start to the stretch's end (a falling trend, ``trend_z``): it left the plateau and is
+    # on its way down, a slow start out of a small initialisation's saddle, not a flat loss's noise
     flat = state != 0
     seg = np.cumsum(~flat)  # rows of one flat stretch share a number
     was = np.zeros(n, dtype=bool)
+    left_rows = np.zeros(n, dtype=bool)  # rows of a stretch after the loss left its plateau that way
     if n:
         plateau_rows = state == LossState.PLATEAU.code
         first_of = np.full(int(seg.max()) + 1, n, dtype=np.int64)
         np.minimum.at(first_of, seg[plateau_rows], np.nonzero(plateau_rows)[0])
-        was = np.arange(n) >= first_of[seg]
+        begun = first_of[seg]
+        was = np.arange(n) >= begun
+        level = c.progress[np.minimum(begun, n - 1)]
+        left = was & (c.progress >= level + th.loss_progress + osc)
+        # from the first row that left it, on to the end of the stretch
+        left_at = np.full(int(seg.max()) + 1, n, dtype=np.int64)
+        np.minimum.at(left_at, seg[left], np.nonzero(left)[0])
+        for k in np.unique(seg[left]):
+            rows = np.nonzero(seg == k)[0]
+            if falling_z(c.filled[first_of[k]:rows[-1] + 1]) < th.trend_z:
+                left_at[k] = n
+        left_rows = flat & (np.arange(n) >= left_at[seg])
+        was &= ~left_rows
     state[flat & was & (state == LossState.SLOW.code)] = LossState.PLATEAU.code
     state[enough & (osc > th.loss_oscillation) & (window_progress < th.loss_progress)] = LossState.OSCILLATING.code
     # a run too short for a plateau: a loss that has not come down, or moves only by its batch noise
@@ -797,7 +813,8 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     start = c.start
     chance = c.chance  # known here only when the progress is counted from it
     values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress),
-               "oscillation": _at(osc)}
+               "oscillation": _at(osc), "progress_end": lambda r: float(c.progress[-1]),
+               "left_plateau": _at(left_rows.astype(np.float64))}
     if chance > 0:
         values_.update({"chance": lambda r: chance, "latest": lambda r: float(smooth[-1]),
                         "from_chance": lambda r: 1.0})

@@ -20,9 +20,10 @@ _FLAT = (LossState.PLATEAU, LossState.SLOW)
 
 
 def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
-    """The plateau/slow events that follow each other up to the end of the run, when a plateau is among them
-    (a loss that was flat for a while and then learned had a slow start, not a plateau); else the plateau of
-    the classification term of a loss that adds other terms to it, when it holds to the end."""
+    """The plateau/slow events that follow each other up to the end of the run, when they end on a plateau (a
+    loss that was flat for a while and then learned, or left its plateau and goes on coming down slowly, had a
+    slow start, not a plateau); else the plateau of the classification term of a loss that adds other terms to
+    it, when it holds to the end."""
     flat = ctx.all(Signal.LOSS, *_FLAT)
     run: list[SemanticEvent] = []
     for e in flat:
@@ -32,7 +33,8 @@ def _flat_stretch(ctx: Context) -> list[SemanticEvent]:
             run.append(e)
         else:
             run = [e]
-    if run and run[-1].end is None and any(e.after == LossState.PLATEAU for e in run):
+    if run and run[-1].end is None and not run[-1].values.get("left_plateau") and any(
+            e.after == LossState.PLATEAU for e in run):
         return run
     # the loss as a whole comes down, with what it adds to a classification: that term's own plateau
     return [e for e in flat if e.values.get("term") and e.end is None][-1:]
