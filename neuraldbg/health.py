@@ -901,7 +901,7 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     hold about their size. The median of ``batch_order_window`` batches past ``batch_order`` is the state."""
     rows = [r for r in trace.meta.get("batch_classes", ()) if sum(r[2]) >= 2]
     window = th.batch_order_window
-    if len(rows) < window:
+    if len(rows) < window or _one_batch(trace):
         return []
     classes = sorted({c for r in rows for c in r[1]})
     if len(classes) < 2:
@@ -926,6 +926,17 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
               "batch": lambda r: float(np.median(size))}
     steps = np.array([r[0] for r in rows], dtype=np.int64)
     return [StateSeries(Signal.TARGET, steps, state[:, None], [""], {TargetState.ORDERED: values})]
+
+
+def _one_batch(trace: Trace) -> bool:
+    """Every sampled pass read the same input (its mean, spread and largest value alike): one batch, the whole
+    data set at every step (a graph's nodes, full-batch training). Its classes have no order to be read in;
+    those read off the output's gradient change only with what the model fits."""
+    g = trace.globals.data
+    if len(g) < 2:
+        return False
+    cols = g[:, [GLOBAL_COLUMNS.index(k) for k in ("input_mean", "input_std", "input_absmax")]]
+    return bool(np.isfinite(cols).all() and (cols == cols[0]).all())
 
 
 # ops that make an output with a learned offset (a linear or convolutional layer with its bias): the offset alone

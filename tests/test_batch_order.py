@@ -305,3 +305,52 @@ def test_a_batch_handed_over_as_a_dict_has_its_classes_read():
     dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda s: ({"x": data(s)[0]}, data(s)[1]),
                     steps=200))
     assert dbg.trace.meta["batch_classes"] and dbg.explain()[0].cause == "data"
+
+
+class _Graph(nn.Module):
+    """A graph convolution net written by hand (messages summed with ``index_add_``), run on the whole graph."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.lins = nn.ModuleList([nn.Linear(n_in, 64), nn.Linear(64, 64), nn.Linear(64, n_out)])
+
+    def forward(self, x, edges, weights):
+        for i, lin in enumerate(self.lins):
+            h = lin(x)
+            x = torch.zeros_like(h).index_add_(0, edges[1], h[edges[0]] * weights[:, None])
+            x = F.relu(x) if i < len(self.lins) - 1 else x
+        return x
+
+
+def _graph(n: int = 400, k: int = 4, seed: int = 1234):
+    """Nodes of k classes, linked mostly within a class, with self loops and the symmetric normalisation."""
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.arange(n) % k)[torch.randperm(n, generator=g)]
+    x = 0.35 * torch.randn(k, 16, generator=g)[y] + torch.randn(n, 16, generator=g)
+    same = (y[:, None] == y[None, :]).float()
+    adj = torch.triu((torch.rand(n, n, generator=g) < same * 0.06 + (1 - same) * 0.006).float(), 1)
+    edges = torch.cat([(adj + adj.t()).nonzero().t(), torch.arange(n).repeat(2, 1)], 1)
+    deg = torch.zeros(n).index_add_(0, edges[1], torch.ones(edges.shape[1]))
+    return x, y, edges, deg[edges[0]].rsqrt() * deg[edges[1]].rsqrt(), torch.randperm(n, generator=g)[:80]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_nodes_outside_a_graphs_training_mask_are_not_read_as_its_batch(seed):
+    """Full-batch training of a graph net on 80 labelled nodes of 400, under Adam at 1.0 (a rate copied from
+    an SGD setting): the predictions saturate everywhere, and the classes read off the output's gradient
+    change with what the model fits. The one batch is the same every step: no order of the data to read,
+    and the rate is named."""
+    x, y, edges, weights, train_idx = _graph()
+    torch.manual_seed(seed)
+    model = _Graph(16, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=1.0)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(200):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x, edges, weights)[train_idx], y[train_idx])
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert not _ordered(dbg)
+    top = dbg.explain()[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT, dbg.report()
