@@ -11,7 +11,7 @@ from ..causes import Cause
 from ..events import SemanticEvent
 from ..layers import GRADIENT_KINDS, Kind
 from ..patterns import LinkKind
-from ..states import GradState, LossState, Signal, UpdateState
+from ..states import ActState, GradState, LossState, Signal, UpdateState
 from . import losses
 from .context import Context
 from .evidence import Candidate, below_ratio, past_ratio, persistence
@@ -155,7 +155,10 @@ def candidates(ctx: Context) -> list[Candidate]:
                    key=lambda run: ctx.rank.get(run[0].layer, -1))
         origin = span[0]
         att = min((e.values.get("attenuation", math.nan) for run in pool for e in run), default=math.nan)
-        gap = _gap(ctx, origin.layer) if span[-1].values.get("attenuation", 1.0) < ctx.th.vanishing_ratio else None
+        # a gradient exactly 0 at every sample of the span, while the layers after it have one: cut, not faded
+        zero = all(e.values.get("attenuation", math.nan) == 0.0 for e in span)
+        gap = (_gap(ctx, origin.layer, zero) if span[-1].values.get("attenuation", 1.0) < ctx.th.vanishing_ratio
+               else None)
         # an adaptive optimizer's steps do not shrink with the gradient: a loss that does not improve while no
         # weight moves is the updates' (negligible), not the attenuation's, as through time
         still = ctx.adaptive() and bool(ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
@@ -166,7 +169,7 @@ def candidates(ctx: Context) -> list[Candidate]:
                              loss_kinds=frozenset() if still else losses.FLAT,
                              facts={"attenuation": span[-1].values.get("attenuation", math.nan),
                                     "others": [run[0] for run in pool if ctx.upstream(run[0].layer, origin.layer)],
-                                    "gap": gap}))
+                                    "gap": gap, "zero": zero}))
     return out
 
 
@@ -186,15 +189,20 @@ def _parallel(ctx: Context, a: str, b: str) -> bool:
     return any(ctx.layers[n].kind == Kind.ATTENTION for n in inside)
 
 
-def _gap(ctx: Context, layer: str) -> str | None:
+def _gap(ctx: Context, layer: str, zero: bool = False) -> str | None:
     """The weight layer after ``layer`` (not a projection beside it in an attention) when nothing runs between
     them that could shrink a gradient (a dropout, a normalisation, a module that returns its input, are no
     such thing) and ``layer``'s gradient vanished against the layers after it all the same: the forward
     between them, in code no module hook sees, erases the signal (a normalisation over the wrong axis, a mean
-    of what was just centred)."""
+    of what was just centred). A gradient that is exactly 0 (``zero``) is cut there even past modules that
+    could shrink one, unless their units are dead or pinned: an operation whose derivative is 0 (a rounding,
+    a sign, a comparison) or a mask of zeros."""
     after = ctx.next_weight_layer(layer)
     if after is None or ctx.layers[after].kind == Kind.NORM or _parallel(ctx, layer, after):
         return None
     lo, hi = ctx.rank.get(layer, 0), ctx.rank.get(after, 0)
     between = [n for n, r in ctx.rank.items() if lo < r < hi and not ctx.layers[n].extra.get("passthrough")]
+    if zero:
+        failing = {e.layer for e in ctx.all(Signal.ACTIVATION, ActState.DEAD, ActState.SATURATED)}
+        return None if any(n in failing for n in between) else after
     return None if any(ctx.layers[n].kind in _SHRINKING for n in between) else after

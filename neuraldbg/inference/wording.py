@@ -384,7 +384,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         word = "is typically" if k == "diminishing" else "is"
         lines = [f"the relative gradient of `{c.layer}` {word} {fmt(f['attenuation'])}x that of the layers after it "
                  f"from step {c.step}"]
-        if f.get("gap"):
+        if f.get("gap") and f.get("zero"):
+            lines.insert(1, f"it is exactly 0 while `{f['gap']}`, the next weight layer, has one: an operation in the "
+                            "forward between them (no module hook sees it) has a zero derivative")
+        elif f.get("gap"):
             lines.insert(1, f"no module that could shrink a gradient runs between `{c.layer}` and `{f['gap']}`, the "
                             "next weight layer: the forward's own code between them (no module hook sees it) "
                             "erases the signal")
@@ -1283,6 +1286,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "through .item(), .numpy() or torch.tensor(...), a torch.no_grad() block, or torch.utils.checkpoint "
                 "with use_reentrant=True on inputs that need no gradient (pass use_reentrant=False); if it is meant "
                 "to stay fixed, freeze it (requires_grad_(False) on its parameters)")
+    if c.cause == Cause.VANISHING_GRADIENTS and f.get("gap") and f.get("zero"):
+        return (f"find the operation in the forward between `{c.layer}` and `{f['gap']}` whose derivative is 0: "
+                "torch.round, floor, sign, argmax or a comparison (a quantiser or a hard threshold: pass the gradient "
+                "straight through, z + (z.round() - z).detach()), or a multiplication by a mask of zeros")
     if c.cause == Cause.VANISHING_GRADIENTS and f.get("gap"):
         return (f"find the operation in the forward between `{c.layer}` and `{f['gap']}` that erases the signal: a "
                 "normalisation over the wrong axis (dim=1 of (batch, length, features) normalises over the "
