@@ -186,6 +186,24 @@ def _readable(t) -> TypeGuard[torch.Tensor]:
             and not t.is_meta)
 
 
+def _weight(module: nn.Module):
+    """``module.weight`` read without side effects: a parametrized weight (``torch.nn.utils.parametrizations``)
+    is computed with its parametrizations as in eval mode, so a spectral norm's power iteration does not
+    advance its vectors (reading it must not change the run it watches)."""
+    plist = getattr(module, "parametrizations", None)
+    if not isinstance(plist, nn.Module):
+        return getattr(module, "weight", None)
+    modes = [(m, m.training) for m in plist.modules()]
+    for m, _ in modes:
+        m.training = False
+    try:
+        with torch.no_grad():
+            return getattr(module, "weight", None)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
 def weight_scale(module: nn.Module) -> float | None:
     """The spread of a Linear or convolution layer's weights against PyTorch's default init (uniform in
     +-1/sqrt(fan_in): std 1/sqrt(3 fan_in)): 1 at the default, within a few times of it for the usual inits
@@ -193,7 +211,7 @@ def weight_scale(module: nn.Module) -> float | None:
     zero (a deliberate zero init)."""
     if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
         return None
-    w = getattr(module, "weight", None)
+    w = _weight(module)
     if not _readable(w) or w.dim() < 2 or w.numel() < 2:
         return None
     with torch.no_grad():
@@ -218,7 +236,7 @@ def equal_weights(module: nn.Module) -> float | None:
     constant init), else None: its units compute the same output."""
     if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
         return None
-    w = getattr(module, "weight", None)
+    w = _weight(module)
     if not _readable(w) or w.dim() < 2 or w.shape[0] < 2 or w.numel() == 0:
         return None
     with torch.no_grad():
