@@ -580,17 +580,25 @@ def nonfinite_op(origin, recorded: list[list[str]] | None, rounding_rank: float 
     return f"{op} of {probability}" if probability else op
 
 
-def transformed(recorded: list[list[str]] | None, probability: str) -> bool:
+# ops that set chosen entries to a value of their own (a mask filled with -1e9 or -inf)
+_FILLS = frozenset({"MaskedFill", "IndexPut", "Where"})
+
+
+def transformed(recorded: list[list[str]] | None, probability: str) -> str:
     """Whether the loss scales the outputs before taking ``probability`` of them (a temperature:
-    ``softmax(out / 0.07)``): the outputs' own range then does not say what the probability sees. A shift
-    (``out - out.max()``) leaves a softmax as it is and is no such scale."""
+    ``softmax(out / 0.07)``), or fills some of their entries (a mask: ``out.masked_fill(mask, -1e9)``): the
+    outputs' own range then does not say what the probability sees. A shift (``out - out.max()``) leaves a
+    softmax as it is and is no such scale. "filled", "scaled", or "" (neither)."""
     scales = _FACTORS if probability == "Softmax" else _FACTORS | {"Add", "Sub"}
     for path in recorded or []:
         ops = [op.split("@")[0] for op in path]
         ops = [op for op in ops if op not in SHAPE_OPS]
-        if probability in ops and any(op in scales for op in ops[ops.index(probability) + 1:-1]):
-            return True  # (the last op is the output's own)
-    return False
+        before = ops[ops.index(probability) + 1:-1] if probability in ops else []  # (the last op is the output's)
+        if any(op in _FILLS for op in before):
+            return "filled"
+        if any(op in scales for op in before):
+            return "scaled"
+    return ""
 
 
 # a hard target's gradient is the loss's scale times (prediction - target): over the entries the target leaves

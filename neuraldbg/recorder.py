@@ -887,7 +887,9 @@ class Recorder:
         if (not self._loss_path_seen and self._inner_tries < losspath.TRIES and len(leaves) > 1
                 and any(t.dim() == 0 for t in leaves)):
             self._read_inner_path(leaves)  # a model that returns its loss with its outputs (Hugging Face style)
-        if self._loss_wanted and not self._loss_path_seen:  # the loop records losses: until one shows its ops
+        # the loop records losses (or may: the first pass, before any was recorded, in case it is the only one to
+        # end, a loss NaN at step 0 stopping the loop): until one shows its ops
+        if (self._loss_wanted or self.passes == 0) and not self._loss_path_seen:
             self._out_fns = losspath.Nodes(t.grad_fn for t in leaves if t.grad_fn is not None)
             if self._layer_nodes:  # every pass's outputs of the step: a loss may read two (a consistency term)
                 self._layer_nodes.outputs.extend(self._out_fns)

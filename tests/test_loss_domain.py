@@ -167,14 +167,45 @@ def test_the_loss_operation_that_can_leave_its_domain_is_read_from_the_path(path
 
 
 @pytest.mark.parametrize("path, rescaled", [
-    (["Neg", "Mean", "Sum", "Mul", "Log", "Softmax", "Div", "Addmm"], True),    # softmax(out / tau)
-    (["NllLoss", "Log", "Softmax", "Addmm"], False),
-    (["Neg", "Mean", "Mul", "Log", "Sigmoid", "Squeeze", "Addmm"], False),     # a shape op is no scale
-    (["Neg", "Mean", "Log", "Softmax", "Sub", "Addmm"], False),                # out - out.max(): a shift
-    (["Neg", "Mean", "Log", "Sigmoid", "Add", "Addmm"], True),                 # a sigmoid sees a shift
+    (["Neg", "Mean", "Sum", "Mul", "Log", "Softmax", "Div", "Addmm"], "scaled"),    # softmax(out / tau)
+    (["NllLoss", "Log", "Softmax", "Addmm"], ""),
+    (["Neg", "Mean", "Mul", "Log", "Sigmoid", "Squeeze", "Addmm"], ""),     # a shape op is no scale
+    (["Neg", "Mean", "Log", "Softmax", "Sub", "Addmm"], ""),                # out - out.max(): a shift
+    (["Neg", "Mean", "Log", "Sigmoid", "Add", "Addmm"], "scaled"),          # a sigmoid sees a shift
+    (["Neg", "Mean", "Sum", "Mul", "Log", "Softmax", "MaskedFill", "Addmm"], "filled"),  # a mask of -1e9
 ])
 def test_a_scale_between_the_outputs_and_the_probability_is_seen(path, rescaled):
-    assert losspath.transformed([path], path[path.index("Log") + 1]) is rescaled
+    assert losspath.transformed([path], path[path.index("Log") + 1]) == rescaled
+
+
+def test_a_log_of_a_masked_softmax_in_the_loss_is_the_losss_own_nan_even_if_it_ends_the_loop():
+    """A policy's entropy bonus written as -(p * log p) of a softmax whose unavailable actions were filled with
+    -1e9: their p is exactly 0, and 0 x log 0 is NaN at the first step. Sampling from the NaN policy then
+    raises, so the first step is the only one: its loss is still read, and the NaN is the loss's log, not
+    its targets'."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 5))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        with pytest.raises(RuntimeError):
+            for _ in range(20):
+                x = torch.randn(64, 6, generator=g)
+                masked = F.one_hot(torch.randint(0, 5, (64,), generator=g), 5).bool()
+                logits = model(x).masked_fill(masked, -1e9)
+                probs = torch.softmax(logits, 1)
+                action = torch.multinomial(probs.detach(), 1, generator=g).squeeze(1)
+                reward = torch.randn(64, generator=g)
+                logp = torch.log_softmax(logits, 1).gather(1, action[:, None]).squeeze(1)
+                entropy = -(probs * torch.log(probs)).sum(1).mean()
+                loss = -(logp * reward).mean() - 0.01 * entropy
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                dbg.record_loss(loss)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("non_finite", "loss", 0) and top.confidence >= 0.5
+    assert "mask" in top.chain[0] and "log_softmax" in top.suggestion
 
 
 def test_a_probability_saturates_where_its_dtype_rounds_it():

@@ -59,8 +59,9 @@ class Context:
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)
     loss_nonfinite_op: str = ""
-    # the loss computes something of the outputs (a temperature) before the probability that op is taken of
-    loss_op_rescaled: bool = False
+    # the loss computes something of the outputs before the probability that op is taken of: "scaled" (a
+    # temperature), "filled" (a mask set to -1e9), "" (neither)
+    loss_op_rescaled: str = ""
     # how the loss's code makes it unbounded below, should it fall so (see ``losspath.unbounded_form``; "": its
     # targets would)
     loss_unbounded: str = ""

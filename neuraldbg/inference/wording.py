@@ -895,7 +895,9 @@ def _loss_op_lines(c: Candidate) -> list[str]:
     name, _, of = c.facts["op"].partition(" of ")
     lines = []
     if of and c.facts.get("rescaled"):  # the outputs' own range says nothing of what the probability sees
-        lines.append(f"at step {c.step} the loss scales the model's outputs (a temperature, a factor) before their "
+        how = ("fills some of the model's outputs (a mask set to -1e9 or -inf)" if c.facts["rescaled"] == "filled"
+               else "scales the model's outputs (a temperature, a factor)")
+        lines.append(f"at step {c.step} the loss {how} before their "
                      f"{of.lower()}, which rounds to exactly {'0 or 1' if of == 'Sigmoid' else '0 for some classes'} "
                      f"in {origin.dtype or 'float32'}")
         lines.append(f"the loss takes the {name.lower()} of it: {name.lower()}(0) is -inf, and 0 x -inf is NaN")
