@@ -89,6 +89,23 @@ def test_targets_outside_a_library_losss_range_stay_the_datas():
     assert not [h for h in hs if h.confidence >= CONFIDENT and h.cause == "learning_rate_too_high"]
 
 
+def hand_bce_targets_out_of_range(out, y):
+    """A binary cross-entropy written by hand (no library loss) against targets of 5."""
+    t = 5.0 * (y == 0).float()
+    return -(t * F.logsigmoid(out[:, 0]) + (1 - t) * F.logsigmoid(-out[:, 0])).mean()
+
+
+def test_a_hand_written_loss_below_zero_is_not_said_to_be_one_that_cannot_be():
+    """The same targets under a cross-entropy written by hand: the fall is still the data's, but the graph
+    holds no library loss, so the chain does not say the loss cannot be negative (a density's NLL written by
+    hand rightly can); it says what tells the two apart."""
+    hs = _run(hand_bce_targets_out_of_range).explain()
+    top = hs[0]
+    assert (top.cause, top.layer) == ("data", "input")
+    assert not any("cannot be negative" in line for line in top.chain)
+    assert any("no library loss" in line for line in top.chain)
+
+
 @pytest.mark.parametrize("path, expected", [
     (["Neg", "NllLoss", "LogSoftmax", "Addmm"], "negated"),
     (["Neg", "Mean", "MseLoss", "Addmm"], "negated"),

@@ -275,6 +275,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the loss starts at {fmt(f.get('loss', math.nan))}, while the outputs' RMS is "
                     f"{fmt(f.get('output_rms', math.nan))}: the targets are ~{fmt(target)}, "
                     f"{fmt(f.get('reach', math.nan))}x out of the outputs' reach"]
+        if not ctx.loss_non_negative:  # written by hand: it may be a likelihood that rightly goes negative
+            return [_falls(f), "a loss of the model's own code (no library loss) falling below zero at an unchanged "
+                    "pace: a likelihood that may go negative (a density's NLL) slows as it converges; one whose "
+                    "targets are outside its range, or whose terms have no floor, is unbounded below"]
         return [_falls(f), "a cross-entropy, a binary cross-entropy or a squared error cannot be negative: targets "
                 "outside the loss's range make it unbounded below, and the model learns to push its outputs without "
                 "limit"]
@@ -1165,7 +1169,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     f"the predictions), or scale the loss down by ~{fmt(target ** 2)}")
         return ("check the targets' range: binary_cross_entropy(_with_logits) needs targets in [0, 1] (divide 0/255 "
                 "masks by 255), cross_entropy class indices in [0, classes) or probabilities summing to 1; if the loss "
-                "is meant to go negative (a Gaussian NLL), check that its variance is bounded below")
+                "is meant to go negative (a Gaussian NLL, a flow's NLL), check that its variance is bounded below "
+                "and the sign of each term (a log-determinant adds to the log-likelihood)")
     if c.cause == Cause.DEAD_UNITS and k == "dropped":
         where, first = _dropout_where(ctx, c.layer), f["rise_from"][1]
         if first < f["rate"]:
