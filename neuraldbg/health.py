@@ -775,9 +775,10 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
     # hysteresis: a plateau holds until the loss clearly improves (past slow_progress), so a loss hovering at
     # the plateau threshold is one plateau, not a flicker between flat and slow; or until it has come down from
-    # where the plateau began by as much again as a plateau allows, past its batch-to-batch noise, and comes
-    # down steadily from its start to the stretch's end (a falling trend, ``trend_z``): it left the plateau and is
-    # on its way down, a slow start out of a small initialisation's saddle, not a flat loss's noise
+    # where the plateau began by as much again as a plateau allows, past ``trend_z`` times its batch-to-batch
+    # change (``osc``, on the same scale), and comes down steadily from the plateau's start to the stretch's end
+    # (a falling trend, ``trend_z``): it left the plateau and is on its way down, a slow start out of a small
+    # initialisation's saddle, not a flat loss's noise
     flat = state != 0
     seg = np.cumsum(~flat)  # rows of one flat stretch share a number
     was = np.zeros(n, dtype=bool)
@@ -789,7 +790,7 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
         begun = first_of[seg]
         was = np.arange(n) >= begun
         level = c.progress[np.minimum(begun, n - 1)]
-        left = was & (c.progress >= level + th.loss_progress + osc)
+        left = was & (c.progress >= level + th.loss_progress + th.trend_z * osc)
         # from the first row that left it, on to the end of the stretch
         left_at = np.full(int(seg.max()) + 1, n, dtype=np.int64)
         np.minimum.at(left_at, seg[left], np.nonzero(left)[0])

@@ -254,9 +254,11 @@ class Context:
 
     def loss_recovered_after(self, step: int) -> bool:
         """From ``step`` to the end of the run the loss is improving: its state from then on is one open
-        improving state, with no other failure after it."""
+        improving state, with no other failure after it (a slow stretch of a loss that left its plateau and
+        comes down steadily is on its way there)."""
         later = [e for e in self.all(Signal.LOSS) if e.step >= step]
-        return bool(later) and all(e.after == LossState.IMPROVING for e in later) and later[-1].end is None
+        return (bool(later) and all(e.after == LossState.IMPROVING or e.values.get("left_plateau") for e in later)
+                and later[-1].end is None)
 
     def warmed_up(self) -> bool:
         """The learning rate started at less than half of its largest value (a warm-up, or a schedule that
