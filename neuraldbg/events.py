@@ -20,6 +20,8 @@ from .thresholds import Thresholds
 MAX_PER_SERIES = 16
 # event values that are flags, shown only when set (a loss that left its plateau, coming down)
 _FLAGS = frozenset({"left_plateau"})
+# values the wording reads, not shown with the event (the loss's progress at the run's end)
+_UNSHOWN = frozenset({"progress_end"})
 
 _STATE_OF: dict[Signal, type[_State]] = {
     Signal.ACTIVATION: ActState, Signal.GRADIENT: GradState, Signal.GAIN: GainState, Signal.FINITE: FiniteState,
@@ -58,7 +60,8 @@ class SemanticEvent:
         if self.signal == Signal.FINITE:
             return f"step {self.step}: " + (f"NaN/Inf appears in {where}" if self.bad else f"{where} is finite again")
         # (a flag that is not set says nothing)
-        nums = ", ".join(f"{k} {number(v)}" for k, v in self.values.items() if not (k in _FLAGS and not v))
+        nums = ", ".join(f"{k} {number(v)}" for k, v in self.values.items()
+                         if k not in _UNSHOWN and not (k in _FLAGS and not v))
         what = "loss (its classification term)" if self.values.get("term") else str(self.signal)
         text = f"step {self.step}: {what} {self.before} -> {self.after} in {where}"
         return text + (f" ({nums})" if nums else "")

@@ -775,8 +775,8 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
     state[enough & (c.progress < th.loss_progress)] = LossState.PLATEAU.code
     # hysteresis: a plateau holds until the loss clearly improves (past slow_progress), so a loss hovering at
     # the plateau threshold is one plateau, not a flicker between flat and slow; or until it has come down from
-    # where the plateau began by as much again as a plateau allows, past ``trend_z`` times its batch-to-batch
-    # change (``osc``, on the same scale), and comes down steadily from the plateau's start to the stretch's end
+    # where the plateau began by as much again as a plateau allows, past ``plateau_exit`` times its
+    # batch-to-batch change (``osc``, on the same scale), and comes down steadily from there to the stretch's end
     # (a falling trend, ``trend_z``): it left the plateau and is on its way down, a slow start out of a small
     # initialisation's saddle, not a flat loss's noise
     flat = state != 0
@@ -789,14 +789,17 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
         np.minimum.at(first_of, seg[plateau_rows], np.nonzero(plateau_rows)[0])
         begun = first_of[seg]
         was = np.arange(n) >= begun
-        level = c.progress[np.minimum(begun, n - 1)]
-        left = was & (c.progress >= level + th.loss_progress + th.trend_z * osc)
-        # from the first row that left it, on to the end of the stretch
+        # the plateau's level: its progress where it began, or none (a loss that starts above chance and comes
+        # down to it has not left a plateau at chance)
+        level = np.maximum(c.progress[np.minimum(begun, n - 1)], 0.0)
+        left = was & (c.progress >= level + th.loss_progress + th.plateau_exit * osc)
+        # from the first row that left it, on to the end of the stretch, when the loss goes on falling from there
+        # (one drop, then flat again, is still the plateau's)
         left_at = np.full(int(seg.max()) + 1, n, dtype=np.int64)
         np.minimum.at(left_at, seg[left], np.nonzero(left)[0])
         for k in np.unique(seg[left]):
             rows = np.nonzero(seg == k)[0]
-            if falling_z(c.filled[first_of[k]:rows[-1] + 1]) < th.trend_z:
+            if falling_z(c.filled[left_at[k]:rows[-1] + 1]) < th.trend_z:
                 left_at[k] = n
         left_rows = flat & (np.arange(n) >= left_at[seg])
         was &= ~left_rows
@@ -811,6 +814,7 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
             state[state == 0] = LossState.STALLED.code
     state[rise > th.loss_rise] = LossState.DIVERGING.code
     state[~c.ok] = LossState.NONFINITE.code
+    left_rows &= state == LossState.SLOW.code  # (a divergence or a NaN after it is no way down)
     start = c.start
     chance = c.chance  # known here only when the progress is counted from it
     values_ = {"loss": _at(values), "start": lambda r: start, "best": _at(c.best), "progress": _at(c.progress),

@@ -90,6 +90,9 @@ class Thresholds:
                               "least improvement of the smoothed loss, as a fraction of the start loss, not a plateau")
     plateau_steps: int = _f(50, "plateau steps", "linear", 5, 1000,
                             "recorded losses needed before the loss can be called flat")
+    plateau_exit: float = _f(2.0, "plateau exit", "linear", 0.0, 10.0,
+                             "batch-to-batch loss changes, past loss_progress, by which the loss must come down from "
+                             "a plateau's level (and go on falling) to have left it", slider=False)
     min_losses: int = _f(10, "fewest losses", "linear", 3, 1000,
                          "recorded losses needed before a run too short for a plateau can be called stalled",
                          slider=False)

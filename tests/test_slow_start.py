@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,3 +75,24 @@ def test_a_loss_that_leaves_its_start_late_and_keeps_coming_down_is_no_plateau(s
 def test_a_loss_that_never_leaves_its_start_is_a_plateau(seed):
     top = _bpr(seed, "own").explain()[0]
     assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+
+
+
+def _synthetic(shape, steps: int = 300):
+    """A recorded loss alone (one healthy layer beside it): 0.693 with a little batch noise for 100 steps, then
+    ``shape`` (its value at each later step)."""
+    from test_analysis import make_trace, run
+    noise = np.random.default_rng(0).normal(0.0, 0.004, steps)
+    trace = make_trace(["Linear"], steps, loss=lambda s: (0.693 if s < 100 else shape(s - 100)) + noise[s])
+    return run(trace).hypotheses
+
+
+def test_a_loss_that_drops_once_then_stays_flat_is_still_a_plateau():
+    """A step down of 10%, then flat for 200 steps: it left its level, but does not go on falling."""
+    hs = _synthetic(lambda s: 0.62)
+    assert hs and hs[0].cause == "loss_plateau" and hs[0].confidence >= CONFIDENT
+
+
+def test_a_loss_that_leaves_its_level_and_goes_on_falling_is_no_plateau():
+    hs = _synthetic(lambda s: 0.693 - 0.11 * s / 200)
+    assert not [h for h in hs if h.confidence >= CONFIDENT]

@@ -103,7 +103,7 @@ def _group_still(ctx: Context) -> list[Candidate]:
     """A parameter group given a learning rate below another's (``{"params": ..., "lr": 1e-8}``, a default
     meant for another group) whose layers all moved, over the whole run, less than ``weights_still`` of their
     norm while a layer of another group moved more: those layers do not train. Only with a loss that does not
-    come down, or barely (a backbone fine-tuned slowly on purpose, under a loss that falls, is no fault)."""
+    come down (a backbone fine-tuned slowly on purpose, under a loss that falls, is no fault)."""
     th, moved = ctx.th, ctx.layers_moved
     if len(ctx.lr_groups) < 2:
         return []
@@ -118,7 +118,7 @@ def _group_still(ctx: Context) -> list[Candidate]:
         layers = sorted((n for n in names if n in moved), key=lambda n: ctx.rank.get(n, 1 << 30))
         out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, layers[0], ctx.first_step, "group", [],
                              severity=below_ratio(max(own), th.weights_still), persistence=1.0, needs_harm=True,
-                             lasting=True, loss_kinds=losses.FLAT | {LossState.SLOW},
+                             lasting=True, loss_kinds=losses.FLAT,
                              facts={"moved": max(own), "lr_group": lr, "lr_other": max(learns), "layers": layers,
                                     "others_moved": max(m for _, m in others)}))
     return out
