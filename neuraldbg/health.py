@@ -674,7 +674,7 @@ def class_chance(trace: Trace, th: Thresholds) -> tuple[float, float]:
     if len(rows) < th.batch_order_window:
         return math.nan, math.nan
     counts: dict = {}
-    for _, found, n in rows:
+    for _, found, n, *_ in rows:
         for c, k in zip(found, n):
             counts[c] = counts.get(c, 0) + k
     p = np.array(list(counts.values()), dtype=np.float64)
@@ -906,14 +906,14 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     hold about their size. The median of ``batch_order_window`` batches past ``batch_order`` is the state."""
     rows = [r for r in trace.meta.get("batch_classes", ()) if sum(r[2]) >= 2]
     window = th.batch_order_window
-    if len(rows) < window or _one_batch(trace):
+    if len(rows) < window or _one_batch(rows):
         return []
     classes = sorted({c for r in rows for c in r[1]})
     if len(classes) < 2:
         return _one_class(trace, rows, th)
     col = {c: i for i, c in enumerate(classes)}
     counts = np.zeros((len(rows), len(classes)))
-    for j, (_, found, n) in enumerate(rows):
+    for j, (_, found, n, *_) in enumerate(rows):
         counts[j, [col[c] for c in found]] = n
     size = counts.sum(1)
     share = counts.sum(0) / counts.sum()
@@ -933,15 +933,14 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     return [StateSeries(Signal.TARGET, steps, state[:, None], [""], {TargetState.ORDERED: values})]
 
 
-def _one_batch(trace: Trace) -> bool:
-    """Every sampled pass read the same input (its mean, spread and largest value alike): one batch, the whole
-    data set at every step (a graph's nodes, full-batch training). Its classes have no order to be read in;
-    those read off the output's gradient change only with what the model fits."""
-    g = trace.globals.data
-    if len(g) < 2:
-        return False
-    cols = g[:, [GLOBAL_COLUMNS.index(k) for k in ("input_mean", "input_std", "input_absmax")]]
-    return bool(np.isfinite(cols).all() and (cols == cols[0]).all())
+def _one_batch(rows: list) -> bool:
+    """Every sampled pass whose classes were read had the same input (the fingerprint the recorder keeps
+    with them: a weighted sum of evenly spaced input values, integer ones too): one batch, the whole data set
+    at every step (a graph's nodes, full-batch training). Its classes have no order to be read in; those
+    read off the output's gradient change only with what the model fits."""
+    prints = [r[3] for r in rows if len(r) > 3]
+    return (len(rows) >= 2 and len(prints) == len(rows) and all(math.isfinite(p) for p in prints)
+            and len(set(prints)) == 1)
 
 
 # ops that make an output with a learned offset (a linear or convolutional layer with its bias): the offset alone

@@ -92,6 +92,23 @@ def _sample_input(inputs) -> torch.Tensor | None:
     return next((t for t in nanhunt.float_tensors(inputs) if t.numel() > 1), None)
 
 
+def _fingerprint(inputs, device) -> torch.Tensor:
+    """A number that tells one batch from another: a weighted sum of 64 values of each of the pass's first
+    input tensors (integer ones too: token ids, node indices), at positions spread by a prime step (an even
+    stride would land on the same column of every row: each sequence's first token). The same at every
+    sampled pass: the same batch at every step. NaN with no input tensor."""
+    parts = []
+    for t in _input_tensors(inputs)[:4]:
+        flat = t.detach().reshape(-1)
+        if flat.numel() == 0 or flat.is_complex():
+            continue
+        at = (torch.arange(64, device=flat.device) * 7919 + 13) % flat.numel()
+        picked = flat[at].double()
+        weights = torch.arange(1, picked.numel() + 1, device=picked.device, dtype=torch.float64)
+        parts.append((picked * weights).sum().to(device))
+    return torch.stack(parts).sum() if parts else torch.full((), math.nan, device=device, dtype=torch.float64)
+
+
 def _input_tensors(inputs, depth: int = 3) -> list[torch.Tensor]:
     """The tensors of a pass's arguments, also inside a mapping (a tokenizer's ``BatchEncoding``) or a
     dataclass that the pytree does not flatten, ``depth`` levels down."""
@@ -1393,17 +1410,20 @@ class Recorder:
         with torch.no_grad():
             counts = torch.bincount(cls) if cls.numel() else cls
             present = torch.nonzero(counts).flatten()
-            # (one transfer: the classes present, their counts, the scale and the classification term)
-            values = torch.cat([present.float(), counts[present].float(), scale.float().reshape(1),
-                                term.float().reshape(1)]).tolist()
-        k = (len(values) - 2) // 2
-        found, n, scale_read = [int(v) for v in values[:k]], [int(v) for v in values[k:2 * k]], values[-2]
-        if self._class_kind[2] and math.isfinite(values[-1]):
+            # (one transfer: the classes present, their counts, the scale, the classification term and the
+            # batch's fingerprint, in float64: a fingerprint must compare equal exactly when the batch is)
+            values = torch.cat([present.double(), counts[present].double(), scale.double().reshape(1),
+                                term.double().reshape(1),
+                                _fingerprint(self._last_inputs, g.device).reshape(1)]).tolist()
+        k = (len(values) - 3) // 2
+        found, n, scale_read = [int(v) for v in values[:k]], [int(v) for v in values[k:2 * k]], values[-3]
+        fingerprint, term_read = values[-1], values[-2]
+        if self._class_kind[2] and math.isfinite(term_read):
             # a loss that adds other terms to its classification (a penalty, an auxiliary loss): that term alone
             terms = self.trace.meta.setdefault("class_term", [])
             if len(terms) >= self.MAX_CLASS_ROWS:
                 del terms[1::2]
-            terms.append([int(self._pass_step), float(values[-1])])
+            terms.append([int(self._pass_step), float(term_read)])
         # the loss's gradient per row against a mean's (1/N); a scaler the session knows has its scale in it
         if math.isfinite(scale_read) and scale_read > 0 and self.scaler is None:
             factors = self.trace.meta.setdefault("loss_gradient_factor", [])
@@ -1414,7 +1434,7 @@ class Recorder:
         table = self.trace.meta.setdefault("batch_classes", [])
         if len(table) >= self.MAX_CLASS_ROWS:
             del table[1::2]
-        table.append([int(self._pass_step), found, n])
+        table.append([int(self._pass_step), found, n, float(fingerprint)])
 
     # (the loss paths, what they take of the output's rows: "log_softmax" (a cross-entropy), "logits" or
     # "probabilities" (a binary cross-entropy of a softmax, in the loss or the model), "" (none of these))

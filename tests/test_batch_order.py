@@ -66,7 +66,7 @@ def test_the_classes_read_off_the_output_gradient_are_the_batches_classes():
                         options={"every": 3}))
         rows = dbg.trace.meta["batch_classes"]
         assert len(rows) >= 10
-        for step, found, counts in rows:
+        for step, found, counts, *_ in rows:
             truth = torch.bincount(data(step)[1])
             assert found == torch.nonzero(truth).flatten().tolist() and counts == truth[truth > 0].tolist()
 
@@ -87,7 +87,7 @@ def test_targets_that_are_not_one_class_per_read_row_are_left_out(case):
                     options={"every": 2}))
     rows = dbg.trace.meta.get("batch_classes") or []
     if case == "ignored":  # the rows kept are the samples not ignored, and only they
-        assert rows and all(sum(n) == 16 for _, _, n in rows)
+        assert rows and all(sum(n) == 16 for _, _, n, *_ in rows)
     else:
         assert rows == []
     assert not _ordered(dbg)
@@ -103,7 +103,7 @@ def test_a_binary_label_is_read_off_the_sign_of_the_output_gradient():
                     options={"every": 3}))
     rows = dbg.trace.meta["batch_classes"]
     assert rows
-    for step, found, counts in rows:
+    for step, found, counts, *_ in rows:
         ones = int(data(step)[1].sum())
         assert dict(zip(found, counts)) == {c: n for c, n in ((0, 32 - ones), (1, ones)) if n}
 
@@ -269,9 +269,9 @@ def test_classes_are_read_under_bfloat16_and_from_a_models_log_probabilities(cas
                     options={"every": 3}))
     rows = dbg.trace.meta["batch_classes"]
     assert len(rows) >= 10
-    read = sum(sum(n) for _, _, n in rows)
+    read = sum(sum(n) for _, _, n, *_ in rows)
     assert read >= 0.8 * 32 * len(rows)  # most rows read
-    for step, found, counts in rows:  # and every row read right
+    for step, found, counts, *_ in rows:  # and every row read right
         truth = torch.bincount(data(step)[1], minlength=5).tolist()
         assert all(truth[c] >= k for c, k in zip(found, counts))
 
@@ -354,3 +354,16 @@ def test_nodes_outside_a_graphs_training_mask_are_not_read_as_its_batch(seed):
     assert not _ordered(dbg)
     top = dbg.explain()[0]
     assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT, dbg.report()
+
+
+def test_one_hot_inputs_read_in_label_order_are_still_ordered():
+    """One-hot inputs have the same mean, spread and largest value in every batch; read sorted by label they
+    are still different batches, each of one class: ordered, named with the shuffle."""
+    g = torch.Generator().manual_seed(0)
+    category = torch.randint(0, 16, (1280,), generator=g)
+    x, y = F.one_hot(category, 16).float(), category % 4
+    model = _mlp(16, 4, 0)
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.1), _epochs(x, y, 32, "sorted"), steps=200))
+    assert _ordered(dbg)
+    top = dbg.explain()[0]
+    assert top.cause == "data" and top.confidence >= CONFIDENT and "shuffle" in top.suggestion
