@@ -369,6 +369,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_op_rescaled=losspath.transformed(trace.meta.get("loss_paths"),
                                                         nonfinite_op.partition(" of ")[2]) if nonfinite_op else "",
                   loss_unbounded=losspath.unbounded_form(trace.meta.get("loss_paths")),
+                  loss_hand_written=losspath.hand_written(trace.meta.get("loss_paths")),
                   loss_no_gradient=losspath.no_gradient(trace.meta.get("loss_paths")),
                   loss_non_negative=losspath.non_negative(trace.meta.get("loss_paths")),
                   bounded_output=losspath.bounded_output(trace.meta.get("loss_paths"),

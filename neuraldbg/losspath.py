@@ -414,6 +414,14 @@ def _hand_term(recorded: list[list[str]] | None) -> bool:
 _MEANS = frozenset({"Mean", "Sum"})
 
 
+def hand_written(recorded: list[list[str]] | None) -> bool:
+    """The loss's graph was read and none of its paths to the outputs passes through a cross-entropy, an NLL,
+    a binary cross-entropy or a squared or absolute error: a likelihood written as code (which may rightly go
+    negative), or a library loss made of plain ops (a KL divergence, a Gaussian NLL)."""
+    paths = [[op.split("@")[0] for op in path] for path in recorded or [] if path]
+    return bool(paths) and not any(op in _NON_NEGATIVE for ops in paths for op in ops)
+
+
 def non_negative(recorded: list[list[str]] | None) -> bool:
     """Every path from the loss reaches, through means and sums only, a library loss that cannot be negative
     for targets in its range (cross-entropy, NLL, BCE, a squared or absolute error), reached through its input:

@@ -59,6 +59,8 @@ class Context:
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)
     loss_nonfinite_op: str = ""
+    # the loss's graph was read and holds no library loss: the model's own code (a likelihood written by hand)
+    loss_hand_written: bool = False
     # the loss computes something of the outputs before the probability that op is taken of: "scaled" (a
     # temperature), "filled" (a mask set to -1e9), "" (neither)
     loss_op_rescaled: str = ""
@@ -266,7 +268,8 @@ class Context:
         return not (self.lr_first == self.lr_first and self.lr_peak > 0 and self.lr_first >= 0.5 * self.lr_peak)
 
     def schedule_hold(self) -> float:
-        """How many times below the optimizer's base learning rate (the one its schedule scales) the rate is at
+        """How many times below the optimizer's base learning rate (the one its schedule scales, or a one-cycle's
+        max_lr, the one it heads to) the rate is at
         the end of the run, when a schedule held it ``lr_held`` times below that base or more all along, its
         peak included: a warm-up longer than the run, a schedule's factor far below 1. NaN otherwise (a
         schedule that reached its base and decayed from it is read from its peak)."""

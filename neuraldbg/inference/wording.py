@@ -275,10 +275,13 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             return [f"the loss starts at {fmt(f.get('loss', math.nan))}, while the outputs' RMS is "
                     f"{fmt(f.get('output_rms', math.nan))}: the targets are ~{fmt(target)}, "
                     f"{fmt(f.get('reach', math.nan))}x out of the outputs' reach"]
-        if not ctx.loss_non_negative:  # written by hand: it may be a likelihood that rightly goes negative
-            return [_falls(f), "a loss of the model's own code (no library loss) falling below zero at an unchanged "
-                    "pace: a likelihood that may go negative (a density's NLL) slows as it converges; one whose "
-                    "targets are outside its range, or whose terms have no floor, is unbounded below"]
+        if ctx.loss_hand_written:  # it may be a likelihood that rightly goes negative
+            return [_falls(f), "no cross-entropy or squared error is in the loss's graph, and it falls below zero "
+                    "at an unchanged pace: a likelihood that may go negative (a density's NLL) slows as it converges; "
+                    "one whose targets are outside its range, or whose terms have no floor, is unbounded below"]
+        if not ctx.loss_non_negative:  # a library loss reached through other ops, or a graph not read
+            return [_falls(f), "a loss falling below zero at an unchanged pace: targets outside a loss's range make "
+                    "it unbounded below, and the model learns to push its outputs without limit"]
         return [_falls(f), "a cross-entropy, a binary cross-entropy or a squared error cannot be negative: targets "
                 "outside the loss's range make it unbounded below, and the model learns to push its outputs without "
                 "limit"]
