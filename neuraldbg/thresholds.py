@@ -216,7 +216,8 @@ class Thresholds:
                           "over, at or below which its output keeps little of its input (at 2: the sign of a "
                           "difference, +-1)", slider=False)
     lr_held: float = _f(10.0, "lr held", "log", 1.5, 1e6,
-                        "factor below the optimizer's base learning rate (the one its schedule scales) that the rate "
+                        "factor below the optimizer's base learning rate (the one its schedule scales, or a "
+                        "one-cycle's max_lr) that the rate "
                         "stays under for the whole run, its peak included, for a schedule to hold it down (a warm-up "
                         "longer than the run)", slider=False)
     lr_jump_window: int = _f(16, "lr jump window", "linear", 1, 1000,

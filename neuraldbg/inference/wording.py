@@ -1582,6 +1582,10 @@ def _schedule_held(ctx: Context, held: float) -> str:
     """The fix of a rate a schedule held far below the optimizer's base rate all run: the schedule's, not the
     base rate (raising it would only scale the schedule's rates alike)."""
     where = _held_where(ctx, held)
+    if ctx.lr_base_key == "max_lr":  # (a one-cycle's warm-up starts at max_lr / div_factor, not at ~0)
+        return (f"size the one-cycle schedule to the run: it holds the learning rate at {where}, still in its "
+                "warm-up; its total_steps (or epochs x steps_per_epoch) must count the scheduler.step() calls the "
+                "run makes (once per batch, not per epoch)")
     if ctx.lr_rising == ctx.lr_rising:
         # a linear warm-up from ~0 at this pace reaches its base near the step read times the factor left
         at = int(ctx.lr_rows[-1][0]) if ctx.lr_rows else ctx.last_step
@@ -1590,10 +1594,6 @@ def _schedule_held(ctx: Context, held: float) -> str:
                 "last many times "
                 "that, warm up over ~5-10% of its steps (LinearLR's total_iters, the warm-up steps of a LambdaLR or "
                 "of num_warmup_steps) and leave the base rate as it is")
-    if ctx.lr_base_key == "max_lr":
-        return (f"size the one-cycle schedule to the run: it holds the learning rate at {where}, still in its "
-                "warm-up; its total_steps (or epochs x steps_per_epoch) must count the scheduler.step() calls the "
-                "run makes (once per batch, not per epoch)")
     return (f"check the schedule: it holds the learning rate at {where} (a LambdaLR multiplies the base rate by "
             "what its lambda returns; a warm-up's length counts the scheduler's steps, not epochs)")
 
