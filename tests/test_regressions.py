@@ -922,32 +922,33 @@ class _Quantised(torch.nn.Module):
     """An encoder whose code is quantised to 16 levels before a head reads it: with ``torch.round`` alone
     (no straight-through estimator) no gradient passes the rounding, and the encoder never learns."""
 
-    def __init__(self, straight_through: bool):
+    def __init__(self, straight_through: bool, squash: str = "functional"):
         super().__init__()
         self.straight_through = straight_through
         self.enc = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        self.squash = torch.nn.Sigmoid() if squash == "module" else torch.sigmoid
         self.head = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 
     def forward(self, x):
-        z = torch.sigmoid(self.enc(x)) * 15
+        z = self.squash(self.enc(x)) * 15
         q = z + (torch.round(z) - z).detach() if self.straight_through else torch.round(z)
         return self.head(q / 15)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_a_gradient_cut_by_a_rounding_is_named_between_the_layers_with_a_straight_through_fix(seed):
+@pytest.mark.parametrize("seed, squash", [(0, "functional"), (1, "functional"), (0, "module")])
+def test_a_gradient_cut_by_a_rounding_is_named_between_the_layers_with_a_straight_through_fix(seed, squash):
     """The encoder's last layer gets a gradient of exactly 0 while the head's has one; a sigmoid runs between
-    them, but one whose units are not pinned cannot zero a gradient: an operation of zero derivative does.
-    The fix was 'add normalisation or residual connections'."""
+    them (written as a call, or as a module the hooks see), but one whose units are not pinned cannot zero a
+    gradient: an operation of zero derivative does. The fix was 'add normalisation or residual connections'."""
     torch.manual_seed(seed)
-    model = _Quantised(straight_through=False)
+    model = _Quantised(straight_through=False, squash=squash)
     top = train(Run(model, torch.optim.Adam(model.parameters(), lr=2e-3), teacher_classes(16, 4, seed=seed),
                     steps=200)).explain()[0]
     assert (top.cause, top.layer) == ("vanishing_gradients", "enc.2") and top.confidence >= CONFIDENT
     assert "between `enc.2` and `head.0`" in top.suggestion and "straight through" in top.suggestion
     assert "residual" not in top.suggestion
     torch.manual_seed(seed)
-    fixed = _Quantised(straight_through=True)
+    fixed = _Quantised(straight_through=True, squash=squash)
     assert not [h for h in train(Run(fixed, torch.optim.Adam(fixed.parameters(), lr=2e-3),
                                      teacher_classes(16, 4, seed=seed), steps=200)).explain()
                 if h.confidence >= CONFIDENT]

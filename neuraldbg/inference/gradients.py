@@ -155,7 +155,8 @@ def candidates(ctx: Context) -> list[Candidate]:
                    key=lambda run: ctx.rank.get(run[0].layer, -1))
         origin = span[0]
         att = min((e.values.get("attenuation", math.nan) for run in pool for e in run), default=math.nan)
-        # a gradient exactly 0 at every sample of the span, while the layers after it have one: cut, not faded
+        # a gradient exactly 0 at each event of the span (read at its onset), while the layers after it have
+        # one: cut, not faded
         zero = all(e.values.get("attenuation", math.nan) == 0.0 for e in span)
         gap = (_gap(ctx, origin.layer, zero) if span[-1].values.get("attenuation", 1.0) < ctx.th.vanishing_ratio
                else None)
