@@ -103,10 +103,10 @@ def _fingerprint(inputs, device) -> torch.Tensor:
         if flat.numel() == 0 or flat.is_complex():
             continue
         at = (torch.arange(64, device=flat.device) * 7919 + 13) % flat.numel()
-        picked = flat[at].double()
-        weights = torch.arange(1, picked.numel() + 1, device=picked.device, dtype=torch.float64)
+        picked = flat[at].float()  # (float32: a device such as Apple's has no float64; the same batch sums alike)
+        weights = torch.arange(1, picked.numel() + 1, device=picked.device, dtype=torch.float32)
         parts.append((picked * weights).sum().to(device))
-    return torch.stack(parts).sum() if parts else torch.full((), math.nan, device=device, dtype=torch.float64)
+    return torch.stack(parts).sum() if parts else torch.full((), math.nan, device=device)
 
 
 def _input_tensors(inputs, depth: int = 3) -> list[torch.Tensor]:
@@ -1411,10 +1411,10 @@ class Recorder:
             counts = torch.bincount(cls) if cls.numel() else cls
             present = torch.nonzero(counts).flatten()
             # (one transfer: the classes present, their counts, the scale, the classification term and the
-            # batch's fingerprint, in float64: a fingerprint must compare equal exactly when the batch is)
-            values = torch.cat([present.double(), counts[present].double(), scale.double().reshape(1),
-                                term.double().reshape(1),
-                                _fingerprint(self._last_inputs, g.device).reshape(1)]).tolist()
+            # batch's fingerprint)
+            values = torch.cat([present.float(), counts[present].float(), scale.float().reshape(1),
+                                term.float().reshape(1),
+                                _fingerprint(self._last_inputs, g.device).float().reshape(1)]).tolist()
         k = (len(values) - 3) // 2
         found, n, scale_read = [int(v) for v in values[:k]], [int(v) for v in values[k:2 * k]], values[-3]
         fingerprint, term_read = values[-1], values[-2]
