@@ -56,6 +56,10 @@ def _grows_through_time(ctx: Context) -> dict[str, tuple[int, float, int]]:
     of an orthogonal init)."""
     out = {}
     for layer, rows in ctx.through_time.items():
+        if layer in ctx.layers and ctx.layers[layer].extra.get("bidirectional"):
+            # its input's gradient at a step sums both directions: a backward direction that read every later
+            # step, and a forward one that feeds every later output; their sum tells nothing of either's growth
+            continue
         first = rows[0] if rows else []
         if layer in ctx.layers and len(first) >= 5 and first[0] == 0 and first[4] >= ctx.th.layer_gain:
             out[layer] = (0, float(first[4]), int(first[3]))
