@@ -70,7 +70,9 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     optimizer steps them (left out of the optimizer's parameters, a module added after it was made, a
     group whose learning rate is 0). A layer part of whose parameters no group holds (meta ``left_out``: its
     weight left out while its bias is stepped) is one of them once its gradient is read as often, though its
-    update is not 0: that update moves only what the optimizer holds, and the weights left out stand still."""
+    update is not 0: that update moves only what the optimizer holds, and the weights left out stand still.
+    One whose weights have moved from where they started all the same (meta ``weights_moved``) is stepped by
+    another optimizer, between the watched one's steps (a GAN's discriminator held in the same model)."""
     st = trace.stats
     if st.n == 0:
         return ()
@@ -79,13 +81,15 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     if len(trainable) < 2:
         return ()
     left_out = _left_out(trace)
+    elsewhere = {name for name, d in (trace.meta.get("weights_moved") or {}).get("layers", {}).items() if d > 0}
     with np.errstate(invalid="ignore"):
         moved = (up[:, trainable] > 0).sum(axis=1)
     out = []
     for i in trainable:
         with np.errstate(invalid="ignore"):
             rows = np.isfinite(up[:, i]) & (moved - (up[:, i] > 0) > 0)  # read, and another layer moved
-        still = bool(np.all(up[rows, i] == 0)) or trace.layers[i].name in left_out
+        name = trace.layers[i].name
+        still = name in left_out or bool(np.all(up[rows, i] == 0)) and name not in elsewhere
         if rows.sum() >= th.persist and still and bool(np.all(grad[rows, i] > 0)):
             out.append(i)
     layers = trace.layers

@@ -228,23 +228,29 @@ class ModuleTracker:
     def __enter__(self) -> "ModuleTracker":
         return self.start()
 
-    def start(self, full: bool = True) -> "ModuleTracker":
+    def start(self, full: bool = True, keep: bool = False) -> "ModuleTracker":
         """Start tracking a pass. ``full=False``: only call ``hooks`` (no stack of running modules, no
-        producers, no input versions: what a function mode needs to attribute operations)."""
-        self.stack.clear()
-        self._outputs.clear()
-        self.versions.clear()
-        self.calls.clear()
+        producers, no input versions: what a function mode needs to attribute operations). ``keep``: the same
+        pass goes on (tracked again after a pause): what it knows of the pass so far is kept."""
+        if not keep:
+            self.stack.clear()
+            self._outputs.clear()
+            self.versions.clear()
+            self.calls.clear()
         self._full = full
         self._handles = [_module.register_module_forward_hook(self._post, always_call=True)]
         if full:
             self._handles.append(_module.register_module_forward_pre_hook(self._pre))
         return self
 
-    def __exit__(self, *exc) -> None:
+    def pause(self) -> None:
+        """Stop tracking until ``start(keep=True)``, keeping what is known of the pass."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    def __exit__(self, *exc) -> None:
+        self.pause()
         self._outputs.clear()
         self.versions.clear()
         self.stack.clear()
@@ -258,6 +264,11 @@ class ModuleTracker:
                 with _undispatched():
                     if not args[0].is_inference():
                         self.versions[id(module)] = args[0]._version
+
+    def entered(self, module, args) -> None:
+        """``module`` started before the tracker did (the tracker started from its own pre-hook)."""
+        if self._full and self._handles:
+            self._pre(module, args)
 
     def unchanged(self, module, t: torch.Tensor) -> bool | None:
         """Whether ``t``, the input ``module`` received this pass, was not modified in place since

@@ -23,13 +23,14 @@ import math
 import sys
 import weakref
 from collections.abc import Mapping
+from functools import partial
 from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from . import distributed, leak, losspath, mixing, nanhunt, order
 from .attention import attention_stats, mha_logits, sdpa_logits
@@ -189,9 +190,63 @@ def _queue_backward_callback(fn: Callable[[], None]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
+def _weak_hook(owner, method: str) -> Callable:
+    """``owner.method`` as a tensor hook that does not keep ``owner`` alive: a parameter's hooks are not
+    seen by the garbage collector, so a recorder they held would keep its model alive through them."""
+    ref = weakref.ref(owner)
+
+    def hook(g):
+        live = ref()
+        return getattr(live, method)(g) if live is not None else None
+    return hook
+
+
 def _disable_under_compile(fn):
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(fn) if disable is not None else fn
+
+
+def _cut(v):
+    """A tensor cut from the graph it was made in, needing a gradient as it did."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    return v.detach().requires_grad_(v.requires_grad) if v.is_floating_point() or v.is_complex() else v.detach()
+
+
+class _PartsReplay:
+    """A chain of calls of the model's children (a pass the model's own forward did not drive, see
+    ``Recorder._parts``), to replay on a copy of the model: each child again, on its inputs as they were
+    (detached: the gradient that reached each output is known, so each backward is replayed on its own)."""
+
+    __slots__ = ("calls", "outputs", "grads", "final", "ids")
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []  # (child's name, args, kwargs), in call order
+        self.outputs: list[torch.Tensor] = []       # their outputs that require a gradient
+        self.grads: list[torch.Tensor | None] = []  # the gradient that reached each
+        self.final: list[bool] = []                 # per output: no other child took it as input
+        self.ids: dict[int, int] = {}               # id of an output -> its index
+
+    def add(self, t: torch.Tensor) -> int:
+        self.ids[id(t)] = len(self.outputs)
+        self.outputs.append(t)
+        self.grads.append(None)
+        self.final.append(True)
+        return len(self.outputs) - 1
+
+    def take(self, inputs: list) -> bool:
+        """A child is called on ``inputs``: those that are outputs of the chain are no longer final. Whether
+        any was."""
+        took = False
+        for t in inputs:
+            i = self.ids.get(id(t))
+            if i is not None and self.outputs[i] is t:
+                self.final[i], took = False, True
+        return took
+
+    def __call__(self, model: nn.Module) -> list:
+        detach = partial(tree_map, _cut)
+        return [model.get_submodule(name)(*detach(args), **detach(kwargs)) for name, args, kwargs in self.calls]
 
 
 class _StepRecord:
@@ -367,6 +422,16 @@ class Recorder:
         self._replay_run: Callable | None = None  # how to replay the latest pass (None: the model's forward)
         self._next_order = 0
         self._pass_step = 0           # the step the latest forward pass belongs to
+        self._began = False           # a pass began since the last step ended
+        self._root_depth = 0          # calls of the model's own forward in progress
+        # a model driven by its parts (the loop calls its children, never its own forward: a container with no
+        # forward, SimSiam's encoder, projector and predictor, a GAN's two networks): a pass begins at the
+        # first child called in a step, with gradients on, and its forward part lasts until its backward
+        self._parts: dict[int, str] = {}  # id of a child of the model -> its name (empty: not driven so)
+        self._part_depth = 0              # calls of those children in progress
+        self._part_open = False           # a pass begun by a child, its backward not yet ended
+        self._part_run: _PartsReplay | None = None  # the latest chain of children's calls
+        self._part_first = (0, 0)         # where the open pass begins in it: (output, call)
         self._seen_lr = self._lr(sync=False)  # the learning rate of the latest step, to see it rise
         self._seen_lr_value: object = None    # ... as the optimizer holds it (unchanged while it is the same object)
         self._pending_losses: list = []
@@ -383,7 +448,7 @@ class Recorder:
         # step (a GradScaler's business) when the next pass starts without an optimizer step
         self._bad_pass = False
         self._awaiting = False     # a backward pass ended since the last optimizer step
-        self._stepped = False      # the optimizer stepped since the last backward pass began
+        self._stepped = False      # the optimizer stepped since a gradient last reached the first weights
         self._in_step = False      # inside optimizer.step (a closure runs the pass there)
         self._step_depth = 0       # optimizer.step calls in progress (a subclass's step may call its parent's)
         self._round = None         # the GradScaler's per-step state then: replaced by its update()
@@ -427,6 +492,12 @@ class Recorder:
             self._handles.append(self.model.register_forward_hook(self._on_forward_end,
                                                                   always_call=True))
             self._hook_optimizer()
+            first = next((p for p in self._sentinels if p.requires_grad), None)  # (frozen since: skipped)
+            if first is not None:  # the first gradient to reach the model's first trainable weights after a step
+                self._carry_sentinel = first
+                self._handles.append(first.register_hook(_weak_hook(self, "_on_sentinel_grad")))
+            if self._parts or (not self.compiled and type(self.inner).forward is nn.Module.forward):
+                self._watch_parts()  # (a container with no forward of its own: driven by its parts from the start)
             if not self.compiled:  # a recurrent module's input, per time step, on sampled passes
                 for idx, (m, l) in enumerate(zip(self.modules, self.layers)):
                     if isinstance(m, nn.RNNBase):
@@ -459,6 +530,9 @@ class Recorder:
         self._opt_handles.clear()
         self._rec = None
         self._explicit = False
+        self._root_depth = self._part_depth = 0
+        self._part_open, self._part_run = False, None
+        self._backward_queued = False
         self._in_step = False
         self._step_depth = 0
         self._out_fns = ()
@@ -494,6 +568,7 @@ class Recorder:
             self._any_step.install(self)
 
     _adopted_step = False  # the step an optimizer was adopted at: its pass was counted at its backward end
+    _backward_counted = False  # with no optimizer watched, a backward pass ended (and counted a step) since one
     _foreign: frozenset = frozenset()  # ids of optimizers seen stepping on none of the model's weights
 
     def _adopt(self, optimizer, args, kwargs):
@@ -517,9 +592,10 @@ class Recorder:
         if self._had_optimizer:
             count, stateful = self.trace.meta.get("optimizer_remade", (0, False))
             self.trace.meta["optimizer_remade"] = [count + 1, bool(stateful or _keeps_state(optimizer))]
+        counted = self._backward_counted
         self.set_optimizer(optimizer)
         self.trace.meta["optimizer_adopted"] = True
-        self._adopted_step = True
+        self._adopted_step = counted  # (a pass no hook saw end: this step is counted as the optimizer's)
         return None
 
     _opt_ref: Callable | None = None
@@ -540,6 +616,7 @@ class Recorder:
         """Count steps by ``optimizer`` from now on, in place of any optimizer given before (one that a
         training framework creates only once training begins)."""
         self._check_optimizer(optimizer)
+        self._backward_counted = False
         for h in self._opt_handles:
             h.remove()
         self._opt_handles.clear()
@@ -779,6 +856,7 @@ class Recorder:
         self._loss_path_seen = bool(paths) or self._loss_path_tries >= losspath.TRIES
 
     def _on_forward_start(self, module, args, kwargs):
+        self._root_depth += 1
         if self._explicit and not self._replaying and self.trace.nonfinite is None:
             # a pass a trainer began before it opened its precision's autocast: the forward runs under this one
             self._autocast = nanhunt.autocast_state()
@@ -787,25 +865,30 @@ class Recorder:
         self._start_pass(args, kwargs, None)
         return None
 
-    def _start_pass(self, args, kwargs, run: Callable | None) -> None:
+    def _start_pass(self, args, kwargs, run: Callable | None, chained: bool = False) -> None:
+        """``chained``: the pass goes on with a computation the last one began (a child fed another's output):
+        its input, its replay and its random state are that computation's, and it is no new step."""
+        if (not chained and self._awaiting and self.optimizer is not None
+                and (self._bad_pass or self._scaler_moved_on())):
+            self._end_skipped_step()  # the last pass's NaN/Inf gradients were not stepped on (replayed as they ran)
         self._replay_run = run
-        if self._awaiting and self.optimizer is not None and (self._bad_pass or self._scaler_moved_on()):
-            self._end_skipped_step()  # the last pass's NaN/Inf gradients were not stepped on
+        self._began = True
         if self._pass_step != self.step:  # the first forward pass of a step (not a second, accumulated one)
             self._pass_step = self.step
             self._watch_lr()
             if self._layer_nodes:
                 self._layer_nodes = losspath.NodeMap()
-        self._last_inputs = (args, kwargs)
+        if not chained:
+            self._last_inputs = (args, kwargs)
         if self.trace.nonfinite is None:
-            if self._sample_now or self._forward_draws is not False:
+            if not chained and (self._sample_now or self._forward_draws is not False):
                 self._rng_state = torch.get_rng_state()
             self._autocast = nanhunt.autocast_state()
         if self._sample_now and (self._rec is None or not self._rec.forward_done):
             if self._rec is None:
                 self._rec = _StepRecord()
                 self._rec.grads = self._output_grads_now()
-            x = _sample_input((args, kwargs))
+            x = None if chained else _sample_input((args, kwargs))
             if x is not None:
                 self._rec.input = input_stats(x)
             if not self.compiled:
@@ -838,10 +921,15 @@ class Recorder:
         self._quiet_passes += 1
         return self._quiet_passes <= self.QUIET_OPS_FIRST or self._quiet_passes % self.QUIET_OPS_EVERY == 0
 
-    def _start_observer(self) -> None:
-        self._pass_ops.clear()
-        ops = self._watch_ops()
-        self._tracker.start(full=ops)
+    _ops_now = False  # the sampled pass in progress runs the function mode
+
+    def _start_observer(self, resume: bool = False) -> None:
+        """``resume``: again within the same pass (its next child, see ``_parts``), which it goes on counting."""
+        if not resume:
+            self._pass_ops.clear()
+            self._ops_now = self._watch_ops()
+        ops = self._ops_now
+        self._tracker.start(full=ops, keep=resume)
         self._tracking = True
         if not ops:
             return
@@ -856,7 +944,8 @@ class Recorder:
             self._tracker.__exit__(None, None, None)
             raise
 
-    def _stop_observer(self) -> None:
+    def _stop_observer(self, pause: bool = False) -> None:
+        """``pause``: the pass goes on later (its next child, see ``_parts``): the tracker keeps what it knows."""
         obs, self._observer = self._observer, None
         if not self._tracking:
             return
@@ -871,9 +960,13 @@ class Recorder:
                 if top and top[0] is obs:  # never pop a mode the user entered inside the forward
                     obs.__exit__(None, None, None)
         finally:
-            self._tracker.__exit__(None, None, None)
+            if pause:
+                self._tracker.pause()
+            else:
+                self._tracker.__exit__(None, None, None)
 
     def _on_forward_end(self, module, args, output):
+        self._root_depth = max(self._root_depth - 1, 0)
         if self._explicit:
             return None  # the model's forward inside a pass begun by begin_pass: the pass goes on
         if self._tracking:
@@ -948,6 +1041,101 @@ class Recorder:
                 rec.fwd.pop(i, None)
                 rec.dtype.pop(i, None)
             rec.grad_kept = [g for g in rec.grad_kept if g[0] not in changed]
+
+    # -- a model driven by its parts ---------------------------------------------------------------
+    def _watch_parts(self) -> None:
+        """Hook the model's children: from now on a pass may begin at the first of them called in a step, when
+        the model's own forward does not run (see ``_parts``). Their hooks do nothing inside that forward."""
+        self._parts = {id(m): name for name, m in self.inner.named_children()}
+        for m in self.inner.children():
+            self._handles.append(m.register_forward_pre_hook(self._on_part_start, with_kwargs=True))
+            self._handles.append(m.register_forward_hook(self._on_part_end, always_call=True))
+
+    MAX_CHAIN = 256  # calls a chain of passes holds at most (a state carried from step to step undetached)
+
+    def _is_part_call(self, module) -> bool:
+        """A child called on its own, for training: gradients on, in training mode (one evaluated in eval
+        mode without ``no_grad`` is no pass), outside the model's forward and any other child's."""
+        return not (self._part_depth > 1 or self._root_depth or self._explicit or self._replaying
+                    or not torch.is_grad_enabled() or not module.training)
+
+    def _on_part_start(self, module, args, kwargs):
+        self._part_depth += 1
+        if not self._is_part_call(module):
+            return None
+        run = self._part_run
+        inputs = _input_tensors((args, kwargs))
+        if not self._part_open:  # the first child called since the last backward pass
+            # one fed another child's output (a GAN's discriminator on the generator's) goes on with the same
+            # computation: the same chain of calls, replayed as one, its first input still the pass's input
+            chained = run is not None and len(run.calls) < self.MAX_CHAIN and run.take(inputs)
+            if not chained:
+                run = _PartsReplay()
+                self._part_run = run
+                self._out_fns = losspath.Nodes(())
+            self._start_pass(args, kwargs, run, chained=chained)
+            self._part_open, self._part_first = True, (len(run.outputs), len(run.calls))
+            self._backward_queued = False
+        else:
+            run.take(inputs)
+            if self._rec is not None and not self._rec.forward_done and not self.compiled:
+                self._start_observer(resume=True)  # a later child of the same sampled pass
+        if self._tracking:
+            self._tracker.entered(module, args)  # (its global pre-hook ran before the tracker started)
+        run.calls.append((self._parts[id(module)], args, kwargs))
+        return None
+
+    def _on_part_end(self, module, args, output):
+        self._part_depth = max(self._part_depth - 1, 0)
+        if not self._part_open or not self._is_part_call(module):
+            return None
+        if self._tracking:
+            self._stop_observer(pause=True)
+        run = self._part_run
+        if output is None and sys.exc_info()[0] is not None:
+            # the child raised, and the loop may go on: its pass is given up (no backward pass follows)
+            n_out, n_calls = self._part_first
+            del run.calls[n_calls:], run.outputs[n_out:], run.grads[n_out:], run.final[n_out:]
+            run.ids = {k: i for k, i in run.ids.items() if i < n_out}
+            self._part_open = False
+            return None
+        rec = self._rec
+        if rec is not None and not rec.forward_done:
+            if self._forward_draws is not True and self._rng_state is not None:
+                self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
+            self._measure_kept(rec)
+        leaves = [t for t in nanhunt.float_tensors(output) if t.requires_grad]
+        for t in leaves:
+            t.register_hook(self._make_part_grad_hook(run, run.add(t)))
+        if (self._loss_wanted or self.passes == 0) and not self._loss_path_seen:
+            fns = [t.grad_fn for t in leaves if t.grad_fn is not None]
+            self._out_fns = losspath.Nodes(list(self._out_fns) + fns)
+            if self._layer_nodes:
+                self._layer_nodes.outputs.extend(fns)
+        return None
+
+    def _make_part_grad_hook(self, run: _PartsReplay, i: int):
+        def hook(g):
+            if i < len(run.grads):
+                run.grads[i] = g
+            if not self._backward_queued:
+                self._backward_queued = True
+                _queue_backward_callback(self._on_backward_end)
+            return None
+        return hook
+
+    def _close_parts(self) -> None:
+        """The backward pass of a pass begun by a child ended: its outputs are those of its calls that no other
+        child took."""
+        self._part_open = False
+        if self._tracking:
+            self._stop_observer()
+        if self._rec is not None:
+            self._rec.forward_done = True
+        run = self._part_run
+        keep = [i for i in range(self._part_first[0], len(run.outputs)) if run.final[i]]
+        self._out_leaves = [run.outputs[i] for i in keep]
+        self._out_grads = [run.grads[i] for i in keep]
 
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         settled = self._settled
@@ -1219,19 +1407,27 @@ class Recorder:
             if not self._backward_queued:
                 self._backward_queued = True
                 _queue_backward_callback(self._on_backward_end)
-                if self._stepped:
-                    self._stepped = False
-                    self._check_carried()
             return None
         return hook
 
+    _carry_sentinel: torch.Tensor | None = None  # the weight the check reads
+
+    def _on_sentinel_grad(self, g):
+        if self._stepped:
+            self._stepped = False
+            self._check_carried()
+        return None
+
     def _check_carried(self) -> None:
-        """A backward pass begins after an optimizer step: do the weights still hold gradients (no zero_grad)?
-        ``zero_grad()`` leaves None (free to see); a gradient left in place is read, on the CPU, or on a sampled
-        step that reads back its statistics anyway. Counted in the trace's meta as (checked, carried)."""
-        if not self._sentinels:
+        """The first gradient since an optimizer step reaches the first layer's smallest weight, before it is
+        added to what that weight holds: does it still hold one (no zero_grad)? Read there, not as the backward
+        pass begins: a pass that does not reach it (a GAN's discriminator loss, before the generator's gradients
+        are cleared) says nothing of it. ``zero_grad()`` leaves None (free to see); a gradient left in place is
+        read, on the CPU, or on a sampled step that reads back its statistics anyway. Counted in the trace's
+        meta as (checked, carried)."""
+        if self._carry_sentinel is None:
             return
-        g = self._sentinels[0].grad
+        g = self._carry_sentinel.grad
         if g is None:
             carried = False
         elif g.device.type == "cpu" or self._rec is not None:
@@ -1255,6 +1451,8 @@ class Recorder:
     def _on_backward_end(self) -> None:
         if not self.attached:
             return
+        if self._part_open:
+            self._close_parts()
         self.passes += 1
         self._awaiting = True
         # a backward pass ends outside any optimizer step (or in a closure's, which the step's own end closes):
@@ -1290,6 +1488,7 @@ class Recorder:
             if self._order_tries and self._rec.attn:
                 self._read_order()
         if self.optimizer is None:
+            self._backward_counted = True
             self._finish_step()
 
     _leak_tries = 4   # sampled passes whose output may still be read for next-token targets
@@ -1597,8 +1796,10 @@ class Recorder:
         args, kwargs = self._last_inputs if self._last_inputs is not None else ((), {})
         self._replaying = True
         try:
-            return nanhunt.locate(self.inner, args, kwargs, self._rng_state, list(self._out_grads), self._pass_step,
-                                  run=self._replay_run, autocast=self._autocast)
+            run = self._replay_run
+            grads = run.grads if isinstance(run, _PartsReplay) else self._out_grads
+            return nanhunt.locate(self.inner, args, kwargs, self._rng_state, list(grads), self._pass_step,
+                                  run=run, autocast=self._autocast)
         finally:
             self._replaying = False
 
@@ -1717,9 +1918,12 @@ class Recorder:
             return
         self._in_step = False
         self._stepped = True
-        if not self._awaiting and self._trains and not self._grads_held():
-            # no backward pass reached the model since the last step
-            self.trace.meta["steps_unreached"] = self.trace.meta.get("steps_unreached", 0) + 1
+        if not self._awaiting and self._trains:
+            if not self._grads_held():  # no backward pass reached the model since the last step
+                self.trace.meta["steps_unreached"] = self.trace.meta.get("steps_unreached", 0) + 1
+            elif not self._began and not self.passes and not self._parts and not self.compiled:
+                # one did, through children of the model called on their own: passes begin at them from now on
+                self._watch_parts()
         rec = self._rec
         if rec is not None and (id(optimizer), len(optimizer.param_groups)) != self._left_out_groups:
             self._note_left_out(optimizer)
@@ -1811,6 +2015,7 @@ class Recorder:
 
     def _finish_step(self) -> None:
         self._awaiting = False
+        self._began = False
         rec, self._rec = self._rec, None
         if rec is not None:
             self._flush(rec)
