@@ -24,7 +24,7 @@ import weakref
 
 import numpy as np
 
-from .layers import GRADIENT_KINDS, Kind, LayerInfo
+from .layers import GAIN_KINDS, GRADIENT_KINDS, Kind, LayerInfo
 from .mixing import TINY as MIXING_TINY
 from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, LrState, RangeState,
                      ScalerState, Signal, SpikeState, TargetState, UpdateState, WeightState)
@@ -34,7 +34,6 @@ from .trace import GLOBAL_COLUMNS, Trace
 from .trend import rising_z
 
 # Layers whose output spread is set by their weight scale.
-_GAIN_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENTION})
 
 Value = Callable[..., float]  # (row, column) -> float for layer series, (row,) -> float for global ones
 
@@ -168,7 +167,7 @@ class Features:
     segment: list[int]         # per gain layer: how many normalisation layers ran before it
     rscale: np.ndarray         # per gain layer: recurrent weight scale vs the default init (NaN: not recurrent)
     wscale: np.ndarray         # per gain layer: its weights' spread vs the default init when watching started
-    reads_input: np.ndarray    # per gain layer: 1.0 where the model's input is what it reads (its prev)
+    reads_input: np.ndarray    # per sample and gain layer: 1.0 where the model's input is what it reads
     bias_rms: np.ndarray       # per gain layer: the RMS of its bias when watching started (NaN: none)
     nonfinite: np.ndarray      # (T, L) bool
     ui: np.ndarray             # updated layers: their columns, update and weight norms, ratio (NaN: not usable)
@@ -255,7 +254,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     reached = np.isfinite(wg)
     unreached = (~reached & np.isfinite(wn) & reached.any(axis=1, keepdims=True)
                  & (order[gi] >= 0)[None, :] if len(gi) else np.zeros((len(wg), 0), dtype=bool))
-    weighty = np.array([l.n_params > 0 and k in _GAIN_KINDS for l, k in zip(layers, kinds)], dtype=bool)
+    weighty = np.array([l.n_params > 0 and k in GAIN_KINDS for l, k in zip(layers, kinds)], dtype=bool)
     pos = {int(i): p for p, i in enumerate(path)}
     wi = [int(i) for i in path if weighty[i]]
     # the scale a weight layer passes on is the RMS of the signal, offset included: a bias of +50 on
@@ -267,6 +266,16 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     rms = np.hypot(mean, std)
     prev = (np.stack([input_rms if pos[i] == 0 else rms[:, path[pos[i] - 1]] for i in wi], axis=1)
             if wi else np.zeros((t, 0), dtype=np.float32))
+    # what each one read, where the recorder saw it (a sum of branches, a concatenation, the output of a module
+    # applied again are no module's output: the module before it in the path is not its input)
+    read = cols.full(Stat.IN_RMS)[:, wi] if wi else prev
+    with np.errstate(invalid="ignore"):
+        # the first in the path reads the model's input, unless what it was seen to read is something else (an
+        # input the forward scaled before it)
+        first = np.array([pos[i] == 0 for i in wi], dtype=bool)[None, :] if wi else np.zeros((1, 0), dtype=bool)
+        reads_input = (first & (~np.isfinite(read) | np.isclose(read, input_rms[:, None], rtol=1e-3))).astype(
+            np.float64)
+    prev = np.where(np.isfinite(read), read, prev)
     own = np.stack([std[:, i] if i == last_i else rms[:, i] for i in wi], axis=1) if wi else np.zeros((t, 0))
     with np.errstate(all="ignore"):
         offset = np.abs(mean[:, wi]) / std[:, wi] if wi else np.zeros((t, 0))
@@ -312,7 +321,7 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     gi=gi, rel=rel, unreached=unreached, later=_later_max(rel), rel0=first_finite(rel), wi=wi, own=own,
                     prev=prev,
                     origin=origin, offset=offset, segment=segment, rscale=rscale, wscale=wscale,
-                    reads_input=np.array([float(pos[i] == 0) for i in wi], dtype=np.float64),
+                    reads_input=reads_input,
                     bias_rms=np.array([layers[i].extra.get("bias_rms", np.nan) for i in wi], dtype=np.float64),
                     nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
                     growth=growth, has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
@@ -409,7 +418,7 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
                "after_norm": _at(after_norm),
                "recurrent_scale": _at(np.broadcast_to(f.rscale, gain.shape)),
                "weight_scale": _at(np.broadcast_to(f.wscale, gain.shape)), "input_rms": _at(f.prev),
-               "reads_input": _at(np.broadcast_to(f.reads_input, gain.shape)),
+               "reads_input": _at(f.reads_input),
                "bias_rms": _at(np.broadcast_to(f.bias_rms, gain.shape))}
     out.append(StateSeries(Signal.GAIN, steps, gain, [names[i] for i in f.wi],
                            {GainState.SHRINKS: g_value, GainState.AMPLIFIES: g_value}))

@@ -31,6 +31,8 @@ class Kind(str, Enum):
 # Layers whose relative weight gradient is comparable along depth (embeddings see sparse rows and
 # norm layers have their own scale, so neither is a yardstick for attenuation or amplification).
 GRADIENT_KINDS = frozenset(Kind) - {Kind.EMBEDDING, Kind.NORM}
+# weight layers whose gain (output scale over input scale) points at their weights' scale
+GAIN_KINDS = frozenset({Kind.LINEAR, Kind.CONV, Kind.RECURRENT, Kind.ATTENTION})
 
 _KIND_BY_TYPE: list[tuple[tuple[type, ...], Kind]] = [
     ((nn.ReLU, nn.ReLU6, nn.Threshold), Kind.RELU),

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from . import distributed, leak, losspath, mixing, nanhunt, order
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
-from .layers import Kind, LayerInfo, describe, watched_modules
+from .layers import GAIN_KINDS, Kind, LayerInfo, describe, watched_modules
 from .paramnorms import ParamNorms
 from .schedule import LossTurn, Schedule, SpikeWatch, Throttle
 from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS,
@@ -52,6 +52,8 @@ _SCALED_COLS = [int(Stat.GRAD_RMS), int(Stat.W_GRAD_NORM)]
 _SCALE_COL = GLOBAL_COLUMNS.index("loss_scale")
 _SCALER_DEPTH = 6  # frames above the optimizer's step hook searched for a GradScaler's step calling it
 _SPREAD_COL = GLOBAL_COLUMNS.index("input_spread")
+_INPUT_MEAN_COL = GLOBAL_COLUMNS.index("input_mean")  # (input_std follows it)
+_IN_COL = int(Stat.IN_RMS)
 # "Units never positive" is measured where a zero output means a unit that stopped learning.
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
@@ -254,7 +256,7 @@ class _StepRecord:
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
                  "norm_values", "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads",
-                 "stepped", "unchanged", "moved", "unscaled")
+                 "stepped", "unchanged", "moved", "unscaled", "out_of", "input_id", "in_src", "in_rms")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -283,6 +285,13 @@ class _StepRecord:
         self.moved: torch.Tensor | None = None  # per layer: how far its weights are from where they started, over
         #                                         their norm then
         self.unscaled = False  # the weights' gradients were read after a GradScaler's unscale_ (read_gradients)
+        # what each weight layer read: the output of a layer measured in this pass (its index, -1: the pass's
+        # input), or, when no measured output is what it read, its input's RMS measured there
+        # id of a measured output -> (layer index, it, its version then)
+        self.out_of: dict[int, tuple[int, weakref.ref, int]] = {}
+        self.input_id = (0, 0)  # the pass's input tensor whose statistics are read: its id, its version then
+        self.in_src: dict[int, int] = {}
+        self.in_rms: dict[int, torch.Tensor] = {}
 
 
 
@@ -472,6 +481,8 @@ class Recorder:
         # layers whose small outputs need no copy on a sampled pass: seen once, and nothing changed them in
         # place before the pass ended (a layer followed by an in-place op, e.g. ReLU(inplace=True), is copied)
         self._settled: set[int] = set()
+        # weight layers, whose input scale is read on sampled passes (see ``_read_input``)
+        self._gain_layers = {i for i, l in enumerate(self.layers) if l.n_params > 0 and l.kind in GAIN_KINDS}
         self._fwd_hooks = [self._make_forward_hook(i, l) for i, l in enumerate(self.layers)]
         # eager sampled passes: the tracker's one global hook calls each layer's (none to register per layer)
         self._tracker.hooks = {id(m): h for m, h in zip(self.modules, self._fwd_hooks)}
@@ -891,6 +902,7 @@ class Recorder:
             x = None if chained else _sample_input((args, kwargs))
             if x is not None:
                 self._rec.input = input_stats(x)
+                self._rec.input_id = (id(x), x._version)
             if not self.compiled:
                 self._start_observer()
 
@@ -1140,7 +1152,7 @@ class Recorder:
     def _make_forward_hook(self, idx: int, layer: LayerInfo):
         settled = self._settled
         tensor = torch.Tensor
-        batch_norms, embeddings = self._batch_norms, self._embeddings
+        batch_norms, embeddings, gain_layers = self._batch_norms, self._embeddings, self._gain_layers
 
         def hook(module, args, output):
             rec = self._rec
@@ -1150,6 +1162,8 @@ class Recorder:
                 self._last_out = losspath.Nodes((output,))
             if rec.fwd.get(idx) is not None:
                 return None
+            if idx in gain_layers and args:
+                self._read_input(rec, idx, args[0])
             if idx in batch_norms and type(output) is tensor and output.dim() >= 2 and output.shape[1] > 0 and (
                     module.training or module.running_mean is None):
                 rec.norm_values[batch_norms[idx]] = output.numel() // output.shape[1] * _synced(module)
@@ -1160,6 +1174,7 @@ class Recorder:
                 # the usual case, once a layer is known: kept as it is, sorted out when the pass ends
                 rec.fwd[idx] = True
                 rec.seen.append((idx, output, output._version))
+                rec.out_of[id(output)] = (idx, weakref.ref(output), output._version)
                 return None
             outs = nanhunt.float_tensors(output)
             if not outs:
@@ -1266,6 +1281,7 @@ class Recorder:
         if not self._loss_path_seen and t.grad_fn is not None:  # until the loss's graph is read: what it may read
             self._layer_nodes[id(t.grad_fn)] = (t.grad_fn, idx)
         rec.dtype[idx] = t.dtype
+        rec.out_of[id(t)] = (idx, weakref.ref(t), t._version)
         if t.numel() <= BATCH_NUMEL:
             key = self._key(idx, layer, t)
             unit_dim = key[3]
@@ -1282,6 +1298,25 @@ class Recorder:
             rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=layer.kind in _DEAD_KINDS)
         if t.requires_grad and rec.grads:
             t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
+
+    @staticmethod
+    def _read_input(rec: _StepRecord, idx: int, x) -> None:
+        """What weight layer ``idx`` reads: a layer's output measured in this pass, the pass's input, or (an
+        input computed outside any module: a concatenation, a sum of branches, a module's later application)
+        its RMS, measured here."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not x.numel():
+            return
+        seen = rec.out_of.get(id(x))
+        if seen is not None and seen[1]() is x and seen[2] == x._version:
+            rec.in_src[idx] = seen[0]
+        elif id(x) == rec.input_id[0] and x._version == rec.input_id[1]:
+            rec.in_src[idx] = -1
+        else:  # (or one changed in place since it was measured)
+            with torch.no_grad():
+                v = x.detach()
+                wide = v.dtype in (torch.float32, torch.float64)  # (a narrower one is reduced in float32, uncopied)
+                norm = torch.linalg.vector_norm(v) if wide else torch.linalg.vector_norm(v, dtype=torch.float32)
+                rec.in_rms[idx] = norm.float() / math.sqrt(x.numel())
 
     def _key(self, idx: int, layer: LayerInfo, t: torch.Tensor) -> tuple:
         """The batching key of a small output of layer ``idx``: (shape, dtype, device, unit dim, bounds,
@@ -2065,6 +2100,9 @@ class Recorder:
             parts.append(rec.unchanged)
         if rec.moved is not None:
             parts.append(rec.moved)
+        in_idx = list(rec.in_rms)
+        if in_idx:
+            parts.append(torch.stack([rec.in_rms[i].to(rec.in_rms[in_idx[0]].device) for i in in_idx]))
         if isinstance(scale, torch.Tensor):
             parts.append(scale.detach().reshape(-1)[:1].float())
         row = np.full((len(self.layers), N_STATS), np.nan, dtype=np.float32)
@@ -2103,12 +2141,21 @@ class Recorder:
             if rec.moved is not None:
                 self._note_moved(flat[k:k + len(rec.moved)])
                 k += len(rec.moved)
+            if in_idx:
+                row[in_idx, _IN_COL] = flat[k:k + len(in_idx)]
+                k += len(in_idx)
             if isinstance(scale, torch.Tensor):
                 g[_SCALE_COL] = flat[k]
                 if flat[k] > 0:  # the gradients of a scaled loss, back to the loss's own scale
                     row[:, _SCALED_COLS[:1] if rec.unscaled else _SCALED_COLS] /= flat[k]
             if stepped is not None:
                 self._note_clip(row[:, int(Stat.W_GRAD_NORM)], stepped)
+        if rec.in_src:  # read from the layer whose output it is: its RMS, offset included
+            dst = list(rec.in_src)
+            with np.errstate(invalid="ignore"):
+                rms = np.hypot(row[:, int(Stat.ACT_MEAN)], row[:, int(Stat.ACT_STD)])
+                first = float(np.hypot(g[_INPUT_MEAN_COL], g[_INPUT_MEAN_COL + 1]))
+            row[dst, _IN_COL] = [first if rec.in_src[i] < 0 else rms[rec.in_src[i]] for i in dst]
         row[np.ix_(self._no_params, _PARAM_COLS)] = np.nan
         if rec.dtype:
             idx = list(rec.dtype)

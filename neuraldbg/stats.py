@@ -31,6 +31,7 @@ class Stat(IntEnum):
     ACT_RANGE = 11      # largest |output| over the largest finite value of the output's dtype (float16: 65504)
     ATTN_LOGIT_MAX = 12  # attention computations only: the largest attention logit (scaled q . k, masks applied)
     ATTN_ENTROPY = 13   # attention computations only: mean entropy of a query's attention over log(its keys)
+    IN_RMS = 14         # weight layers only: root-mean-square of the input it read (its first argument)
 
 
 N_STATS = len(Stat)

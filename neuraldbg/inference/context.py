@@ -182,14 +182,16 @@ class Context:
         return any(link.kind == LinkKind.FROM_START and link.cause is ev for link in self.links)
 
     def input_too_small(self, ev: SemanticEvent) -> bool:
-        """A weight layer reading the model's input that amplifies it only because the input lies far below
-        unit scale (under 1 / ``layer_gain``): its weights are at their default spread and its output is its
-        biases' plus what those weights make of that input (at the default init, ~0.6x its scale: at most
-        twice the weights' spread times it is allowed), not the input's amplified (inputs divided by 255
-        twice, values in other units). An input the forward normalises before that layer, which no row shows,
-        leaves more than the biases explain: no such case."""
+        """A weight layer that amplifies what it reads only because that lies far below unit scale (under
+        1 / ``layer_gain``): its weights are at their default spread and its output is its biases' plus what
+        those weights make of that input (at the default init, ~0.6x its scale: at most twice the weights'
+        spread times it is allowed), not the input's amplified (the model's inputs divided by 255 twice,
+        values in other units; a signal the forward's own code erased before the layer). An input the
+        forward normalises before that layer, which no row shows, leaves more than the biases explain: no
+        such case. Outputs that sit at an offset larger than their spread are biases far off zero: those
+        are the fault, however small the input."""
         v = ev.values
-        if ev.signal != Signal.GAIN or ev.after != GainState.AMPLIFIES or not v.get("reads_input"):
+        if ev.signal != Signal.GAIN or ev.after != GainState.AMPLIFIES or v.get("offset", 0.0) > 1.0:
             return False
         rms, gain, w, bias = (v.get(k, math.nan) for k in ("input_rms", "gain", "weight_scale", "bias_rms"))
         big, own = self.th.layer_gain, gain * rms

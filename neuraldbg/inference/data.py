@@ -54,7 +54,8 @@ def candidates(ctx: Context) -> list[Candidate]:
                              severity=sev, persistence=persistence(ev, ctx),
                              symptoms=symptoms, loss_kinds=losses.ANY,
                              facts={**v, "outlier": outlier, "until": ev.end}))
-    small = [e for e in ctx.all(Signal.GAIN) if ctx.input_too_small(e) and ctx.from_start(e)]
+    small = [e for e in ctx.all(Signal.GAIN)
+             if e.values.get("reads_input") and ctx.input_too_small(e) and ctx.from_start(e)]
     if small and not unscaled:
         # the first layer's output is its biases: its weights must grow by its gain before the input counts
         ev = small[0]
