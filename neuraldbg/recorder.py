@@ -220,18 +220,20 @@ class _PartsReplay:
     ``Recorder._parts``), to replay on a copy of the model: each child again, on its inputs as they were
     (detached: the gradient that reached each output is known, so each backward is replayed on its own)."""
 
-    __slots__ = ("calls", "outputs", "grads", "final", "ids")
+    __slots__ = ("calls", "outputs", "grads", "final", "ids", "owners")
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple, dict]] = []  # (child's name, args, kwargs), in call order
         self.outputs: list[torch.Tensor] = []       # their outputs that require a gradient
+        self.owners: list[str] = []                 # the child each came from
         self.grads: list[torch.Tensor | None] = []  # the gradient that reached each
         self.final: list[bool] = []                 # per output: no other child took it as input
         self.ids: dict[int, int] = {}               # id of an output -> its index
 
-    def add(self, t: torch.Tensor) -> int:
+    def add(self, t: torch.Tensor, owner: str) -> int:
         self.ids[id(t)] = len(self.outputs)
         self.outputs.append(t)
+        self.owners.append(owner)
         self.grads.append(None)
         self.final.append(True)
         return len(self.outputs) - 1
@@ -650,7 +652,7 @@ class Recorder:
         paths = losspath.paths(loss.grad_fn, self._out_fns)
         if paths:
             own = {id(p) for p in self.inner.parameters()}
-            self._watch_outside(losspath.outside_leaves(loss.grad_fn, self._out_fns, own))
+            self._watch_outside(losspath.outside_leaves(loss.grad_fn, self._out_fns, own) + self._foreign_parts())
             self._watch_unregistered(list(self._out_fns), own)
             self._read_layer_terms(loss.grad_fn, self._out_fns)
         made = losspath.made_by(self._out_fns[0]) if paths and self._out_fns else ""
@@ -674,6 +676,21 @@ class Recorder:
                                      {k: idx for k, (_, idx) in nodes.items()})
         if terms:
             self.trace.meta["loss_terms"] = [[self.layers[idx].name] + ops for idx, ops in terms]
+
+    def _foreign_parts(self) -> list:
+        """A model driven by its children: the weights of the children whose outputs the loss reads and of which
+        the watched optimizer holds nothing (a GAN's discriminator, in the generator's loss), as if outside it."""
+        run = self._part_run
+        if run is None or self.optimizer is None or not isinstance(self._replay_run, _PartsReplay):
+            return []
+        owned = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        read = {o for o, final in zip(run.owners, run.final) if final}
+        out = []
+        for name in read:
+            params = [p for p in self.inner.get_submodule(name).parameters() if p.requires_grad]
+            if params and not any(id(p) in owned for p in params):
+                out += params
+        return out
 
     _outside: _Unmoved | None = None  # the largest tensor outside the model the loss depends on
     OUTSIDE_CHECKS = 64  # sampled steps a tensor outside the model is looked at, at most, for a change
@@ -1107,7 +1124,7 @@ class Recorder:
         if output is None and sys.exc_info()[0] is not None:
             # the child raised, and the loop may go on: its pass is given up (no backward pass follows)
             n_out, n_calls = self._part_first
-            del run.calls[n_calls:], run.outputs[n_out:], run.grads[n_out:], run.final[n_out:]
+            del run.calls[n_calls:], run.outputs[n_out:], run.grads[n_out:], run.final[n_out:], run.owners[n_out:]
             run.ids = {k: i for k, i in run.ids.items() if i < n_out}
             self._part_open = False
             return None
@@ -1117,9 +1134,10 @@ class Recorder:
                 self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
             self._measure_kept(rec)
         leaves = [t for t in nanhunt.float_tensors(output) if t.requires_grad]
+        name = self._parts[id(module)]
         for t in leaves:
-            t.register_hook(self._make_part_grad_hook(run, run.add(t)))
-        if (self._loss_wanted or self.passes == 0) and not self._loss_path_seen:
+            t.register_hook(self._make_part_grad_hook(run, run.add(t, name)))
+        if (self._loss_wanted or self.step == 0) and not self._loss_path_seen:  # (every pass of the first step)
             fns = [t.grad_fn for t in leaves if t.grad_fn is not None]
             self._out_fns = losspath.Nodes(list(self._out_fns) + fns)
             if self._layer_nodes:

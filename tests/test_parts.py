@@ -154,10 +154,16 @@ def test_the_childrens_hooks_do_nothing_inside_the_models_own_forward():
     assert mixed.trace.meta.get("passes_per_step", 1.0) <= 1.0
 
 
-def test_a_gan_held_in_one_container_is_watched_in_both_networks():
+@pytest.mark.parametrize("dead", [False, True])
+def test_a_gan_held_in_one_container_is_watched_in_both_networks(dead):
+    """The generator's loss reads the discriminator's output, whose weights the other optimizer moves: a
+    game's loss, whose flat stretches are no plateau; a fault of the generator itself is still named."""
     torch.manual_seed(0)
     gan = nn.Module()
     gan.G = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 2))
+    if dead:
+        with torch.no_grad():
+            gan.G[0].bias.fill_(-20.0)
     gan.D = nn.Sequential(nn.Linear(2, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1))
     opt_g = torch.optim.Adam(gan.G.parameters(), 1e-3, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(gan.D.parameters(), 1e-3, betas=(0.5, 0.999))
@@ -183,6 +189,8 @@ def test_a_gan_held_in_one_container_is_watched_in_both_networks():
     assert not [h for h in dbg.explain() if h.layer.startswith("D") or "zero_grad" in h.suggestion], dbg.report()
     checked, carried = dbg.trace.meta["gradients_carried"]
     assert checked >= 50 and carried == 0
+    confident = [(h.cause, h.layer) for h in dbg.explain() if h.confidence >= CONFIDENT]
+    assert confident[:1] == ([("dead_units", "G.1")] if dead else []), dbg.report()
 
 
 class _LogWhen(nn.Module):
