@@ -1011,9 +1011,7 @@ class Recorder:
         rec = self._rec
         if rec is not None:
             if not rec.forward_done:
-                if self._forward_draws is not True and self._rng_state is not None:
-                    self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
-                self._measure_kept(rec)
+                self._forward_seen(rec)
             rec.forward_done = True
         # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
         if isinstance(output, torch.Tensor):  # the usual case, without a walk through a structure
@@ -1037,6 +1035,12 @@ class Recorder:
             if i == len(hooks):
                 hooks.append(self._make_output_grad_hook(i))
             t.register_hook(hooks[i])
+
+    def _forward_seen(self, rec: _StepRecord) -> None:
+        """The forward pass (or a child's part of it) is over: whether it drew random numbers; what it kept."""
+        if self._forward_draws is not True and self._rng_state is not None:
+            self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
+        self._measure_kept(rec)
 
     def _measure_kept(self, rec: _StepRecord) -> None:
         """The forward pass is over: outputs copied for the first time tell which layers need no copy
@@ -1130,9 +1134,7 @@ class Recorder:
             return None
         rec = self._rec
         if rec is not None and not rec.forward_done:
-            if self._forward_draws is not True and self._rng_state is not None:
-                self._forward_draws = not torch.equal(torch.get_rng_state(), self._rng_state)
-            self._measure_kept(rec)
+            self._forward_seen(rec)
         leaves = [t for t in nanhunt.float_tensors(output) if t.requires_grad]
         name = self._parts[id(module)]
         for t in leaves:
@@ -1148,9 +1150,7 @@ class Recorder:
         def hook(g):
             if i < len(run.grads):
                 run.grads[i] = g
-            if not self._backward_queued:
-                self._backward_queued = True
-                _queue_backward_callback(self._on_backward_end)
+            self._backward_began()
             return None
         return hook
 
@@ -1457,11 +1457,15 @@ class Recorder:
         def hook(g):
             if i < len(self._out_grads):
                 self._out_grads[i] = g
-            if not self._backward_queued:
-                self._backward_queued = True
-                _queue_backward_callback(self._on_backward_end)
+            self._backward_began()
             return None
         return hook
+
+    def _backward_began(self) -> None:
+        """A gradient reached an output of the pass: its end is called once, when the backward pass is over."""
+        if not self._backward_queued:
+            self._backward_queued = True
+            _queue_backward_callback(self._on_backward_end)
 
     _carry_sentinel: torch.Tensor | None = None  # the weight the check reads
 

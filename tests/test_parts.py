@@ -154,45 +154,6 @@ def test_the_childrens_hooks_do_nothing_inside_the_models_own_forward():
     assert mixed.trace.meta.get("passes_per_step", 1.0) <= 1.0
 
 
-@pytest.mark.parametrize("dead", [False, True])
-def test_a_gan_held_in_one_container_is_watched_in_both_networks(dead):
-    """The generator's loss reads the discriminator's output, whose weights the other optimizer moves: a
-    game's loss, whose flat stretches are no plateau; a fault of the generator itself is still named."""
-    torch.manual_seed(0)
-    gan = nn.Module()
-    gan.G = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 2))
-    if dead:
-        with torch.no_grad():
-            gan.G[0].bias.fill_(-20.0)
-    gan.D = nn.Sequential(nn.Linear(2, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1))
-    opt_g = torch.optim.Adam(gan.G.parameters(), 1e-3, betas=(0.5, 0.999))
-    opt_d = torch.optim.Adam(gan.D.parameters(), 1e-3, betas=(0.5, 0.999))
-    g = torch.Generator().manual_seed(0)
-    real, fake_t = torch.ones(64, 1), torch.zeros(64, 1)
-    with NeuralDbg(gan, optimizer=opt_g) as dbg:
-        for _ in range(60):
-            fake = gan.G(torch.randn(64, 8, generator=g))
-            data = torch.randn(64, 2, generator=g) * 0.1 + torch.tensor([0.5, -0.4])
-            opt_d.zero_grad()
-            (F.binary_cross_entropy_with_logits(gan.D(data), real)
-             + F.binary_cross_entropy_with_logits(gan.D(fake.detach()), fake_t)).backward()
-            opt_d.step()
-            opt_g.zero_grad()
-            loss = F.binary_cross_entropy_with_logits(gan.D(fake), real)
-            loss.backward()
-            opt_g.step()
-            dbg.record_loss(loss)
-    assert dbg.trace.unobserved() == {}
-    assert dbg.step == 60 and "steps_unreached" not in dbg.trace.meta
-    # the discriminator's weights, stepped by the other optimizer, are not "left out of the optimizer"; the
-    # generator's gradients, cleared before its own backward pass, are not "carried over"
-    assert not [h for h in dbg.explain() if h.layer.startswith("D") or "zero_grad" in h.suggestion], dbg.report()
-    checked, carried = dbg.trace.meta["gradients_carried"]
-    assert checked >= 50 and carried == 0
-    confident = [(h.cause, h.layer) for h in dbg.explain() if h.confidence >= CONFIDENT]
-    assert confident[:1] == ([("dead_units", "G.1")] if dead else []), dbg.report()
-
-
 class _LogWhen(nn.Module):
     """log(x) once switched on: NaN for its negative inputs."""
 
@@ -202,27 +163,29 @@ class _LogWhen(nn.Module):
         return torch.log(x) if _LogWhen.on else x
 
 
-def _gan(watched: str):
+def _gan(width: int = 64, log: bool = False, dead: bool = False):
+    """A GAN held in one module with no forward: a generator (with a log to switch on after its first layer,
+    or that layer's units dead) and a discriminator, each with its own optimizer."""
     torch.manual_seed(0)
     gan = nn.Module()
-    gan.G = nn.Sequential(nn.Linear(8, 32), _LogWhen(), nn.ReLU(), nn.Linear(32, 2))
-    gan.D = nn.Sequential(nn.Linear(2, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
-    opt_g = torch.optim.Adam(gan.G.parameters(), 1e-3)
-    opt_d = torch.optim.Adam(gan.D.parameters(), 1e-3)
-    return gan, opt_g, opt_d, {"G": opt_g, "D": opt_d}[watched]
+    gan.G = nn.Sequential(nn.Linear(8, width), *([_LogWhen()] if log else []), nn.ReLU(), nn.Linear(width, 2))
+    if dead:
+        with torch.no_grad():
+            gan.G[0].bias.fill_(-20.0)
+    gan.D = nn.Sequential(nn.Linear(2, width), nn.LeakyReLU(0.2), nn.Linear(width, 1))
+    opt_g = torch.optim.Adam(gan.G.parameters(), 1e-3, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(gan.D.parameters(), 1e-3, betas=(0.5, 0.999))
+    return gan, opt_g, opt_d
 
 
-@pytest.mark.parametrize("watched", ["G", "D"])
-def test_nan_born_in_a_gans_generator_is_found_there_not_in_the_discriminators_input(watched):
-    """The discriminator's pass on the generator's output goes on with the computation the generator began:
-    its input is no batch of data, and a pass after the discriminator's own step is no skipped step."""
-    gan, opt_g, opt_d, opt = _gan(watched)
+def _train_gan(gan, opt_g, opt_d, watched, steps: int, nan_at: int | None = None):
+    """The usual loop: the discriminator's step on real and detached fake samples, then the generator's."""
     g = torch.Generator().manual_seed(0)
     real, fake_t = torch.ones(64, 1), torch.zeros(64, 1)
     try:
-        with NeuralDbg(gan, optimizer=opt) as dbg:
-            for step in range(12):
-                _LogWhen.on = step == 8
+        with NeuralDbg(gan, optimizer=watched) as dbg:
+            for step in range(steps):
+                _LogWhen.on = step == nan_at
                 fake = gan.G(torch.randn(64, 8, generator=g))
                 data = torch.randn(64, 2, generator=g) * 0.1 + torch.tensor([0.5, -0.4])
                 opt_d.zero_grad()
@@ -238,6 +201,34 @@ def test_nan_born_in_a_gans_generator_is_found_there_not_in_the_discriminators_i
                     break
     finally:
         _LogWhen.on = False
+    return dbg
+
+
+@pytest.mark.parametrize("dead", [False, True])
+def test_a_gan_held_in_one_container_is_watched_in_both_networks(dead):
+    """The generator's loss reads the discriminator's output, whose weights the other optimizer moves: a
+    game's loss, whose flat stretches are no plateau; a fault of the generator itself is still named."""
+    gan, opt_g, opt_d = _gan(dead=dead)
+    dbg = _train_gan(gan, opt_g, opt_d, opt_g, steps=60)
+    assert dbg.trace.unobserved() == {}
+    assert dbg.step == 60 and "steps_unreached" not in dbg.trace.meta
+    # the discriminator's weights, stepped by the other optimizer, are not "left out of the optimizer"; the
+    # generator's gradients, cleared before its own backward pass, are not "carried over"; a backward pass
+    # that reaches the generator is no ".detach()" to remove
+    assert not [h for h in dbg.explain() if h.layer.startswith("D") or "zero_grad" in h.suggestion
+                or ".detach()" in h.suggestion], dbg.report()
+    checked, carried = dbg.trace.meta["gradients_carried"]
+    assert checked >= 50 and carried == 0
+    confident = [(h.cause, h.layer) for h in dbg.explain() if h.confidence >= CONFIDENT]
+    assert confident[:1] == ([("dead_units", "G.1")] if dead else []), dbg.report()
+
+
+@pytest.mark.parametrize("watched", ["G", "D"])
+def test_nan_born_in_a_gans_generator_is_found_there_not_in_the_discriminators_input(watched):
+    """The discriminator's pass on the generator's output goes on with the computation the generator began:
+    its input is no batch of data, and a pass after the discriminator's own step is no skipped step."""
+    gan, opt_g, opt_d = _gan(width=32, log=True)
+    dbg = _train_gan(gan, opt_g, opt_d, {"G": opt_g, "D": opt_d}[watched], steps=12, nan_at=8)
     origin = dbg.trace.nonfinite
     assert origin is not None and (origin.step, origin.layer, origin.op) == (8, "G.1", "torch.log"), origin
     assert dbg.trace.skipped.n == 0

@@ -1019,33 +1019,3 @@ def test_a_small_bert_at_a_rate_far_too_low_is_the_rates_not_its_small_init(seed
     assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT and h.cause == "vanishing_gradients"]
     assert not [h for h in dbg.explain() if h.layer == "classifier" and h.cause == "bad_initialization"]
-
-
-def test_networks_called_on_their_own_inside_a_watched_container_are_reached():
-    """A GAN held in one module whose own forward never runs (its generator and discriminator called
-    directly, as in a LightningModule): the generator's weights hold a gradient at every step. It read as
-    'no backward pass from the loss reached the model', with a fix on a .detach() that is not there."""
-    torch.manual_seed(0)
-    gan = torch.nn.Module()
-    gan.G = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2), torch.nn.Tanh())
-    gan.D = torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.LeakyReLU(0.2), torch.nn.Linear(64, 1))
-    opt_g = torch.optim.Adam(gan.G.parameters(), 1e-3, betas=(0.5, 0.999))
-    opt_d = torch.optim.Adam(gan.D.parameters(), 1e-3, betas=(0.5, 0.999))
-    g = torch.Generator().manual_seed(0)
-    real, fake_t = torch.ones(64, 1), torch.zeros(64, 1)
-    from neuraldbg import NeuralDbg
-    with NeuralDbg(gan, optimizer=opt_g) as dbg:
-        for _ in range(100):
-            fake = gan.G(torch.randn(64, 8, generator=g))
-            data = torch.randn(64, 2, generator=g) * 0.1 + torch.tensor([0.5, -0.4])
-            opt_d.zero_grad()
-            (F.binary_cross_entropy_with_logits(gan.D(data), real)
-             + F.binary_cross_entropy_with_logits(gan.D(fake.detach()), fake_t)).backward()
-            opt_d.step()
-            opt_g.zero_grad()
-            loss = F.binary_cross_entropy_with_logits(gan.D(fake), real)
-            loss.backward()
-            opt_g.step()
-            dbg.record_loss(loss)
-    assert "steps_unreached" not in dbg.trace.meta
-    assert not [h for h in dbg.explain() if ".detach()" in h.suggestion]
