@@ -33,8 +33,6 @@ from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
 from .trend import rising_z
 
-# Layers whose output spread is set by their weight scale.
-
 Value = Callable[..., float]  # (row, column) -> float for layer series, (row,) -> float for global ones
 
 
