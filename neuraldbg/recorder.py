@@ -58,6 +58,14 @@ _IN_COL = int(Stat.IN_RMS)
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
 
+def _note_positions(layer: LayerInfo, shape, unit_dim: int | None) -> None:
+    """Where dead units are counted: how many outputs each unit has in a batch (the batch times the positions
+    it is applied at), in the layer's ``extra``: the level of firing at which a unit shows no output > 0 in a
+    batch depends on it."""
+    if layer.kind in _DEAD_KINDS and unit_dim is not None and len(shape) > unit_dim and shape[unit_dim] > 0:
+        layer.extra["positions"] = math.prod(shape) // shape[unit_dim]
+
+
 def _class_loss(paths: list | None) -> str | None:
     """What the recorded loss's operations say of its targets: classes, a binary label, or neither."""
     kinds = set()
@@ -1314,6 +1322,8 @@ class Recorder:
         else:
             unit_dim = layer.unit_dim(t.dim())
             rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=layer.kind in _DEAD_KINDS)
+            if "positions" not in layer.extra:
+                _note_positions(layer, t.shape, unit_dim)
         if t.requires_grad and rec.grads:
             t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
 
@@ -1345,6 +1355,7 @@ class Recorder:
             return hit
         key = (tuple(shape), dtype, device, layer.unit_dim(len(shape)), layer.bounds, layer.kind in _DEAD_KINDS)
         self._keys[idx] = key
+        _note_positions(layer, shape, key[3])
         return key
 
     def _keep(self, rec: _StepRecord, idx: int, t: torch.Tensor, version: int, key: tuple) -> None:

@@ -32,11 +32,14 @@ class Stat(IntEnum):
     ATTN_LOGIT_MAX = 12  # attention computations only: the largest attention logit (scaled q . k, masks applied)
     ATTN_ENTROPY = 13   # attention computations only: mean entropy of a query's attention over log(its keys)
     IN_RMS = 14         # weight layers only: root-mean-square of the input it read (its first argument)
+    ACT_FIRING = 15     # fraction of outputs > 0, where dead units are counted: a unit's share of the inputs it
+                        # fires for, averaged; it falls smoothly where the dead share jumps (a whole layer
+                        # silenced at once: every unit dies within a few steps of the others)
 
 
 N_STATS = len(Stat)
 FORWARD_STATS = (Stat.ACT_MEAN, Stat.ACT_STD, Stat.ACT_ABSMAX, Stat.ACT_NONFINITE, Stat.ACT_DEAD,
-                 Stat.ACT_SATURATED)
+                 Stat.ACT_SATURATED, Stat.ACT_FIRING)
 GRAD_STATS = (Stat.GRAD_RMS, Stat.GRAD_NONFINITE)
 PARAM_STATS = (Stat.W_NORM, Stat.W_GRAD_NORM, Stat.W_UPDATE_NORM)
 ATTENTION_STATS = (Stat.ATTN_LOGIT_MAX, Stat.ATTN_ENTROPY)
@@ -75,18 +78,19 @@ def _per_unit(x: torch.Tensor, unit_dim: int) -> tuple[torch.Tensor, torch.Tenso
 
 def forward_stats_batch(x: torch.Tensor, unit_dim: int | None,
                         bounds: tuple[float, float] | None, dead: bool = True) -> torch.Tensor:
-    """Rows [mean, std, absmax, nonfinite, frac_dead_units, frac_saturated] for a stack of G
-    same-shaped layer outputs ``x`` (G, *shape): a (G, 6) float32 tensor.
+    """Rows [mean, std, absmax, nonfinite, frac_dead_units, frac_saturated, frac_firing] for a stack of G
+    same-shaped layer outputs ``x`` (G, *shape): a (G, 7) float32 tensor.
 
     ``nonfinite`` is 1.0 when an output holds any NaN/Inf (read off its mean: no extra pass).
-    ``frac_dead_units`` (only when ``dead``): units never positive over the batch.
+    ``frac_dead_units`` and ``frac_firing`` (only when ``dead``): units never positive over the batch, and
+    outputs positive.
     """
     x = _as_float(x)
     g = x.shape[0]
     flat = x.reshape(g, -1)
     n = flat.shape[1]
     if n == 0:
-        return torch.full((g, 6), float("nan"), device=x.device)
+        return torch.full((g, 7), float("nan"), device=x.device)
     mean = flat.mean(dim=1)
     std = (torch.linalg.vector_norm(flat - mean[:, None], dim=1) / ((n - 1) ** 0.5) if n > 1
            else torch.zeros_like(mean))
@@ -94,9 +98,10 @@ def forward_stats_batch(x: torch.Tensor, unit_dim: int | None,
         mx, mn = _per_unit(x, unit_dim)
         absmax = torch.maximum(mx.amax(dim=1), -mn.amin(dim=1))
         dead_frac = (mx <= 0).float().mean(dim=1) if dead else _nan_like(mean, g)
+        firing = (flat > 0).float().mean(dim=1) if dead else _nan_like(mean, g)
     else:
         absmax = torch.maximum(flat.amax(dim=1), -flat.amin(dim=1))  # an inf-norm kernel is far slower on a CPU
-        dead_frac = _nan_like(mean, g)
+        dead_frac = firing = _nan_like(mean, g)
     nonfinite = (~torch.isfinite(mean)).float()
     if bounds is not None:
         lo, hi = bounds
@@ -105,7 +110,7 @@ def forward_stats_batch(x: torch.Tensor, unit_dim: int | None,
         saturated = near.float().mean(dim=1)
     else:
         saturated = _nan_like(mean, g)
-    return torch.stack([mean, std, absmax, nonfinite, dead_frac, saturated], dim=1).float()
+    return torch.stack([mean, std, absmax, nonfinite, dead_frac, saturated, firing], dim=1).float()
 
 
 def grad_stats_batch(gr: torch.Tensor, unit_dim: int | None = None) -> torch.Tensor:
@@ -126,7 +131,7 @@ def grad_stats_batch(gr: torch.Tensor, unit_dim: int | None = None) -> torch.Ten
 
 def forward_stats(x: torch.Tensor, unit_dim: int | None,
                   bounds: tuple[float, float] | None, dead: bool = True) -> torch.Tensor:
-    """``forward_stats_batch`` for one output: a (6,) tensor."""
+    """``forward_stats_batch`` for one output: a (7,) tensor."""
     return forward_stats_batch(x.unsqueeze(0), unit_dim, bounds, dead)[0]
 
 

@@ -49,7 +49,7 @@ def reference(model, x, y, lr):
         v, g = o.detach(), o.grad
         ps = list(m.parameters())
         r = {Stat.ACT_MEAN: v.mean().item(), Stat.ACT_STD: v.std().item(), Stat.ACT_ABSMAX: v.abs().max().item(),
-             Stat.ACT_DEAD: (v.amax(0) <= 0).float().mean().item(),
+             Stat.ACT_DEAD: (v.amax(0) <= 0).float().mean().item(), Stat.ACT_FIRING: (v > 0).float().mean().item(),
              Stat.ACT_SATURATED: ((v.abs() >= 1 - 2 * SATURATION_MARGIN).float().mean().item()),
              Stat.GRAD_RMS: g.pow(2).mean().sqrt().item()}
         if ps:
@@ -85,8 +85,9 @@ def test_batched_statistics_equal_per_layer_ones_at_every_step():
                 assert row[i, stat] == pytest.approx(r[stat], rel=1e-4, abs=1e-6), (step, name, stat)
             if kind in (nn.GELU, nn.ReLU):
                 assert row[i, Stat.ACT_DEAD] == pytest.approx(r[Stat.ACT_DEAD]), (step, name)
+                assert row[i, Stat.ACT_FIRING] == pytest.approx(r[Stat.ACT_FIRING]), (step, name)
             else:
-                assert math.isnan(row[i, Stat.ACT_DEAD])
+                assert math.isnan(row[i, Stat.ACT_DEAD]) and math.isnan(row[i, Stat.ACT_FIRING])
             if kind is nn.Tanh:
                 assert row[i, Stat.ACT_SATURATED] == pytest.approx(r[Stat.ACT_SATURATED]), (step, name)
             else:
