@@ -52,7 +52,9 @@ LOOKS: dict[str, Look] = {
 LOOKS["drifting"] = Look(AMBER, "drifting", 1,
                          "activation drifting (a warning, not a verdict): the share of dead units (ReLU family) or "
                          "of saturated outputs (sigmoid/tanh) is past drift_fraction and keeps rising toward "
-                         "dead_fraction / saturated_fraction; Watch says when it gets there at this rate")
+                         "dead_fraction / saturated_fraction, or the share of a ReLU layer's outputs firing is "
+                         "below firing_drop of its early level and keeps falling toward none; Watch says when it "
+                         "gets there at this rate")
 LOOKS["narrowing"] = Look(AMBER, "narrowing", 1,
                           "attention narrowing (a warning, not a verdict): its entropy is below attention_narrowing "
                           "and keeps falling toward attention_entropy; Watch says when it gets there at this rate")

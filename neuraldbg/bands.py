@@ -4,6 +4,7 @@ decided on, the band between its healthy state and that failure, and the failure
 | signal | quantity | band (a warning) | failure |
 |---|---|---|---|
 | activation, ReLU family | share of units dead | ``drift_fraction`` .. ``dead_fraction`` | dead |
+| activation, ReLU family | share of outputs firing | ``firing_drop`` x its early level .. none | dead |
 | activation, sigmoid/tanh | share of outputs saturated | ``drift_fraction`` .. ``saturated_fraction`` | saturated |
 | gradient | relative gradient / the layers after it | ``diminishing_ratio`` .. ``vanishing_ratio`` | vanishing |
 | update | largest update-to-weight ratio | ``update_creeping`` .. ``update_too_large`` | too large |
@@ -11,6 +12,16 @@ decided on, the band between its healthy state and that failure, and the failure
 | input | mean or spread of the batch | ``input_drift`` .. ``input_scale`` | unscaled |
 | weights | median layer's weight norm / its start | 1 / ``weight_shrinking`` .. 1 / ``weight_collapse`` | collapsing |
 | scaler | GradScaler's loss scale | ``scale_falling`` halvings below its peak | none: skipping is a run |
+
+A layer whose units are silenced together (a dropout rate or a penalty that grows, a normalised layer
+pushed below zero) has no share of dead units to watch: every unit dies within a few steps of the others,
+and the share jumps from none to all between two samples. What moves first is the share of its outputs
+that fire: it falls for hundreds of steps before. Its early level is the median of its first
+``EARLY_SAMPLES`` samples past ``warning_settle``. Its failure is the dead state itself (the same samples as
+the share of dead units'); the level it is forecast to reach is the share at which units firing alike show
+no output > 0 in a batch that often (``silent_level``). A share can fall at a steady rate (a dropout rate
+rising in steps of the same size) or by a steady factor (a shift walking into the tail of a normal
+spread): its forecast covers both.
 
 The bands are named drifting (activation, input), diminishing, creeping, narrowing, shrinking and
 falling (the loss scale).
@@ -30,6 +41,7 @@ from .states import (_State, ActState, AttnState, GradState, InputState, ScalerS
                      WeightState)
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
+from .trend import early_level
 
 
 class Scale(str, Enum):
@@ -77,15 +89,24 @@ class BandSeries:
     in_band: np.ndarray        # (samples, columns) bool
     failed: np.ndarray         # (samples, columns) bool
     persist: int | None = None  # None: the thresholds' persistence (as for the signal's events)
+    levels: np.ndarray | None = None  # per column, the failure's level where it differs between columns
+    also: Scale | None = None  # a second scale the quantity may move on: forecasts cover both
 
-    def trend_values(self) -> np.ndarray:
-        """The values the trend is measured on, oriented so that moving toward the failure is rising."""
-        v = _to(self.scale, self.values)
+    def level(self, col: int) -> float | None:
+        """The failure's level for column ``col`` (None: no level)."""
+        if self.threshold is None:
+            return None
+        return float(self.levels[col]) if self.levels is not None else self.threshold
+
+    def trend_values(self, scale: Scale | None = None) -> np.ndarray:
+        """The values the trend is measured on (on ``scale``, else the series'), oriented so that moving toward
+        the failure is rising."""
+        v = _to(self.scale if scale is None else scale, self.values)
         return v if self.rising else -v
 
-    def toward(self, value: float) -> float:
-        """``value`` on the trend's scale and orientation."""
-        v = float(_to(self.scale, np.array([value]))[0])
+    def toward(self, value: float, scale: Scale | None = None) -> float:
+        """``value`` on the trend's scale (or ``scale``) and orientation."""
+        v = float(_to(self.scale if scale is None else scale, np.array([value]))[0])
         return v if self.rising else -v
 
 
@@ -112,12 +133,37 @@ def _series(signal, band, failure, quantity, names, steps, values, start, end, r
                       failed, persist)
 
 
+def _early_level(steps: np.ndarray, values: np.ndarray, settle: int) -> np.ndarray:
+    """Per column, its early level from the samples at steps from ``settle`` on."""
+    later = values[steps >= settle]
+    return np.array([early_level(later[:, c]) for c in range(values.shape[1])], dtype=np.float64)
+
+
+def silent_level(positions: np.ndarray, dead_fraction: float) -> np.ndarray:
+    """The share of outputs firing at which a unit with that many outputs in a batch shows none > 0 with
+    probability ``dead_fraction`` (its outputs firing independently): where units firing alike are that share
+    dead. 0 where the positions are not known."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        level = 1.0 - dead_fraction ** (1.0 / positions)
+    return np.where(np.isfinite(level) & (positions >= 1), level, 0.0)
+
+
 def activation_bands(f: Features, th: Thresholds) -> list[BandSeries]:
     out = []
     if len(f.ri):
-        out.append(_series(Signal.ACTIVATION, ActState.DRIFTING, ActState.DEAD, "dead units",
-                           [f.names[i] for i in f.ri], f.steps, f.dead, th.drift_fraction, th.dead_fraction,
-                           rising=True, scale=Scale.LOGIT, percent=True, reached=True))
+        names = [f.names[i] for i in f.ri]
+        dead = _series(Signal.ACTIVATION, ActState.DRIFTING, ActState.DEAD, "dead units", names, f.steps, f.dead,
+                       th.drift_fraction, th.dead_fraction, rising=True, scale=Scale.LOGIT, percent=True,
+                       reached=True)
+        out.append(dead)
+        start = th.firing_drop * _early_level(f.steps, f.firing, th.warning_settle)
+        firing = f.firing.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            in_band = (firing < start[None, :]) & np.isfinite(firing) & ~dead.failed
+        out.append(BandSeries(Signal.ACTIVATION, ActState.DRIFTING, ActState.DEAD, "outputs firing", names, f.steps,
+                              firing, 0.0, rising=False, scale=Scale.LOG, percent=True, in_band=in_band,
+                              failed=dead.failed.copy(), levels=silent_level(f.positions, th.dead_fraction),
+                              also=Scale.LINEAR))
     if len(f.bi):
         out.append(_series(Signal.ACTIVATION, ActState.DRIFTING, ActState.SATURATED, "saturated outputs",
                            [f.names[i] for i in f.bi], f.steps, f.sat, th.drift_fraction, th.saturated_fraction,

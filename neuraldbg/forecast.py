@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bands import BandSeries
+from .bands import BandSeries, Scale
 from .trend import median_slope, theil_sen
 
 _FAR = 10 ** 12   # a forecast step beyond this is no step at all
@@ -54,18 +54,24 @@ def _at(made_at: int, distance: float, slope: float) -> int:
     return int(min(made_at + distance / slope, _FAR))
 
 
-def forecast(series: BandSeries, trend: np.ndarray, row: int, z: float, size: int) -> Forecast | None:
-    """The forecast for a column of ``series`` from its trend values (``trend``: NaN where not to be read)
-    up to ``row``; None when the failure is no level (``threshold`` None), the line does not move toward it,
-    or too few samples are known."""
-    if series.threshold is None:
-        return None
+def _on(series: BandSeries, trend: np.ndarray, col: int, scale: Scale | None) -> np.ndarray:
+    """The trend values of column ``col`` on ``scale`` (None: the ones given), read where ``trend`` is."""
+    if scale is None:
+        return trend
+    return np.where(np.isfinite(trend), series.trend_values(scale)[:, col], np.nan)
+
+
+def _scales(series: BandSeries) -> tuple:
+    return (None,) if series.also is None else (None, series.also)
+
+
+def _one(series: BandSeries, trend: np.ndarray, row: int, z: float, size: int, target: float) -> Forecast | None:
     rows = window(trend, row, size)
     fit = theil_sen(series.steps[rows], trend[rows], z)
-    if fit is None or fit.slope <= 0:
+    if fit is None or fit.slope <= 0 or not np.isfinite(target):
         return None
     made_at = int(series.steps[row])
-    distance = series.toward(series.threshold) - fit.level
+    distance = target - fit.level
     if distance <= 0:
         return None
     # a trend that changed pace within the window widens the range: each half's own rate is in it
@@ -83,16 +89,45 @@ def forecast(series: BandSeries, trend: np.ndarray, row: int, z: float, size: in
     gap = int(np.median(np.diff(series.steps[rows]))) if len(rows) > 1 else 0
     low = max(min(_at(made_at, near, fastest), step - gap), made_at)
     high = max(_at(made_at, far, slowest), step + gap) if slowest > 0 else None
-    return Forecast(step=step, low=low, high=high, threshold=float(series.threshold), made_at=made_at)
+    return Forecast(step=step, low=low, high=high, threshold=0.0, made_at=made_at)
 
 
-def within_horizon(series: BandSeries, trend: np.ndarray, row: int, size: int, horizon: float, z: float) -> bool:
+def forecast(series: BandSeries, trend: np.ndarray, row: int, z: float, size: int, col: int = 0) -> Forecast | None:
+    """The forecast for column ``col`` of ``series`` from its trend values (``trend``: NaN where not to be
+    read) up to ``row``; None when the failure is no level (``threshold`` None), the line does not move toward
+    it, or too few samples are known. A series that may move on a second scale (``also``) is forecast on
+    both: the range covers both, and the step lies between them (their distances' geometric mean)."""
+    level = series.level(col)
+    if level is None:
+        return None
+    made = [f for f in (_one(series, _on(series, trend, col, sc), row, z, size, series.toward(level, sc))
+                        for sc in _scales(series)) if f is not None]
+    if not made:
+        return None
+    made_at = made[0].made_at
+    step = made_at + int(round(float(np.exp(np.mean([np.log(max(f.step - made_at, 1)) for f in made])))))
+    highs = [f.high for f in made if f.high is not None]
+    high = max(highs) if len(highs) == len(made) else None
+    return Forecast(step=min(step, _FAR), low=min(f.low for f in made), high=high, threshold=float(level),
+                    made_at=made_at)
+
+
+def within_horizon(series: BandSeries, trend: np.ndarray, row: int, size: int, horizon: float, z: float,
+                   col: int = 0) -> bool:
     """Even at the slowest rate its last ``size`` samples up to ``row`` allow (the low end of their slope's
     confidence interval at ``z``), the signal reaches its failure within ``horizon`` times the steps those
-    samples span: a share that steps up by one unit and back, or a noisy ratio, has no such rate."""
-    rows = window(trend, row, size)
-    x = series.steps[rows]
-    fit = theil_sen(x, trend[rows], z)
-    if series.threshold is None or fit is None or not fit.low > 0:
+    samples span, on its scale or its second one: a share that steps up by one unit and back, or a noisy
+    ratio, has no such rate."""
+    level = series.level(col)
+    if level is None:
         return False
-    return (series.toward(series.threshold) - fit.level) / fit.low <= horizon * float(x[-1] - x[0])
+    for sc in _scales(series):
+        values = _on(series, trend, col, sc)
+        rows = window(values, row, size)
+        x = series.steps[rows]
+        fit = theil_sen(x, values[rows], z)
+        target = series.toward(level, sc)
+        if fit is not None and fit.low > 0 and np.isfinite(target) and (
+                (target - fit.level) / fit.low <= horizon * float(x[-1] - x[0])):
+            return True
+    return False

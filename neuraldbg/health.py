@@ -146,8 +146,10 @@ class Features:
     act_nf: np.ndarray         # (T, L) bool
     dead_all: np.ndarray       # (T, L) view, for numbers
     sat_all: np.ndarray
-    ri: np.ndarray             # ReLU columns and their dead fraction
+    ri: np.ndarray             # ReLU columns, their dead fraction and the fraction of their outputs firing
     dead: np.ndarray
+    firing: np.ndarray
+    positions: np.ndarray      # per ReLU column: outputs per unit in a batch (NaN: not known)
     bi: np.ndarray             # bounded (non-output) columns and their saturated fraction
     sat: np.ndarray
     gi: np.ndarray             # weight layers in forward order, relative gradient and what follows
@@ -315,7 +317,9 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     return Features(key=key, steps=trace.stats.steps.copy(), names=[l.name for l in layers], order=order,
                     by_order=by_order, std=std, base=first_finite(std), act_nf=act_nf,
                     dead_all=x[:, :, int(Stat.ACT_DEAD)], sat_all=x[:, :, int(Stat.ACT_SATURATED)],
-                    ri=ri, dead=cols(ri, Stat.ACT_DEAD), bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
+                    ri=ri, dead=cols(ri, Stat.ACT_DEAD), firing=cols(ri, Stat.ACT_FIRING),
+                    positions=np.array([layers[i].extra.get("positions", np.nan) for i in ri], dtype=np.float64),
+                    bi=bi, sat=cols(bi, Stat.ACT_SATURATED),
                     gi=gi, rel=rel, unreached=unreached, later=_later_max(rel), rel0=first_finite(rel), wi=wi, own=own,
                     prev=prev,
                     origin=origin, offset=offset, segment=segment, rscale=rscale, wscale=wscale,

@@ -38,6 +38,7 @@ class ActState(_State):
     DEAD = "dead"             # ReLU-family units never positive
     ANOMALOUS = "anomalous"   # spread blown up (or NaN/Inf)
     DRIFTING = "drifting"     # a warning band: the dead or saturated share keeps rising toward its threshold
+    #                           (or the share of outputs firing keeps falling toward none)
 
 
 class GradState(_State):

@@ -280,6 +280,11 @@ class Thresholds:
                                "share of a ReLU layer's units dead, or of a bounded layer's outputs saturated, from "
                                "which a share that keeps rising is drifting toward dead_fraction or "
                                "saturated_fraction", slider=False, group="warnings")
+    firing_drop: float = _f(0.5, "firing dropping", "linear", 0.01, 1.0,
+                            "share of its early level below which the share of a ReLU layer's outputs that fire, "
+                            "if it keeps falling, is drifting toward dead: a layer whose units are all silenced "
+                            "together, whose dead share jumps from none to all between two samples",
+                            slider=False, group="warnings")
     update_creeping: float = _f(0.03, "update creeping", "log", 1e-6, 10.0,
                                 "largest update-to-weight ratio from which updates that keep growing are creeping "
                                 "toward update_too_large", slider=False, group="warnings")

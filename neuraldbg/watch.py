@@ -10,7 +10,7 @@ span: a layer that sits at 40% dead units and stays there is no warning, nor one
 long while, nor a narrow layer whose units die and come back one by one; a layer climbing from 25% to
 45% is. A warning shows once this holds for ``warning_persist`` samples in a row (a share of units, which
 moves by whole units, for ``persist`` samples, as a state becomes an event), and ends once it has not held
-for as many.
+for as many; none shows at a sample past the failure's level.
 """
 from __future__ import annotations
 
@@ -85,7 +85,9 @@ class EarlyWarning:
 
     def reads(self, v: float) -> str:
         """A value of the quantity as text (a share as a percentage)."""
-        return f"{v:.0%}" if self.percent and v == v else number(v)
+        if self.percent and v == v:  # (a share near none with its first digits: 0.05%, not 0%)
+            return f"{v:.0%}" if v >= 0.01 or v == 0 else f"{100 * v:.1g}%"
+        return number(v)
 
     @property
     def title(self) -> str:
@@ -151,7 +153,10 @@ def warning_persistence(series: BandSeries, th: Thresholds) -> int:
 def _scan(series: BandSeries, th: Thresholds) -> _Scan | None:
     trend = series.trend_values()
     trend[series.steps < th.warning_settle] = np.nan
-    rows, cols = np.nonzero(series.in_band & np.isfinite(trend))
+    # a sample past the failure's level that has not held for the failure's persistence is no failure yet:
+    # still heading there, it does not break a warning off
+    heading = series.in_band | (series.failed & ~_failed(series, th))
+    rows, cols = np.nonzero(heading & np.isfinite(trend))
     if not len(rows):
         return None
     z = rolling_rising_z(trend, rows, cols, th.warning_window)
@@ -160,12 +165,14 @@ def _scan(series: BandSeries, th: Thresholds) -> _Scan | None:
     if series.threshold is not None:  # heading there soon enough: within the horizon of what was seen
         for i in np.nonzero(hit)[0]:
             hit[i] = within_horizon(series, trend[:, cols[i]], int(rows[i]), th.warning_window, th.warning_horizon,
-                                    th.warning_z)
+                                    th.warning_z, int(cols[i]))
     raw_all = np.zeros(series.in_band.shape, dtype=bool)
     raw_all[rows[hit], cols[hit]] = True
     # shown once it holds for warning_persist samples; a share of units moves by whole units, so one sample of
     # it is one unit more, not yet a trend's confirmation: as many samples as a state takes to become an event
     raw_all = debounce(raw_all.astype(np.int8), warning_persistence(series, th)).astype(bool)
+    # none at a sample past the failure's level, nor where the failure holds: that is a state, not a warning
+    raw_all &= ~(series.failed | _failed(series, th))
     keep = np.nonzero(raw_all.any(axis=0))[0]
     if not len(keep):
         return None
@@ -191,10 +198,10 @@ def _warning(scan: _Scan, k: int, row: int, first: int, th: Thresholds) -> Early
     trend = scan.trend[:, col]
     rows = window(trend, row, th.warning_window)
     z = float(rolling_rising_z(scan.trend, np.array([row]), np.array([col]), th.warning_window)[0])
-    fc = forecast(s, trend, row, th.warning_z, th.warning_window) if scan.on[row, k] else None
+    fc = forecast(s, trend, row, th.warning_z, th.warning_window, col) if scan.on[row, k] else None
     fit = theil_sen(s.steps[rows], trend[rows], th.warning_z)
     return EarlyWarning(signal=s.signal, layer=s.names[col], state=s.band, failure=s.failure, quantity=s.quantity,
-                        step=int(s.steps[first]), value=float(s.values[row, col]), threshold=s.threshold,
+                        step=int(s.steps[first]), value=float(s.values[row, col]), threshold=s.level(col),
                         trend=Trend(since=int(s.steps[rows[0]]), start=float(s.values[rows[0], col]),
                                     until=int(s.steps[row]), z=z, slope=fit.slope if fit is not None else float("nan")),
                         forecast=fc, percent=s.percent)
@@ -214,8 +221,27 @@ def warnings(trace: Trace, th: Thresholds) -> list[EarlyWarning]:
         for k in np.nonzero(scan.on[-1])[0]:
             first = int(_starts(scan.on[:, k])[-1])
             out.append(_warning(scan, int(k), last, first, th))
-    far = 1 << 62
-    return sorted(out, key=lambda w: (w.forecast.step if w.forecast is not None else far, w.step))
+    return _one_each(sorted(out, key=_soonest))
+
+
+_FAR = 1 << 62
+
+
+def _soonest(w: EarlyWarning) -> tuple:
+    return (w.forecast.step if w.forecast is not None else _FAR, w.step)
+
+
+def _one_each(ordered: list) -> list:
+    """The first of each signal, layer and failure in ``ordered`` (warnings or episodes): a failure two bands
+    lead to (a layer's share of dead units and of outputs firing) is warned of once."""
+    seen, out = set(), []
+    for x in ordered:
+        w = x if isinstance(x, EarlyWarning) else x.warning
+        key = (w.signal, w.layer, w.failure)
+        if key not in seen:
+            seen.add(key)
+            out.append(x)
+    return out
 
 
 def episodes(trace: Trace, th: Thresholds) -> list[Episode]:
@@ -235,12 +261,15 @@ def episodes(trace: Trace, th: Thresholds) -> list[Episode]:
             crossed = int(s.steps[after[0]]) if len(after) else None
             before = int(s.steps[after[0] - 1]) if len(after) else None
             out.append(Episode(_warning(scan, k, shown, first, th), int(s.steps[shown]), crossed, before))
-    return out
+    # (of two bands toward one failure, the warning shown first; at the same sample, the soonest forecast)
+    return _one_each(sorted(out, key=lambda e: (e.shown_at, _soonest(e.warning))))
 
 
 def _failed(s: BandSeries, th: Thresholds) -> np.ndarray:
-    """The samples in the failure state, with the persistence its events have."""
-    return debounce(s.failed.astype(np.int8), th.persist if s.persist is None else s.persist).astype(bool)
+    """The samples in the failure state, with the persistence its events have (a sample where the signal
+    was not measured continues the state before it, as for the events)."""
+    codes = np.where(np.isfinite(s.values), s.failed.astype(np.int8), np.int8(-1))
+    return debounce(codes, th.persist if s.persist is None else s.persist) > 0
 
 
 Crossing = tuple[Signal, str, _State, int, int]
@@ -249,18 +278,19 @@ Crossing = tuple[Signal, str, _State, int, int]
 def crossings(trace: Trace, th: Thresholds) -> list[Crossing]:
     """Every failure of a band's signal that begins after a healthy start: (signal, layer, failure state,
     the step it began, the sample step before it), in step order."""
-    out: list[Crossing] = []
+    out: dict[tuple, Crossing] = {}
     if not trace.stats.n:
-        return out
+        return []
     for s in bands_mod.compute(trace, features(trace), th):
         failed = _failed(s, th)
         for col in np.nonzero(failed.any(axis=0))[0]:
             starts = _starts(failed[:, col])
             starts = starts[starts > 0]
-            if len(starts):
+            if len(starts):  # (a failure two bands lead to is one crossing)
                 r = int(starts[0])
-                out.append((s.signal, s.names[col], s.failure, int(s.steps[r]), int(s.steps[r - 1])))
-    return sorted(out, key=lambda c: c[3])
+                out.setdefault((s.signal, s.names[col], s.failure),
+                               (s.signal, s.names[col], s.failure, int(s.steps[r]), int(s.steps[r - 1])))
+    return sorted(out.values(), key=lambda c: c[3])
 
 
 def longest(trace: Trace, th: Thresholds) -> int:

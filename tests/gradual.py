@@ -16,7 +16,7 @@ from torch import nn
 
 from faultgen.models import GradientScale
 from neuraldbg import NeuralDbg
-from zoo import Run, mlp, teacher_classes
+from zoo import Run, mlp, pixels, teacher_classes
 
 EVERY = 2
 
@@ -54,6 +54,20 @@ def bias_walks_down(seed: int = 0) -> Run:
         with torch.no_grad():
             model[2].bias.sub_(0.006)
     return Run(model, torch.optim.SGD(model.parameters(), lr=0.05), teacher_classes(8, 3), steps=200, before_step=walk)
+
+
+def shift_walks_down(seed: int = 0) -> Run:
+    """The shift of a BatchNorm before a ReLU, in a CNN, is walked down every step: every channel of the ReLU
+    fires for fewer positions each step, all at the same rate, and they die together."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+
+    def walk(step, opt):
+        with torch.no_grad():
+            model[4].bias.sub_(0.025)
+    return Run(model, torch.optim.SGD(model.parameters(), lr=0.02), pixels(batch=16, channels=3), steps=200,
+               before_step=walk)
 
 
 def bias_walks_up(seed: int = 0) -> Run:

@@ -66,6 +66,60 @@ def test_a_slowly_failing_run_is_warned_of_and_its_forecast_comes_true(name):
     assert any(x.forecast is not None for _, x in live)
 
 
+@pytest.mark.parametrize("seed", [0, 2])
+def test_a_layer_silenced_together_is_warned_of_by_the_share_of_its_outputs_firing(seed):
+    """A BatchNorm shift walked down silences every channel of the ReLU after it at the same rate: its share of
+    dead channels jumps from none to all within a few samples, too late to warn. The share of its outputs
+    firing falls from the start: its warning shows about a hundred steps before the channels die, shown live,
+    with a forecast (to the share at which a channel of that many outputs shows none > 0) that comes true."""
+    from neuraldbg.bands import silent_level
+    live: list[EarlyWarning] = []
+    dbg = gradual.train(gradual.shift_walks_down(seed), lambda d: live.extend(
+        w for w in d.warnings() if w.layer == "5"), look=gradual.EVERY)
+    th = dbg.thresholds
+    signal, layer, failure, failed_at, _ = watch.crossings(dbg.trace, th)[0]
+    assert (signal, layer, failure) == (Signal.ACTIVATION, "5", ActState.DEAD)
+    eps = [e for e in watch.episodes(dbg.trace, th) if e.warning.layer == "5"]
+    by_share = [e for e in eps if e.warning.quantity == "dead units" and e.shown_at < failed_at - 10]
+    assert not by_share, [e.warning.describe() for e in by_share]
+    first = min(eps, key=lambda e: e.shown_at)
+    w = first.warning
+    assert w.quantity == "outputs firing" and (w.state, w.failure) == (ActState.DRIFTING, ActState.DEAD)
+    assert first.shown_at <= failed_at - 60 and first.crossed == failed_at
+    assert first.forecast_right and w.forecast.low < failed_at < w.forecast.step * 3, w.describe()
+    positions = dbg.trace.layer("5").extra["positions"]
+    assert positions == 16 * 8 * 8 and w.threshold == pytest.approx(silent_level(np.array([positions]),
+                                                                                 th.dead_fraction)[0])
+    assert w.value < th.firing_drop * w.trend.start and "outputs firing" in w.describe()
+    assert live and live[0].quantity == "outputs firing"
+
+
+def test_a_share_past_its_failure_for_one_sample_is_still_heading_there():
+    """A share climbing through its band that pokes past the failure level for one sample (not yet a failure:
+    that takes ``persist`` samples) between two that qualify, then fails: that sample counts toward its
+    warning, which shows at the two around it (none shows at a sample past the level, nor once the failure
+    holds). Read as breaking the run off, no two qualifying samples would be consecutive: no warning."""
+    from neuraldbg.bands import Scale, _series
+    from neuraldbg.watch import _scan
+    th = Thresholds()
+    steps = np.arange(20, 20 + 5 * 16, 5)
+
+    def share(values):
+        return _series(Signal.ACTIVATION, ActState.DRIFTING, ActState.DEAD, "dead units", ["3"], steps, values,
+                       th.drift_fraction, th.dead_fraction, rising=True, scale=Scale.LOGIT, percent=True,
+                       reached=True)
+    rising = np.linspace(0.22, 0.58, len(steps))
+    a = int(np.nonzero(_scan(share(rising), th).on[:, 0])[0][0])
+    poked = rising.copy()
+    poked[a + 1] = poked[a + 3:] = th.dead_fraction + 0.03
+    blip = share(poked)
+    failed = watch._failed(blip, th)[:, 0]
+    assert not failed[a + 1] and failed[a + 3:].all()
+    scan = _scan(blip, th)
+    assert scan is not None, "the sample past the level broke the warning off"
+    assert list(np.nonzero(scan.on[:, 0])[0]) == [a, a + 2]
+
+
 def test_the_warning_reads_as_a_sentence_with_its_forecast():
     run = gradual.inputs_grow()
     run.steps = 80
@@ -309,3 +363,4 @@ def test_updates_entering_their_warning_band_start_a_burst_of_samples():
     assert entered, ratio
     i = entered[0]
     assert list(steps[i + 1:i + 5]) == [steps[i] + 1, steps[i] + 2, steps[i] + 3, steps[i] + 4]
+

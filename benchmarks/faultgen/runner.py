@@ -138,15 +138,18 @@ def early_warnings(dbg) -> dict:
                  "warnings": [e.warning.describe() for e in episodes[:5]]}
     if crossings:
         signal, layer, failure, step, before = crossings[0]
-        ep = next((e for e in episodes if (e.warning.signal, e.warning.layer, e.warning.failure) ==
-                   (signal, layer, failure) and e.shown_at < step), None)
+        # (the first shown of the warnings that lead to this failure: a signal may have two bands toward it)
+        ep = min((e for e in episodes if (e.warning.signal, e.warning.layer, e.warning.failure) ==
+                  (signal, layer, failure) and e.shown_at < step), key=lambda e: e.shown_at, default=None)
         fc = ep.warning.forecast if ep is not None else None
-        series = next(s for s in bands.compute(trace, health.features(trace), th)
-                      if (s.signal, s.failure) == (signal, failure) and layer in s.names)
-        in_band = int(series.in_band[series.steps < step, series.names.index(layer)].sum())
+        leading = [s for s in bands.compute(trace, health.features(trace), th)
+                   if (s.signal, s.failure) == (signal, failure) and layer in s.names]
+        in_band = max(int(s.in_band[s.steps < step, s.names.index(layer)].sum()) for s in leading)
+        jumped = all(int(s.in_band[s.steps < step, s.names.index(layer)].sum()) < watch.warning_persistence(s, th)
+                     for s in leading)
         out["crossing"] = {
             "signal": str(signal), "layer": layer, "failure": str(failure), "step": step, "after": before,
-            "band_samples": in_band, "jumped": in_band < watch.warning_persistence(series, th),
+            "band_samples": in_band, "jumped": jumped,
             "warned_at": ep.shown_at if ep is not None else None,
             "forecast": None if fc is None else {"step": fc.step, "low": fc.low, "high": fc.high,
                                                  "made_at": fc.made_at},
