@@ -84,6 +84,10 @@ class Thresholds:
     # -- loss --------------------------------------------------------------------------------------
     loss_rise: float = _f(1.0, "loss rise", "log", 0.05, 100.0,
                           "rise of the smoothed loss above its best, as a fraction of the start loss: divergence")
+    loss_given_back: float = _f(0.5, "loss given back", "linear", 0.05, 1.0,
+                                "share of what the loss had come down from its start that a flat loss has given "
+                                "back above its best for a fix to look at what undid it, not to raise the "
+                                "learning rate", slider=False)
     loss_oscillation: float = _f(0.5, "loss oscillation", "log", 0.05, 10.0,
                                  "typical step-to-step loss change, as a fraction of its level, with no progress")
     loss_progress: float = _f(0.05, "loss progress", "log", 1e-4, 0.5,

@@ -1538,7 +1538,13 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if ctx.linear_maps >= 2:
         text = ("add a nonlinearity between the linear layers (nn.ReLU() after each but the last, or F.relu in the "
                 "forward): without one they make a single linear map of the input; then " + text)
-    if lr_way != "lower" and _cut_by_schedule(ctx) is not None:
+    undone = _undone(c, ctx)
+    if undone is not None:
+        # it could learn at this rate: what undid it came later, and a larger rate is no way back
+        best, now = undone
+        text += (f"; the loss came down to {fmt(best)}, then rose back to {fmt(now)}: look at what changed after "
+                 "it was at its best (a schedule, a loss term whose weight grows, the data) before the learning rate")
+    elif lr_way != "lower" and _cut_by_schedule(ctx) is not None:
         # the rate at the end is a schedule's remnant: the one to raise is the one the run had at its peak
         text += (f"; the loss stayed flat and {_SCHEDULE_CUT.format(peak=number(ctx.lr_peak), lr=number(ctx.lr))}, "
                  f"then try a larger learning rate than {number(ctx.lr_peak)} (x3)")
@@ -1549,6 +1555,19 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     else:
         text += f"; the updates were large: try a smaller learning rate than {high} or a warm-up"
     return text
+
+
+def _undone(c: Candidate, ctx: Context) -> tuple[float, float] | None:
+    """(the best loss, the loss at the latest flat stretch) when that loss lies above its best by more than
+    ``loss_given_back`` of what it had come down from its start: it learned, then lost it."""
+    flat = [e for e in c.loss + c.events if {"loss", "start", "best"} <= e.values.keys()]
+    if not flat:
+        return None
+    e = max(flat, key=lambda e: e.step)
+    start, best, now = (float(e.values[k]) for k in ("start", "best", "loss"))
+    if not (start > best and now - best > ctx.th.loss_given_back * (start - best)):
+        return None
+    return best, now
 
 
 def _dropout_where(ctx: Context, place: str) -> str:
