@@ -98,7 +98,7 @@ def forward_stats_batch(x: torch.Tensor, unit_dim: int | None,
         mx, mn = _per_unit(x, unit_dim)
         absmax = torch.maximum(mx.amax(dim=1), -mn.amin(dim=1))
         dead_frac = (mx <= 0).float().mean(dim=1) if dead else _nan_like(mean, g)
-        firing = (flat > 0).float().mean(dim=1) if dead else _nan_like(mean, g)
+        firing = torch.count_nonzero(flat > 0, dim=1).to(mean.dtype) / n if dead else _nan_like(mean, g)
     else:
         absmax = torch.maximum(flat.amax(dim=1), -flat.amin(dim=1))  # an inf-norm kernel is far slower on a CPU
         dead_frac = firing = _nan_like(mean, g)
