@@ -7,7 +7,9 @@ the slope's confidence interval (at ``warning_z``) and the rate of each half of 
 changed pace within it), starting from as near or as far as the samples scatter around the line (at
 ``warning_z`` times their robust spread); the fastest gives the earliest step, the slowest the latest
 (none when the slowest rate is not toward the failure at all), and the range is never narrower than the
-sampling interval on either side. The forecast is made from the samples already recorded, so it costs
+sampling interval on either side. A quantity that may move on a second scale (a share of outputs firing,
+which can fall at a steady rate or by a steady factor) is forecast on both: the range covers both ranges
+and the step lies between the two. The forecast is made from the samples already recorded, so it costs
 nothing during training beyond reading them.
 """
 from __future__ import annotations
