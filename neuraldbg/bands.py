@@ -157,13 +157,16 @@ def activation_bands(f: Features, th: Thresholds) -> list[BandSeries]:
                        reached=True)
         out.append(dead)
         start = th.firing_drop * _early_level(f.steps, f.firing, th.warning_settle)
+        levels = silent_level(f.positions, th.dead_fraction)
         firing = f.firing.astype(np.float64)
         with np.errstate(invalid="ignore"):
-            in_band = (firing < start[None, :]) & np.isfinite(firing) & ~dead.failed
+            # between its start and the level it is forecast to reach (a unit with few outputs in a batch shows
+            # none > 0 at a share that may lie above the start: no band; below the level, and not dead, the share
+            # of dead units is the band to read)
+            in_band = (firing < start[None, :]) & (firing > levels[None, :]) & ~dead.failed
         out.append(BandSeries(Signal.ACTIVATION, ActState.DRIFTING, ActState.DEAD, "outputs firing", names, f.steps,
                               firing, 0.0, rising=False, scale=Scale.LOG, percent=True, in_band=in_band,
-                              failed=dead.failed.copy(), levels=silent_level(f.positions, th.dead_fraction),
-                              also=Scale.LINEAR))
+                              failed=dead.failed.copy(), levels=levels, also=Scale.LINEAR))
     if len(f.bi):
         out.append(_series(Signal.ACTIVATION, ActState.DRIFTING, ActState.SATURATED, "saturated outputs",
                            [f.names[i] for i in f.bi], f.steps, f.sat, th.drift_fraction, th.saturated_fraction,

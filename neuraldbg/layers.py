@@ -130,6 +130,7 @@ class LayerInfo:
                 "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order,
                 "recurrent_scale": self.extra.get("recurrent_scale"), "weight_scale": self.extra.get("weight_scale"),
                 "equal_weights": self.extra.get("equal_weights"), "bias_rms": self.extra.get("bias_rms"),
+                "positions": self.extra.get("positions"),
                 **{k: self.extra[k] for k in _EXTRA_TEXT + _EXTRA_FLAGS if k in self.extra}}
 
     @classmethod
@@ -137,6 +138,8 @@ class LayerInfo:
         bounds = d.get("bounds")
         extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale", "equal_weights", "bias_rms")
                        if d.get(k) is not None}
+        if d.get("positions") is not None:
+            extra["positions"] = int(d["positions"])
         extra.update({k: str(d[k]) for k in _EXTRA_TEXT if d.get(k) is not None})
         extra.update({k: True for k in _EXTRA_FLAGS if d.get(k)})
         return cls(index=int(d["index"]), name=str(d["name"]), type_name=str(d["type"]), kind=Kind(d["kind"]),

@@ -60,8 +60,8 @@ _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
 def _note_positions(layer: LayerInfo, shape, unit_dim: int | None) -> None:
     """Where dead units are counted: how many outputs each unit has in a batch (the batch times the positions
-    it is applied at), in the layer's ``extra``: the level of firing at which a unit shows no output > 0 in a
-    batch depends on it."""
+    it is applied at), in the layer's ``extra``, as of its latest output: the level of firing at which a unit
+    shows no output > 0 in a batch depends on it."""
     if layer.kind in _DEAD_KINDS and unit_dim is not None and len(shape) > unit_dim and shape[unit_dim] > 0:
         layer.extra["positions"] = math.prod(shape) // shape[unit_dim]
 
@@ -1322,8 +1322,7 @@ class Recorder:
         else:
             unit_dim = layer.unit_dim(t.dim())
             rec.fwd[idx] = forward_stats(t, unit_dim, layer.bounds, dead=layer.kind in _DEAD_KINDS)
-            if "positions" not in layer.extra:
-                _note_positions(layer, t.shape, unit_dim)
+            _note_positions(layer, t.shape, unit_dim)
         if t.requires_grad and rec.grads:
             t.register_hook(self._make_grad_hook(idx, unit_dim, rec))
 

@@ -86,7 +86,7 @@ class EarlyWarning:
     def reads(self, v: float) -> str:
         """A value of the quantity as text (a share as a percentage)."""
         if self.percent and v == v:  # (a share near none with its first digits: 0.05%, not 0%)
-            return f"{v:.0%}" if v >= 0.01 or v == 0 else f"{100 * v:.1g}%"
+            return f"{v:.0%}" if v >= 0.01 or v == 0 else f"{100 * v:.2g}%"
         return number(v)
 
     @property
@@ -254,7 +254,13 @@ def episodes(trace: Trace, th: Thresholds) -> list[Episode]:
         failed = _failed(s, th)
         for k in range(len(scan.cols)):
             first = int(_starts(scan.on[:, k])[0])
-            shown = min(first + max(warning_persistence(s, th), 1) - 1, len(s.steps) - 1)
+            # where it had held for the samples a warning needs (none shows at a sample past the failure's level:
+            # then the next one it shows at)
+            on = np.nonzero(scan.on[:, k])[0]
+            held = on[on >= first + max(warning_persistence(s, th), 1) - 1]
+            if not len(held):
+                continue
+            shown = int(held[0])
             col = int(scan.cols[k])
             after = _starts(failed[:, col])
             after = after[after > shown]

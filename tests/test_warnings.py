@@ -67,7 +67,7 @@ def test_a_slowly_failing_run_is_warned_of_and_its_forecast_comes_true(name):
 
 
 @pytest.mark.parametrize("seed", [0, 2])
-def test_a_layer_silenced_together_is_warned_of_by_the_share_of_its_outputs_firing(seed):
+def test_a_layer_silenced_together_is_warned_of_by_the_share_of_its_outputs_firing(seed, tmp_path):
     """A BatchNorm shift walked down silences every channel of the ReLU after it at the same rate: its share of
     dead channels jumps from none to all within a few samples, too late to warn. The share of its outputs
     firing falls from the start: its warning shows about a hundred steps before the channels die, shown live,
@@ -92,6 +92,38 @@ def test_a_layer_silenced_together_is_warned_of_by_the_share_of_its_outputs_firi
                                                                                  th.dead_fraction)[0])
     assert w.value < th.firing_drop * w.trend.start and "outputs firing" in w.describe()
     assert live and live[0].quantity == "outputs firing"
+    # read back from a file, the run warns the same way (the outputs per unit travel with the layer)
+    dbg.save(tmp_path / "run.ndbg")
+    loaded = NeuralDbg.load(tmp_path / "run.ndbg")
+    assert ([e.warning.describe() for e in watch.episodes(loaded.trace, th)]
+            == [e.warning.describe() for e in watch.episodes(dbg.trace, th)])
+
+
+def test_the_firing_band_lies_between_its_start_and_the_level_it_is_forecast_to_reach():
+    """A unit with eight outputs in a batch shows none > 0 in 60% of batches at a share of ~6% firing: a layer
+    whose share falls slowly from 20% to 2% (its units alive) is in its band from 10% (half its early level)
+    down to that level only, and warns at no sample below it. With four outputs a unit the level (12%) lies
+    above the start: no band. With a thousand, it is near 0."""
+    import dataclasses
+
+    from neuraldbg.bands import activation_bands, silent_level
+    from neuraldbg.watch import _scan
+    th = Thresholds()
+    f = health.features(gradual.train(gradual.shift_walks_down(), every=50).trace)
+    steps = np.arange(0, 2000, 10)
+    share = 0.2 - 0.00009 * steps + np.random.default_rng(0).normal(0, 0.002, len(steps))
+    start = th.firing_drop * np.median(share[steps >= th.warning_settle][:5])
+    for positions in (4.0, 8.0, 1024.0):
+        fake = dataclasses.replace(f, steps=steps, names=["x"], ri=np.array([0]),
+                                   firing=share[:, None].astype(np.float32),
+                                   dead=np.zeros((len(steps), 1), dtype=np.float32), positions=np.array([positions]))
+        band = next(b for b in activation_bands(fake, th) if b.quantity == "outputs firing")
+        level = silent_level(np.array([positions]), th.dead_fraction)[0]
+        assert level == pytest.approx(1 - th.dead_fraction ** (1 / positions)) and band.level(0) == level
+        expected = (share.astype(np.float32) < start) & (share.astype(np.float32) > level)
+        assert np.array_equal(band.in_band[:, 0], expected) and expected.any() == (level < start)
+        scan = _scan(band, th)
+        assert scan is None or (share[scan.on[:, 0]] > level).all()
 
 
 def test_a_share_past_its_failure_for_one_sample_is_still_heading_there():

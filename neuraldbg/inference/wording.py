@@ -1538,7 +1538,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if ctx.linear_maps >= 2:
         text = ("add a nonlinearity between the linear layers (nn.ReLU() after each but the last, or F.relu in the "
                 "forward): without one they make a single linear map of the input; then " + text)
-    undone = _undone(c, ctx)
+    undone = _undone(c, ctx) if lr_way != "lower" else None
     if undone is not None:
         # it could learn at this rate: what undid it came later, and a larger rate is no way back
         best, now = undone
