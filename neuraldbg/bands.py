@@ -4,7 +4,7 @@ decided on, the band between its healthy state and that failure, and the failure
 | signal | quantity | band (a warning) | failure |
 |---|---|---|---|
 | activation, ReLU family | share of units dead | ``drift_fraction`` .. ``dead_fraction`` | dead |
-| activation, ReLU family | share of outputs firing | ``firing_drop`` x its early level .. none | dead |
+| activation, ReLU family | share of outputs firing | ``firing_drop`` x its early level .. ``silent_level`` | dead |
 | activation, sigmoid/tanh | share of outputs saturated | ``drift_fraction`` .. ``saturated_fraction`` | saturated |
 | gradient | relative gradient / the layers after it | ``diminishing_ratio`` .. ``vanishing_ratio`` | vanishing |
 | update | largest update-to-weight ratio | ``update_creeping`` .. ``update_too_large`` | too large |
@@ -16,7 +16,7 @@ decided on, the band between its healthy state and that failure, and the failure
 A layer whose units are silenced together (a dropout rate or a penalty that grows, a normalised layer
 pushed below zero) has no share of dead units to watch: every unit dies within a few steps of the others,
 and the share jumps from none to all between two samples. What moves first is the share of its outputs
-that fire: it falls for hundreds of steps before. Its early level is the median of its first
+that fire: it falls for a hundred steps or more before. Its early level is the median of its first
 ``EARLY_SAMPLES`` samples past ``warning_settle``. Its failure is the dead state itself (the same samples as
 the share of dead units'); the level it is forecast to reach is the share at which units firing alike show
 no output > 0 in a batch that often (``silent_level``). A share can fall at a steady rate (a dropout rate
@@ -41,7 +41,6 @@ from .states import (_State, ActState, AttnState, GradState, InputState, ScalerS
                      WeightState)
 from .thresholds import Thresholds
 from .trace import GLOBAL_COLUMNS, Trace
-from .trend import early_level
 
 
 class Scale(str, Enum):
@@ -133,10 +132,19 @@ def _series(signal, band, failure, quantity, names, steps, values, start, end, r
                       failed, persist)
 
 
+EARLY_SAMPLES = 5   # samples a share of outputs firing takes its early level from (their median)
+
+
 def _early_level(steps: np.ndarray, values: np.ndarray, settle: int) -> np.ndarray:
-    """Per column, its early level from the samples at steps from ``settle`` on."""
-    later = values[steps >= settle]
-    return np.array([early_level(later[:, c]) for c in range(values.shape[1])], dtype=np.float64)
+    """Per column, the median of its first ``EARLY_SAMPLES`` finite values at steps from ``settle`` on."""
+    out = np.full(values.shape[1], np.nan)
+    later = values[steps >= settle].astype(np.float64)
+    for c in range(values.shape[1]):
+        v = later[:, c]
+        v = v[np.isfinite(v)][:EARLY_SAMPLES]
+        if len(v):
+            out[c] = float(np.median(v))
+    return out
 
 
 def silent_level(positions: np.ndarray, dead_fraction: float) -> np.ndarray:

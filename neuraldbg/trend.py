@@ -12,15 +12,6 @@ import numpy as np
 
 # the fewest samples a trend is measured on (below it, even a perfectly monotone run is no evidence)
 MIN_SAMPLES = 5
-# samples a signal's early level is read from (once it has settled): their median
-EARLY_SAMPLES = 5
-
-
-def early_level(values) -> float:
-    """The median of the first ``EARLY_SAMPLES`` finite values (NaN: none)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)][:EARLY_SAMPLES]
-    return float(np.median(v)) if len(v) else math.nan
 
 
 def _variance(n: np.ndarray | int, ties: float = 0.0):
