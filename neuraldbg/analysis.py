@@ -226,6 +226,22 @@ def _loss_min(trace: Trace) -> float:
     return float(v.min()) if len(v) else math.nan
 
 
+def _loss_learned_at(trace: Trace, curve, th: Thresholds) -> int | None:
+    """The first step at which the smoothed loss had come ``loss_learned`` of its way down, from where it
+    started (its first value or its start, the lower: updates too large in the first steps lift it at once; or
+    chance, for a loss that starts far above it) to its best; None where it came down by no more than
+    ``loss_progress`` of that start."""
+    if curve is None or not len(curve.smooth):
+        return None
+    top = min(curve.start, float(curve.filled[0]))
+    top = min(top, curve.chance) if curve.chance == curve.chance else top
+    fall = top - float(curve.best[-1])
+    if not (fall > th.loss_progress * abs(top)):
+        return None
+    i = int(np.argmax(curve.smooth <= top - th.loss_learned * fall))
+    return int(trace.loss.steps[i])
+
+
 def _output_blocked(trace: Trace, start: float) -> dict:
     """The share of the loss's gradient at the output that the output's bound blocks (``output_blocked``, read
     on sampled passes), over the second half of the run: its median ("share"), and the median of the loss it
@@ -378,7 +394,8 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_non_negative=losspath.non_negative(trace.meta.get("loss_paths")),
                   bounded_output=losspath.bounded_output(trace.meta.get("loss_paths"),
                                                          str(trace.meta.get("output_op") or "")),
-                  loss_min=_loss_min(trace), nonfinite_loss_gradient=_nonfinite_loss_gradient(trace),
+                  loss_min=_loss_min(trace), loss_learned_at=_loss_learned_at(trace, curve, thresholds),
+                  nonfinite_loss_gradient=_nonfinite_loss_gradient(trace),
                   output_blocked=_output_blocked(trace, curve.start if curve is not None else math.nan),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),

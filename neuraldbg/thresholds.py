@@ -88,6 +88,11 @@ class Thresholds:
                                 "share of what the loss had come down from its start that a flat loss has given "
                                 "back above its best for a fix to look at what undid it, not to raise the "
                                 "learning rate", slider=False)
+    loss_learned: float = _f(0.5, "loss learned", "linear", 0.05, 1.0,
+                             "share of its way down (its start to its best) the smoothed loss has come by the step "
+                             "from which the run has learned: a state that sets in from then on and takes part in no "
+                             "failure of the loss is no fault (a squashing layer pinned by a classifier grown "
+                             "confident, attention that sharpens)", slider=False)
     loss_oscillation: float = _f(0.5, "loss oscillation", "log", 0.05, 10.0,
                                  "typical step-to-step loss change, as a fraction of its level, with no progress")
     loss_progress: float = _f(0.05, "loss progress", "log", 1e-4, 0.5,

@@ -96,6 +96,9 @@ class Context:
     # a regression loss of outputs a sigmoid or tanh bounds: (the activation, low, high); None: not so
     bounded_output: tuple | None = None
     loss_min: float = math.nan      # the lowest finite loss recorded
+    # the first step at which the smoothed loss had come ``loss_learned`` of its way down, in a run whose loss
+    # came down by more than ``loss_progress`` (None: it did not)
+    loss_learned_at: int | None = None
     # a regression loss of a bounded output, over the second half of the run: the share of its gradient at the
     # output on entries its bound blocks ("share"), and the loss they hold over the loss's start ("floor")
     output_blocked: dict = field(default_factory=dict)

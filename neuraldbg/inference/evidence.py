@@ -156,13 +156,29 @@ def recovered(ev: SemanticEvent, ctx: Context) -> bool:
     return ev.end is not None and ctx.loss_recovered_after(ev.end)
 
 
+def fails(c: Candidate, ctx: Context) -> bool:
+    """A candidate that is a failure by itself: its measurement is one (no ``needs_harm``), it is certain, it
+    explains a loss failure the run did not leave, or, explaining none, it set in before the run had learned
+    (``loss_learned_at``: the model as it learns, which the loss may learn around). A state that sets in once
+    the loss has come down and takes part in no failure of it is none: a squashing layer pinned by a classifier
+    grown confident, attention that sharpens, in a run that learned."""
+    if not c.needs_harm or c.certain:
+        return True
+    if c.loss:
+        return any(not recovered(e, ctx) for e in c.loss)
+    return ctx.loss_learned_at is None or c.since < ctx.loss_learned_at
+
+
 def confidence(c: Candidate, ctx: Context) -> float:
     th = ctx.th
     impact = max((loss_failure(e, ctx) for e in c.loss), default=0.0 if ctx.has_loss else th.evidence_unknown_loss)
     # explaining other abnormal events; twice as much when one of them is a failure by itself (a NaN)
     # its effects: what starts with it or after (what came before and opens its chain, updates that pushed
-    # an attention's logits up, is no consequence; a flat loss it explains counts as impact, not again here)
-    explained = [a for a in c.explained() if a.cause != Cause.LOSS_PLATEAU and a.step >= c.step]
+    # an attention's logits up, is no consequence; a flat loss it explains counts as impact, not again here),
+    # and only those that are failures by themselves (the tree is walked whole: what makes one of them harm,
+    # an effect of its own, is in it too)
+    explained = [a for a in c.explained()
+                 if a.cause != Cause.LOSS_PLATEAU and a.step >= c.step and fails(a, ctx)]
     # harm is a failure it explains: an unrecorded loss shows none, nor does a loss failure the run then left
     # for good, nor the same state spreading to other layers (its symptoms: no failure by themselves either,
     # when its own measurement is none)
