@@ -163,11 +163,18 @@ def candidates(ctx: Context) -> list[Candidate]:
         # an adaptive optimizer's steps do not shrink with the gradient: a loss that does not improve while no
         # weight moves is the updates' (negligible), not the attenuation's, as through time
         still = ctx.adaptive() and bool(ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
+        # a gradient that vanishes from the first sample and stays attenuated to the end is the model's as
+        # built, and it stays so: the layers before it hardly train, and a loss that comes down only by what
+        # the layers after them learn comes down, but hardly (the stack of sigmoids a loss learns its prior
+        # through)
+        built = (span[0].step <= ctx.first_step and span[-1].end is None
+                 and any(e.after == GradState.VANISHING for e in span))
         out.append(Candidate(Cause.VANISHING_GRADIENTS, origin.layer, first, kind, span,
                              # from the diminishing threshold: one decade below it is (by default) vanishing
                              severity=below_ratio(att, max(ctx.th.diminishing_ratio, ctx.th.vanishing_ratio)),
-                             persistence=_span_persistence(span, ctx), needs_harm=True,
-                             loss_kinds=frozenset() if still else losses.FLAT,
+                             persistence=_span_persistence(span, ctx), needs_harm=True, lasting=built,
+                             loss_kinds=frozenset() if still else losses.FLAT | {LossState.SLOW} if built
+                             else losses.FLAT,
                              facts={"attenuation": span[-1].values.get("attenuation", math.nan),
                                     "others": [run[0] for run in pool if ctx.upstream(run[0].layer, origin.layer)],
                                     "gap": gap, "zero": zero}))
