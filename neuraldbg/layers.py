@@ -93,7 +93,9 @@ class LayerInfo:
     # operation (a "site"): "owner", the module it is attributed to,
     # and "relation", "after" (it consumes that module's output) or "in" (it runs in its forward);
     # "passthrough": the module ran but only returned its input; "bidirectional": a recurrent module that runs
-    # both ways along the sequence
+    # both ways along the sequence; "positions": outputs per unit in a batch (where dead units are counted);
+    # "applications": the most times it ran in one sampled pass, where more than once (a block shared across
+    # depth, a cell applied per time step)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -130,7 +132,7 @@ class LayerInfo:
                 "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order,
                 "recurrent_scale": self.extra.get("recurrent_scale"), "weight_scale": self.extra.get("weight_scale"),
                 "equal_weights": self.extra.get("equal_weights"), "bias_rms": self.extra.get("bias_rms"),
-                "positions": self.extra.get("positions"),
+                "positions": self.extra.get("positions"), "applications": self.extra.get("applications"),
                 **{k: self.extra[k] for k in _EXTRA_TEXT + _EXTRA_FLAGS if k in self.extra}}
 
     @classmethod
@@ -138,8 +140,7 @@ class LayerInfo:
         bounds = d.get("bounds")
         extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale", "equal_weights", "bias_rms")
                        if d.get(k) is not None}
-        if d.get("positions") is not None:
-            extra["positions"] = int(d["positions"])
+        extra.update({k: int(d[k]) for k in ("positions", "applications") if d.get(k) is not None})
         extra.update({k: str(d[k]) for k in _EXTRA_TEXT if d.get(k) is not None})
         extra.update({k: True for k in _EXTRA_FLAGS if d.get(k)})
         return cls(index=int(d["index"]), name=str(d["name"]), type_name=str(d["type"]), kind=Kind(d["kind"]),

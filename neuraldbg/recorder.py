@@ -58,6 +58,25 @@ _IN_COL = int(Stat.IN_RMS)
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
 
+# autograd nodes walked back from a layer's input to find its previous application's output, at most
+CHAIN_NODES = 32
+
+
+def _reaches(node, target) -> bool:
+    """Whether autograd node ``target`` is among the first ``CHAIN_NODES`` nodes reached walking back from
+    ``node`` (the input of a layer was computed from that output, a few operations away)."""
+    todo, seen = [node], 0
+    while todo and seen < CHAIN_NODES:
+        n = todo.pop(0)
+        if n is None:
+            continue
+        if n is target:
+            return True
+        seen += 1
+        todo.extend(f for f, _ in n.next_functions)
+    return False
+
+
 def _note_positions(layer: LayerInfo, shape, unit_dim: int | None) -> None:
     """Where dead units are counted: how many outputs each unit has in a batch (the batch times the positions
     it is applied at), in the layer's ``extra``, as of its latest output: the level of firing at which a unit
@@ -266,7 +285,8 @@ class _StepRecord:
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
                  "norm_values", "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads",
-                 "stepped", "unchanged", "moved", "unscaled", "out_of", "input_id", "in_src", "in_rms")
+                 "stepped", "unchanged", "moved", "unscaled", "out_of", "input_id", "in_src", "in_rms", "first_fn",
+                 "calls")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -302,6 +322,10 @@ class _StepRecord:
         self.input_id = (0, 0)  # the pass's input tensor whose statistics are read: its id, its version then
         self.in_src: dict[int, int] = {}
         self.in_rms: dict[int, torch.Tensor] = {}
+        # per layer: its first output's autograd node; and for one applied in a chain, the latest application's
+        # node and how many so far (see ``Recorder._applied_again``)
+        self.first_fn: dict[int, object] = {}
+        self.calls: dict[int, tuple[object, int]] = {}
 
 
 
@@ -1186,8 +1210,11 @@ class Recorder:
                 return None
             if self._explicit and type(output) is tensor:  # the head, once the pass is over (loss path)
                 self._last_out = losspath.Nodes((output,))
-            if rec.fwd.get(idx) is not None:
+            if rec.fwd.get(idx) is not None:  # applied again in the pass: measured at its first application
+                self._applied_again(rec, idx, layer, args, output)
                 return None
+            if type(output) is tensor:
+                rec.first_fn[idx] = output.grad_fn
             if idx in gain_layers and args:
                 self._read_input(rec, idx, args[0])
             if idx in batch_norms and type(output) is tensor and output.dim() >= 2 and output.shape[1] > 0 and (
@@ -1211,6 +1238,21 @@ class Recorder:
             self._record(rec, idx, layer, outs[0])
             return None
         return hook
+
+    @staticmethod
+    def _applied_again(rec: _StepRecord, idx: int, layer: LayerInfo, args: tuple, output) -> None:
+        """Layer ``idx`` runs again in this sampled pass. Applications in a chain, each reading what the one before
+        made (a block shared across depth, a cell applied per time step), are counted: the most in one pass is
+        ``extra["applications"]``. One applied side by side to several inputs (a siamese encoder) is no chain."""
+        fn = output.grad_fn if isinstance(output, torch.Tensor) else None
+        before = rec.calls.get(idx)
+        last, n = before if before is not None else (rec.first_fn.get(idx), 1)
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if last is None or x is None or not _reaches(x.grad_fn, last):
+            return
+        rec.calls[idx] = (fn, n + 1)
+        if n + 1 > layer.extra.get("applications", 1):
+            layer.extra["applications"] = n + 1
 
     # sampled steps whose gradient through time is kept per recurrent layer, at most
     MAX_TIME_SAMPLES = 256

@@ -158,8 +158,13 @@ def candidates(ctx: Context) -> list[Candidate]:
         # a gradient exactly 0 at each event of the span (read at its onset), while the layers after it have
         # one: cut, not faded
         zero = all(e.values.get("attenuation", math.nan) == 0.0 for e in span)
+        # the next weight layer applied in a chain, each application reading the one before (a block shared
+        # across depth, a cell applied per time step): the gradient came back through every application of
+        # it, and faded there; it is named there
+        after = ctx.next_weight_layer(origin.layer)
+        applied = ctx.layers[after].extra.get("applications", 1) if after is not None and not zero else 1
         gap = (_gap(ctx, origin.layer, zero) if span[-1].values.get("attenuation", 1.0) < ctx.th.vanishing_ratio
-               else None)
+               and applied <= 1 else None)
         # an adaptive optimizer's steps do not shrink with the gradient: a loss that does not improve while no
         # weight moves is the updates' (negligible), not the attenuation's, as through time
         still = ctx.adaptive() and bool(ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
@@ -169,13 +174,15 @@ def candidates(ctx: Context) -> list[Candidate]:
         # through)
         built = (span[0].step <= ctx.first_step and span[-1].end is None
                  and any(e.after == GradState.VANISHING for e in span))
-        out.append(Candidate(Cause.VANISHING_GRADIENTS, origin.layer, first, kind, span,
+        out.append(Candidate(Cause.VANISHING_GRADIENTS, after if after is not None and applied > 1 else origin.layer,
+                             first, kind, span,
                              # from the diminishing threshold: one decade below it is (by default) vanishing
                              severity=below_ratio(att, max(ctx.th.diminishing_ratio, ctx.th.vanishing_ratio)),
                              persistence=_span_persistence(span, ctx), needs_harm=True, lasting=built,
                              loss_kinds=frozenset() if still else losses.FLAT | {LossState.SLOW} if built
                              else losses.FLAT,
                              facts={"attenuation": span[-1].values.get("attenuation", math.nan),
+                                    "origin": origin.layer, "applications": applied,
                                     "others": [run[0] for run in pool if ctx.upstream(run[0].layer, origin.layer)],
                                     "gap": gap, "zero": zero}))
     return out

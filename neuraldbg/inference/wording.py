@@ -391,8 +391,13 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 "the graph is cut between it and the loss"]
     if c.cause == Cause.VANISHING_GRADIENTS:
         word = "is typically" if k == "diminishing" else "is"
-        lines = [f"the relative gradient of `{c.layer}` {word} {fmt(f['attenuation'])}x that of the layers after it "
+        origin = f.get("origin", c.layer)
+        lines = [f"the relative gradient of `{origin}` {word} {fmt(f['attenuation'])}x that of the layers after it "
                  f"from step {c.step}"]
+        if f.get("applications", 1) > 1:
+            lines.insert(0, f"`{c.layer}` is applied {f['applications']} times in a chain in each forward pass, each "
+                            "application reading what the one before made: the gradient passes back through all of "
+                            f"them before it reaches `{origin}`, and shrinks at each")
         if f.get("gap") and f.get("zero"):
             lines.insert(1, f"it is exactly 0 while `{f['gap']}`, the next weight layer, has one: an operation in the "
                             "forward between them (no module hook sees it) has a zero derivative")
@@ -1307,6 +1312,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "normalisation over the wrong axis (dim=1 of (batch, length, features) normalises over the "
                 "positions, where the features, dim=-1, were meant), a mean of what was just centred, a "
                 f"multiplication by a mask of zeros; the input of `{f['gap']}` is then the same for every sample")
+    if c.cause == Cause.VANISHING_GRADIENTS and f.get("applications", 1) > 1:
+        return (f"keep the signal's scale through the {f['applications']} applications of `{c.layer}`: a residual "
+                "connection and a normalisation around each (h = norm(h + f(layer(h)))), an initialisation that keeps "
+                "its gain near 1 (orthogonal weights for a recurrent step), or fewer applications")
     if c.cause == Cause.VANISHING_GRADIENTS:
         bounded = sorted({n for n, l in ctx.layers.items() if str(l.kind) == "bounded" and n in ctx.rank},
                          key=ctx.rank.__getitem__)
