@@ -77,6 +77,13 @@ def _reaches(node, target) -> bool:
     return False
 
 
+def _release_nodes(rec: "_StepRecord") -> None:
+    """The forward pass is over: the autograd nodes kept to find a layer's applications in a chain are let go
+    (held on, they would keep the pass's graph, and the tensors it holds, alive past its backward)."""
+    rec.first_fn.clear()
+    rec.calls.clear()
+
+
 def _note_positions(layer: LayerInfo, shape, unit_dim: int | None) -> None:
     """Where dead units are counted: how many outputs each unit has in a batch (the batch times the positions
     it is applied at), in the layer's ``extra``, as of its latest output: the level of firing at which a unit
@@ -1045,6 +1052,7 @@ class Recorder:
             if not rec.forward_done:
                 self._forward_seen(rec)
             rec.forward_done = True
+            _release_nodes(rec)
         # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
         if isinstance(output, torch.Tensor):  # the usual case, without a walk through a structure
             leaves = [output] if output.requires_grad and output.is_floating_point() else []
@@ -1194,6 +1202,7 @@ class Recorder:
             self._stop_observer()
         if self._rec is not None:
             self._rec.forward_done = True
+            _release_nodes(self._rec)
         run = self._part_run
         keep = [i for i in range(self._part_first[0], len(run.outputs)) if run.final[i]]
         self._out_leaves = [run.outputs[i] for i in keep]
