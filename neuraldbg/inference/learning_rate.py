@@ -172,7 +172,7 @@ def _too_large(ctx: Context, large: list, unstable: list, spikes: list, nan: lis
     first = large[0] if large else (unstable[0] if unstable else None)
     return Candidate(Cause.LEARNING_RATE_TOO_HIGH, "", step, "too_large", large + unstable + spikes[:1],
                      severity=sev, persistence=persistence(first, ctx) if first is not None else 0.0,
-                     needs_harm=not (unstable or nan), loss_kinds=losses.UNSTABLE | losses.SPIKES,
+                     loss_kinds=losses.UNSTABLE | losses.SPIKES,
                      facts={"update_max": top, "large": large, "jump": jump, "nan": nan, "spikes": spikes})
 
 
