@@ -307,11 +307,8 @@ def _build_features(trace: Trace, key: tuple) -> Features:
     # a layer whose weights started at zero (a deliberate zero init) is being built up: its ratio to a
     # weight that was 0 a few steps ago says nothing about the learning rate
     started_at_zero = wnu[0] == 0 if len(wnu) else np.zeros(wnu.shape[1], dtype=bool)
-    # a weight its layer's forward divides the scale of out (a spectral norm): its step against its raw norm
-    # says nothing of how far the weight the layer computes with moves
-    scale_free = np.array([bool(layers[i].extra.get("scale_free")) for i in ui], dtype=bool)
     with np.errstate(all="ignore"):
-        has = np.isfinite(wu) & (wnu > 0) & ~started_at_zero & ~scale_free
+        has = np.isfinite(wu) & (wnu > 0) & ~started_at_zero
         ratio = np.where(has, wu / np.where(has, wnu, 1.0), np.float32(np.nan)).astype(np.float32)
         growth = std / first_finite(std)
     ent_all = cols.full(Stat.ATTN_ENTROPY)

@@ -94,7 +94,6 @@ class LayerInfo:
     # and "relation", "after" (it consumes that module's output) or "in" (it runs in its forward);
     # "passthrough": the module ran but only returned its input; "bidirectional": a recurrent module that runs
     # both ways along the sequence; "positions": outputs per unit in a batch (where dead units are counted);
-    # "scale_free": its forward divides its weight's scale out (a spectral norm);
     # "applications": the most times it ran in one sampled pass, where more than once (a block shared across
     # depth, a cell applied per time step)
     extra: dict = field(default_factory=dict)
@@ -152,7 +151,7 @@ class LayerInfo:
 
 
 _EXTRA_TEXT = ("owner", "relation")
-_EXTRA_FLAGS = ("passthrough", "bidirectional", "scale_free")
+_EXTRA_FLAGS = ("passthrough", "bidirectional")
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -253,17 +252,6 @@ def equal_weights(module: nn.Module) -> float | None:
     return float(first) if same else None
 
 
-def scale_free(module: nn.Module) -> bool:
-    """The layer's forward divides its weight's scale out: a spectral norm (``parametrizations.spectral_norm``,
-    or the older ``utils.spectral_norm`` hook) computes W / sigma(W) from the raw weight it steps on, so a step
-    large against that raw weight says nothing of how far the weight it computes with moves."""
-    plist = getattr(getattr(module, "parametrizations", None), "weight", None)
-    if plist is not None and any(type(p).__name__ == "_SpectralNorm" for p in plist):
-        return True
-    return hasattr(module, "weight_orig") and any(type(h).__name__ == "SpectralNorm"
-                                                   for h in module._forward_pre_hooks.values())
-
-
 def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
     own = list(module.parameters(recurse=False))
     scale = recurrent_scale(module)
@@ -278,5 +266,4 @@ def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
                             **({} if wscale is None else {"weight_scale": wscale}),
                             **({} if brms is None else {"bias_rms": brms}),
                             **({} if equal is None else {"equal_weights": equal}),
-                            **({"bidirectional": True} if getattr(module, "bidirectional", False) is True else {}),
-                            **({"scale_free": True} if scale_free(module) else {})})
+                            **({"bidirectional": True} if getattr(module, "bidirectional", False) is True else {})})
