@@ -176,18 +176,3 @@ def test_with_a_learning_rate_too_low_no_fix_lowers_it():
     a = run(make_trace(["Linear", "ReLU", "Linear"], 60, fill, loss=lambda s: 1.0))
     assert loud(a)[:1] == [("learning_rate_too_low", "")]
     assert not [h for h in a.hypotheses if "lower the learning rate" in h.suggestion]
-
-
-def test_a_slow_loss_that_ends_above_its_start_is_not_said_to_come_down():
-    """A loss too slow to be a plateau whose latest values are above its start: it did not hardly come down
-    (0% of its start), it rose back."""
-    from neuraldbg.events import SemanticEvent
-    from neuraldbg.inference.wording import loss_text
-    from neuraldbg.states import LossState, Signal
-
-    def slow(done: float) -> str:
-        return loss_text(SemanticEvent(step=60, layer="", signal=Signal.LOSS, before=LossState.IMPROVING,
-                                       after=LossState.SLOW, values={"start": 2.3, "progress_end": done}))
-    assert "hardly comes down: 12%" in slow(0.12)
-    rose = slow(-0.3)
-    assert "hardly" not in rose and "ends above its start, 2.3" in rose

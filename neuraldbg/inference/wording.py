@@ -129,9 +129,7 @@ def loss_text(ev: SemanticEvent) -> str:
         if ev.end is not None:  # a slow stretch the loss then left (for a plateau, or to learn)
             return f"the loss hardly comes down from step {ev.step} to step {ev.end}"
         done = v.get("progress_end", v.get("progress", math.nan))
-        if done < 0:  # its latest losses are above its start: it rose back over what it had come down
-            return f"the loss does not come down over the run: it ends above its start, {fmt(v.get('start', math.nan))}"
-        return f"the loss hardly comes down: {done:.0%} of its start over the run"
+        return f"the loss hardly comes down: {max(done, 0.0):.0%} of its start over the run"
     if ev.after == LossState.STALLED:
         return (f"the loss has not come down in {ev.values.get('n', 'these')} steps: it moves only by its batch noise"
                 if v.get("progress", 0.0) >= 0 else "the loss has not come down: its latest values are above the first")
