@@ -58,23 +58,37 @@ _IN_COL = int(Stat.IN_RMS)
 _DEAD_KINDS = (Kind.RELU, Kind.SMOOTH, Kind.OTHER)
 
 
-# autograd nodes walked back from a layer's input to find its previous application's output, at most
-CHAIN_NODES = 32
+# autograd nodes (other than weights' leaves) walked back from a layer's inputs to find its previous
+# application's output, at most
+CHAIN_NODES = 64
 
 
-def _reaches(node, target) -> bool:
+def _reaches(nodes: list, target) -> bool:
     """Whether autograd node ``target`` is among the first ``CHAIN_NODES`` nodes reached walking back from
-    ``node`` (the input of a layer was computed from that output, a few operations away)."""
-    todo, seen = [node], 0
-    while todo and seen < CHAIN_NODES:
+    ``nodes`` (a layer's input was computed from that output, a few operations away). Each node is walked once;
+    a leaf's accumulator (a weight, an input that needs a gradient) ends its branch uncounted."""
+    todo, seen, walked = list(nodes), set(), 0
+    while todo and walked < CHAIN_NODES:
         n = todo.pop(0)
-        if n is None:
+        if n is None or id(n) in seen:
             continue
         if n is target:
             return True
-        seen += 1
-        todo.extend(f for f, _ in n.next_functions)
+        seen.add(id(n))
+        nxt = n.next_functions
+        if nxt:
+            walked += 1
+            todo.extend(f for f, _ in nxt)
     return False
+
+
+def _first_node(output):
+    """The autograd node of a module's output: of its first floating-point tensor, for one that returns several
+    (an LSTM cell's (h, c), attention's (output, weights)); None when it has none."""
+    if isinstance(output, torch.Tensor):
+        return output.grad_fn
+    outs = nanhunt.float_tensors(output)
+    return outs[0].grad_fn if outs else None
 
 
 def _release_nodes(rec: "_StepRecord") -> None:
@@ -1222,8 +1236,7 @@ class Recorder:
             if rec.fwd.get(idx) is not None:  # applied again in the pass: measured at its first application
                 self._applied_again(rec, idx, layer, args, output)
                 return None
-            if type(output) is tensor:
-                rec.first_fn[idx] = output.grad_fn
+            rec.first_fn[idx] = output.grad_fn if type(output) is tensor else _first_node(output)
             if idx in gain_layers and args:
                 self._read_input(rec, idx, args[0])
             if idx in batch_norms and type(output) is tensor and output.dim() >= 2 and output.shape[1] > 0 and (
@@ -1253,13 +1266,15 @@ class Recorder:
         """Layer ``idx`` runs again in this sampled pass. Applications in a chain, each reading what the one before
         made (a block shared across depth, a cell applied per time step), are counted: the most in one pass is
         ``extra["applications"]``. One applied side by side to several inputs (a siamese encoder) is no chain."""
-        fn = output.grad_fn if isinstance(output, torch.Tensor) else None
         before = rec.calls.get(idx)
         last, n = before if before is not None else (rec.first_fn.get(idx), 1)
-        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if last is None or x is None or not _reaches(x.grad_fn, last):
+        if last is None:
             return
-        rec.calls[idx] = (fn, n + 1)
+        # any input it reads may carry the chain (a cell's state comes after the step's input: cell(x_t, h))
+        starts = [a.grad_fn for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor) and a.grad_fn is not None]
+        if not starts or not _reaches(starts, last):
+            return
+        rec.calls[idx] = (_first_node(output), n + 1)
         if n + 1 > layer.extra.get("applications", 1):
             layer.extra["applications"] = n + 1
 

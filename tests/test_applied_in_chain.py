@@ -83,6 +83,65 @@ def test_an_encoder_applied_side_by_side_is_no_chain():
     assert not [layer.name for layer in dbg.trace.layers if "applications" in layer.extra]
 
 
+class Cells(nn.Module):
+    """A recurrent cell stepped by hand over the sequence: its state is its second input (its first, the step's
+    own input, is no chain), and an LSTM cell returns a tuple."""
+
+    def __init__(self, cell: nn.Module):
+        super().__init__()
+        self.cell, self.head = cell, nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = c = torch.zeros(x.shape[0], 16)
+        for t in range(x.shape[1]):
+            if isinstance(self.cell, nn.LSTMCell):
+                h, c = self.cell(x[:, t], (h, c))
+            else:
+                h = self.cell(x[:, t], h)
+        return self.head(h)
+
+
+class Albert(nn.Module):
+    """One Transformer layer applied six times (its attention returns a tuple; a dozen operations run between
+    two applications of each of its parts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.head = nn.Linear(16, 32), nn.Linear(32, 4)
+        self.block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for _ in range(6):
+            h = self.block(h)
+        return self.head(h.mean(1))
+
+
+def _counted(model: nn.Module, x: torch.Tensor) -> dict:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(3):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return {layer.name: layer.extra["applications"] for layer in dbg.trace.layers if "applications" in layer.extra}
+
+
+@pytest.mark.parametrize("cell", [nn.RNNCell, nn.GRUCell, nn.LSTMCell])
+def test_a_cell_stepped_over_time_is_a_chain_of_its_steps(cell):
+    torch.manual_seed(0)
+    assert _counted(Cells(cell(8, 16)), torch.randn(8, 10, 8)) == {"cell": 10}
+
+
+def test_a_transformer_layer_shared_across_depth_counts_each_of_its_parts():
+    torch.manual_seed(0)
+    counted = _counted(Albert(), torch.randn(8, 10, 16))
+    assert counted["block.self_attn"] == counted["block.linear1"] == counted["block.linear2"] == 6
+    assert "inp" not in counted and "head" not in counted
+
+
 def test_the_applications_are_kept_in_a_saved_trace():
     info = LayerInfo(index=0, name="block", type_name="Linear", kind=Kind.LINEAR, extra={"applications": 24})
     assert LayerInfo.from_dict(info.to_dict()).extra["applications"] == 24
