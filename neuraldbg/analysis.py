@@ -394,7 +394,10 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   loss_non_negative=losspath.non_negative(trace.meta.get("loss_paths")),
                   bounded_output=losspath.bounded_output(trace.meta.get("loss_paths"),
                                                          str(trace.meta.get("output_op") or "")),
-                  loss_min=_loss_min(trace), loss_learned_at=_loss_learned_at(trace, curve, thresholds),
+                  loss_min=_loss_min(trace),
+                  # (a moving objective's level says how the game stands: its fall is no learning)
+                  loss_learned_at=None if trace.meta.get("loss_moving") else _loss_learned_at(trace, curve,
+                                                                                               thresholds),
                   nonfinite_loss_gradient=_nonfinite_loss_gradient(trace),
                   output_blocked=_output_blocked(trace, curve.start if curve is not None else math.nan),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),

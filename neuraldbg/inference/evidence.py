@@ -166,7 +166,8 @@ def fails(c: Candidate, ctx: Context) -> bool:
         return True
     if c.loss:
         return any(not recovered(e, ctx) for e in c.loss)
-    return ctx.loss_learned_at is None or c.since < ctx.loss_learned_at
+    # (a state dated at a sample began after the sample before it: it may have set in before the loss learned)
+    return ctx.loss_learned_at is None or ctx.sample_before(c.since) < ctx.loss_learned_at
 
 
 def confidence(c: Candidate, ctx: Context) -> float:
