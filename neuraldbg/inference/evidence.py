@@ -13,7 +13,8 @@ and the measured evidence behind it, each on a 0..1 scale:
 
 A signature may declare that its measurement alone is no failure (``needs_harm``: a weight scale off its
 default, a gradient that only diminishes): then severity and persistence count only in part until the
-candidate explains a loss failure or another abnormal event.
+candidate explains a loss failure or another abnormal event. An explained candidate of that kind counts as
+a consequence only where it is a failure itself (``fails``).
 
 ``confidence`` turns them into one number the same way for every cause: a logistic model whose weights are
 fields of ``Thresholds``. The number of symptom layers does not count, so confidence does not grow with depth.
