@@ -22,6 +22,7 @@ import dataclasses
 import math
 import sys
 import weakref
+from collections import deque
 from collections.abc import Mapping
 from functools import partial
 from typing import Callable
@@ -67,9 +68,9 @@ def _reaches(nodes: list, target) -> bool:
     """Whether autograd node ``target`` is among the first ``CHAIN_NODES`` nodes reached walking back from
     ``nodes`` (a layer's input was computed from that output, a few operations away). Each node is walked once;
     a leaf's accumulator (a weight, an input that needs a gradient) ends its branch uncounted."""
-    todo, seen, walked = list(nodes), set(), 0
+    todo, seen, walked = deque(nodes), set(), 0
     while todo and walked < CHAIN_NODES:
-        n = todo.pop(0)
+        n = todo.popleft()
         if n is None or id(n) in seen:
             continue
         if n is target:
@@ -92,9 +93,9 @@ def _first_node(output):
 
 
 def _release_nodes(rec: "_StepRecord") -> None:
-    """The forward pass is over: the autograd nodes kept to find a layer's applications in a chain are let go
-    (held on, they would keep the pass's graph, and the tensors it holds, alive past its backward)."""
-    rec.first_fn.clear()
+    """The forward pass is over: the outputs and autograd nodes kept to find a layer's applications in a chain
+    are let go (held on, they would keep the pass's graph, and the tensors it holds, alive past its backward)."""
+    rec.first_out.clear()
     rec.calls.clear()
 
 
@@ -306,7 +307,7 @@ class _StepRecord:
 
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
                  "norm_values", "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads",
-                 "stepped", "unchanged", "moved", "unscaled", "out_of", "input_id", "in_src", "in_rms", "first_fn",
+                 "stepped", "unchanged", "moved", "unscaled", "out_of", "input_id", "in_src", "in_rms", "first_out",
                  "calls")
 
     def __init__(self):
@@ -343,9 +344,9 @@ class _StepRecord:
         self.input_id = (0, 0)  # the pass's input tensor whose statistics are read: its id, its version then
         self.in_src: dict[int, int] = {}
         self.in_rms: dict[int, torch.Tensor] = {}
-        # per layer: its first output's autograd node; and for one applied in a chain, the latest application's
-        # node and how many so far (see ``Recorder._applied_again``)
-        self.first_fn: dict[int, object] = {}
+        # per layer: its first output in the pass; and for one applied in a chain, the latest application's
+        # autograd node and how many so far (see ``Recorder._applied_again``)
+        self.first_out: dict[int, object] = {}
         self.calls: dict[int, tuple[object, int]] = {}
 
 
@@ -1236,7 +1237,7 @@ class Recorder:
             if rec.fwd.get(idx) is not None:  # applied again in the pass: measured at its first application
                 self._applied_again(rec, idx, layer, args, output)
                 return None
-            rec.first_fn[idx] = output.grad_fn if type(output) is tensor else _first_node(output)
+            rec.first_out[idx] = output  # (its autograd node is looked up only if it runs again)
             if idx in gain_layers and args:
                 self._read_input(rec, idx, args[0])
             if idx in batch_norms and type(output) is tensor and output.dim() >= 2 and output.shape[1] > 0 and (
@@ -1267,7 +1268,7 @@ class Recorder:
         made (a block shared across depth, a cell applied per time step), are counted: the most in one pass is
         ``extra["applications"]``. One applied side by side to several inputs (a siamese encoder) is no chain."""
         before = rec.calls.get(idx)
-        last, n = before if before is not None else (rec.first_fn.get(idx), 1)
+        last, n = before if before is not None else (_first_node(rec.first_out.get(idx)), 1)
         if last is None:
             return
         # any input it reads may carry the chain (a cell's state comes after the step's input: cell(x_t, h))

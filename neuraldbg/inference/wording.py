@@ -393,7 +393,7 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         lines = [f"the relative gradient of `{origin}` {word} {fmt(f['attenuation'])}x that of the layers after it "
                  f"from step {c.step}"]
         if f.get("applications", 1) > 1:
-            lines.insert(0, f"`{c.layer}` is applied {f['applications']} times in a chain in each forward pass, each "
+            lines.insert(0, f"`{c.layer}` is applied {f['applications']} times in a chain in a forward pass, each "
                             "application reading what the one before made: the gradient passes back through all of "
                             f"them before it reaches `{origin}`, and shrinks at each")
         if f.get("gap") and f.get("zero"):
