@@ -51,6 +51,7 @@ def test_a_gradient_that_vanishes_all_along_accounts_for_a_loss_that_hardly_come
     first_half = {str(i) for i in range(6)}  # the Linear layers 0, 2 and 4: near the input
     assert top.layer in first_half and top.step == 0, dbg.report()
     assert "larger learning rate" not in top.suggestion and "raise" not in top.suggestion
+    assert "replace the Sigmoid activations" in top.suggestion, top.suggestion  # the stack's own activations
 
 
 @pytest.mark.parametrize("seed", [0, 1])

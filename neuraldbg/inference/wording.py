@@ -1275,7 +1275,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
     if c.cause == Cause.EXPLODING_GRADIENTS:
         text = "clip gradients with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)"
         info = ctx.layers.get(f["origin"])
-        if info is not None and str(info.kind) == "recurrent":
+        if info is not None and info.kind == Kind.RECURRENT:
             text += (f" and initialise the recurrent weights of `{f['origin']}` orthogonally with gain <= 1 "
                      "(nn.init.orthogonal_)")
         if may_lower:
@@ -1315,7 +1315,7 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "connection and a normalisation around each (h = norm(h + f(layer(h)))), an initialisation that keeps "
                 "its gain near 1 (orthogonal weights for a recurrent step), or fewer applications")
     if c.cause == Cause.VANISHING_GRADIENTS:
-        bounded = sorted({n for n, l in ctx.layers.items() if str(l.kind) == "bounded" and n in ctx.rank},
+        bounded = sorted({n for n, l in ctx.layers.items() if l.kind == Kind.BOUNDED and n in ctx.rank},
                          key=ctx.rank.__getitem__)
         if bounded:
             kinds = sorted({ctx.layers[n].type_name for n in bounded})
