@@ -9,6 +9,7 @@ from typing import TypeGuard
 import torch
 from torch import nn
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+from torch.nn.utils import parametrize
 
 
 class Kind(str, Enum):
@@ -154,17 +155,54 @@ _EXTRA_TEXT = ("owner", "relation")
 _EXTRA_FLAGS = ("passthrough", "bidirectional")
 
 
+def parametrizing_modules(model: nn.Module) -> set[int]:
+    """The modules (by id) that compute a parametrized module's tensors (``torch.nn.utils.parametrize``: a
+    spectral or weight norm, an orthogonal map): part of the module they parametrize, run on its weights when
+    it reads them, not layers of the forward pass."""
+    out: set[int] = set()
+    for m in model.modules():
+        plist = _parametrizations(m)
+        if plist is not None:
+            out.update(id(x) for x in plist.modules())
+    return out
+
+
+def _parametrizations(module: nn.Module) -> nn.Module | None:
+    """A parametrized module's ``parametrizations`` (a ModuleDict); None for any other module."""
+    plist = getattr(module, "parametrizations", None)
+    return plist if parametrize.is_parametrized(module) and isinstance(plist, nn.Module) else None
+
+
+def own_named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """A module's own parameters, by name: those it holds directly and those its parametrizations compute its
+    tensors from (a spectral-normed weight's ``parametrizations.weight.original``: the weight it trains)."""
+    own = list(module.named_parameters(recurse=False))
+    plist = _parametrizations(module)
+    if plist is not None:
+        seen = {id(p) for _, p in own}
+        own += [(f"parametrizations.{n}", p) for n, p in plist.named_parameters() if id(p) not in seen]
+    return own
+
+
+def own_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """A module's own parameters (``own_named_parameters`` without the names)."""
+    return [p for _, p in own_named_parameters(module)]
+
+
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Leaf modules, plus containers that own parameters directly (their own computation is otherwise unseen)."""
+    """Leaf modules, plus containers that own parameters directly (their own computation is otherwise unseen).
+    A parametrized module is a leaf: its parametrizations are part of it."""
+    inside = parametrizing_modules(model)
     out = []
     for name, module in model.named_modules():
+        if id(module) in inside:
+            continue
+        has_children = any(id(c) not in inside for c in module.children())
         if not name:
-            if not any(True for _ in module.children()):
+            if not has_children:
                 out.append((name, module))  # the model itself is a single layer
             continue
-        has_children = any(True for _ in module.children())
-        owns_params = any(True for _ in module.parameters(recurse=False))
-        if not has_children or owns_params:
+        if not has_children or own_parameters(module):
             out.append((name, module))
     return out
 
@@ -253,7 +291,7 @@ def equal_weights(module: nn.Module) -> float | None:
 
 
 def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
-    own = list(module.parameters(recurse=False))
+    own = own_parameters(module)
     scale = recurrent_scale(module)
     equal = equal_weights(module)
     wscale = weight_scale(module) if equal is None else None  # equal weights have no spread to compare

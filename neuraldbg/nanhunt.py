@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from .functional import ModuleTracker, NonFiniteWatch
-from .layers import Kind, classify
+from .layers import Kind, classify, own_parameters
 from .trace import NonFiniteOrigin
 
 
@@ -46,7 +46,7 @@ def _nonfinite(t: torch.Tensor) -> bool:
 
 
 def _own_params_nonfinite(module: nn.Module) -> bool:
-    return any(_nonfinite(p) for p in module.parameters(recurse=False))
+    return any(_nonfinite(p) for p in own_parameters(module))
 
 
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
@@ -273,6 +273,6 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
     if found:
         return found[0]
     for name, mod in reversed(ran):  # backward order: a parameter gradient that overflowed
-        if any(p.grad is not None and _nonfinite(p.grad) for p in mod.parameters(recurse=False)):
+        if any(p.grad is not None and _nonfinite(p.grad) for p in own_parameters(mod)):
             return NonFiniteOrigin(step, name, "backward", "its parameter gradient overflows to NaN/Inf")
     return NonFiniteOrigin(step, "", "unknown", "NaN/Inf seen but not reproduced by a replay of the pass")

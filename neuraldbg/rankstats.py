@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
-from .layers import LayerInfo
+from .layers import LayerInfo, own_named_parameters
 from .ranktrace import BN_SLOTS, PHASES, PROJECTIONS, TAIL, RankLayout, bn_channels
 from .trace import NonFiniteOrigin
 
@@ -121,7 +121,7 @@ class RankProbe:
         seen: set[int] = set()
         self.params: list[tuple[str, nn.Parameter, int]] = []
         for name, m in model.named_modules():
-            for pname, p in m.named_parameters(recurse=False):
+            for pname, p in own_named_parameters(m):
                 qualified = f"{name}.{pname}" if name else pname
                 if id(p) in seen or id(m) not in index or qualified in unsynced:
                     continue

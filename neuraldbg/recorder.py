@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from . import distributed, leak, losspath, mixing, nanhunt, order
 from .attention import attention_stats, mha_logits, sdpa_logits
 from .functional import FunctionalObserver, ModuleTracker, OpSpec, Relation, Role, activation_leaves
-from .layers import GAIN_KINDS, Kind, LayerInfo, describe, watched_modules
+from .layers import GAIN_KINDS, Kind, LayerInfo, describe, own_parameters, parametrizing_modules, watched_modules
 from .paramnorms import ParamNorms
 from .schedule import LossTurn, Schedule, SpikeWatch, Throttle
 from .stats import (ATTENTION_STATS, BATCH_NUMEL, FORWARD_STATS, GRAD_STATS, N_STATS, PARAM_STATS,
@@ -429,7 +429,9 @@ class Recorder:
         index_of = {id(m): i for i, m in enumerate(self.modules)}
         # functional operations: which module runs, which produced a tensor; their rows ("sites")
         self._tracker = ModuleTracker({id(m): name for name, m in self.inner.named_modules()})
-        self._activation_leaves = activation_leaves(self.inner)
+        # modules whose operations are no functional operation to watch: an activation module's are its own
+        # output; those of the modules computing a parametrized module's weights are on weights
+        self._opaque = activation_leaves(self.inner) | parametrizing_modules(self.inner)
         # dropout modules, read by themselves on sampled steps (name, module); functional ones by the function mode
         self._dropouts = [(name, m, self._index_of_name[name]) for name, m in self.inner.named_modules()
                           if isinstance(m, nn.modules.dropout._DropoutNd) and name in self._index_of_name]
@@ -449,7 +451,7 @@ class Recorder:
         self._pass_ops: dict[tuple, int] = {}   # (owner, op, call of owner) -> occurrences so far
         owner_of: dict[int, int] = {}
         for name, m in self.inner.named_modules():
-            for p in m.parameters(recurse=False):
+            for p in own_parameters(m):
                 if id(p) in owner_of:
                     continue  # shared parameter: counted once, at its first owner
                 # a parameter of an unwatched container belongs to the model as a whole: skip
@@ -1017,7 +1019,7 @@ class Recorder:
         if not ops:
             return
         try:
-            self._observer = FunctionalObserver(self._tracker, self._activation_leaves, self._on_op, _attention_logits,
+            self._observer = FunctionalObserver(self._tracker, self._opaque, self._on_op, _attention_logits,
                                                 dropout=self._on_dropout,
                                                 dropout_leaves={id(m) for _, m, _ in self._dropouts})
             self._observer.__enter__()

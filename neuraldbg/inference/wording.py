@@ -361,8 +361,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                     f"non_finite: NaN/Inf first produced in {where} (forward) at step {c.step}"]
         return [f"NaN/Inf appears at step {c.step}; {f.get('detail', '')}".strip()]
     if c.cause == Cause.EXPLODING_GRADIENTS:
-        lines = [f"the relative gradient of `{f['origin']}` is {fmt(f['amplification'])}x that of the layers after it "
-                 f"or of its start, from step {c.step}"]
+        amp = f["amplification"]
+        size = (f"is {fmt(amp)}x that of the layers after it or of its start" if math.isfinite(amp) else
+                "grows past any finite multiple of that of the layers after it or of its start (to NaN/Inf)")
+        lines = [f"the relative gradient of `{f['origin']}` {size}, from step {c.step}"]
         if c.layer != f["origin"]:
             lines.insert(0, f"the backward pass of `{c.layer}` ({ctx.layers[c.layer].type_name}) multiplies the "
                             "gradient that flows through it")
