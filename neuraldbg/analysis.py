@@ -177,6 +177,34 @@ def _grad_rms(trace: Trace) -> float:
     return float(np.median(np.nanmedian(per_step, axis=1)))
 
 
+def _loops(trace: Trace) -> dict[str, list[list]]:
+    """Operations applied in a loop of the forward, each call reading what the one before made (functional sites
+    that ``follow`` one another: a recurrence written by hand, a stack of layers applied in a ``for``): per loop,
+    by its first call's name, one row per sampled pass as for a recurrent module's time steps
+    (``Context.through_time``): [step, the gradient at the first call's output / the most any call's gets,
+    calls, calls up to the last one that gets any gradient, the first's against that last one's]."""
+    after = {str(l.extra["follows"]): l.index for l in trace.layers if l.extra.get("follows")}
+    starts = [l for l in trace.layers if l.name in after and not l.extra.get("follows")]
+    out: dict[str, list[list]] = {}
+    g = trace.stats.data[:, :, int(Stat.GRAD_RMS)] if trace.stats.n else None
+    for first in starts:
+        chain, name = [first.index], first.name
+        while name in after and len(chain) <= len(trace.layers):
+            chain.append(after[name])
+            name = trace.layers[chain[-1]].name
+        if g is None or len(chain) < 2:
+            continue
+        rows = []
+        for step, v in zip(trace.stats.steps, g[:, chain].astype(np.float64)):
+            if not np.isfinite(v).all() or not (v > 0).any():
+                continue  # a pass that did not run the whole loop, or a gradient that overflowed
+            reached = int(np.nonzero(v > 0)[0][-1]) + 1
+            rows.append([int(step), float(v[0] / v.max()), len(chain), reached, float(v[0] / v[reached - 1])])
+        if rows:
+            out[first.name] = rows
+    return out
+
+
 def _layers_moved(trace: Trace) -> dict[str, float]:
     """How far each trainable layer's weights moved over the run against their norm, up to the first NaN/Inf:
     their distance from where they started, where the recorder read it (meta ``weights_moved``: steps that
@@ -402,7 +430,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   output_blocked=_output_blocked(trace, curve.start if curve is not None else math.nan),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),
-                  through_time=dict(trace.meta.get("through_time") or {}),
+                  through_time=dict(trace.meta.get("through_time") or {}), loops=_loops(trace),
                   positions_read=dict(trace.meta.get("positions_read") or {}),
                   order_blind=dict(trace.meta.get("order_blind") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),

@@ -151,7 +151,7 @@ class LayerInfo:
                    order=None if d.get("order") is None else int(d["order"]), extra=extra)
 
 
-_EXTRA_TEXT = ("owner", "relation")
+_EXTRA_TEXT = ("owner", "relation", "follows")
 _EXTRA_FLAGS = ("passthrough", "bidirectional")
 
 

@@ -97,6 +97,7 @@ def _release_nodes(rec: "_StepRecord") -> None:
     are let go (held on, they would keep the pass's graph, and the tensors it holds, alive past its backward)."""
     rec.first_out.clear()
     rec.calls.clear()
+    rec.site_node.clear()
 
 
 def _note_positions(layer: LayerInfo, shape, unit_dim: int | None) -> None:
@@ -308,7 +309,7 @@ class _StepRecord:
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
                  "norm_values", "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads",
                  "stepped", "unchanged", "moved", "unscaled", "out_of", "input_id", "in_src", "in_rms", "first_out",
-                 "calls")
+                 "calls", "site_node")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -348,6 +349,7 @@ class _StepRecord:
         # autograd node and how many so far (see ``Recorder._applied_again``)
         self.first_out: dict[int, object] = {}
         self.calls: dict[int, tuple[object, int]] = {}
+        self.site_node: dict[int, object] = {}  # per functional site: its output's autograd node in this pass
 
 
 
@@ -448,6 +450,7 @@ class Recorder:
         self._ops_found = False      # the function mode has seen a functional operation
         self._quiet_passes = 0       # sampled passes so far that showed none
         self._sites: dict[tuple, int] = {}      # (owner, relation, op, occurrence in the pass) -> layer index
+        self._loop_seen: set[int] = set()       # sites looked at for a loop (``_note_loop``)
         self._pass_ops: dict[tuple, int] = {}   # (owner, op, call of owner) -> occurrences so far
         owner_of: dict[int, int] = {}
         for name, m in self.inner.named_modules():
@@ -1447,9 +1450,10 @@ class Recorder:
         if spec.role == Role.ATTENTION and own is not None and self.layers[own].kind == Kind.ATTENTION:
             idx = own  # nn.MultiheadAttention: its attention goes to its own row, its output hook measures it
         else:
-            idx = self._site(owner, rel, spec)
+            idx, prev = self._site(owner, rel, spec)
             if out is not None and rec.fwd.get(idx) is None:
                 self._record(rec, idx, self.layers[idx], out)
+                self._note_loop(rec, idx, prev, out)
         if logits is not None and idx not in rec.attn:
             with torch.no_grad():
                 rec.attn[idx] = attention_stats(logits)
@@ -1496,16 +1500,35 @@ class Recorder:
             rows.append(int(n))
             del rows[:-self.MAX_NORM_ROWS]
 
-    def _site(self, owner: str, rel: Relation, spec: OpSpec) -> int:
+    def _note_loop(self, rec: _StepRecord, idx: int, prev: int | None, out: torch.Tensor) -> None:
+        """Site ``idx`` ran, the one before it (``prev``: the same operation's previous call in the same place)
+        in this pass too: where this one's input was computed from that one's output, a few operations away (a
+        loop written by hand, a state carried through time), it ``follows`` it (``extra``). Looked at once per
+        site, on its first sampled pass with its predecessor's output at hand."""
+        node = out.grad_fn
+        if node is not None:
+            rec.site_node[idx] = node
+        if prev is None or idx in self._loop_seen:
+            return
+        before = rec.site_node.get(prev)
+        if before is None or node is None:
+            return
+        self._loop_seen.add(idx)
+        if _reaches(list(n for n, _ in node.next_functions), before):
+            self.layers[idx].extra["follows"] = self.layers[prev].name
+
+    def _site(self, owner: str, rel: Relation, spec: OpSpec) -> tuple[int, int | None]:
         """The row of the ``n``-th call of ``spec`` attributed to ``owner`` within one call of it (a cell
-        called once per time step repeats the same operations: the same rows), made on first sight."""
+        called once per time step repeats the same operations: the same rows), made on first sight; and the
+        row of its ``n - 1``-th call (None for the first)."""
         count = (owner, spec.label, self._tracker.calls.get(owner, 0))
         n = self._pass_ops.get(count, 0)
         self._pass_ops[count] = n + 1
         key = (owner, rel.value, spec.label, n)
+        prev = self._sites.get((owner, rel.value, spec.label, n - 1)) if n else None
         idx = self._sites.get(key)
         if idx is not None:
-            return idx
+            return idx, prev
         base = f"{owner or '(model)'}:{spec.label.rsplit('.', 1)[-1]}"
         name, k = base, 2
         while name in self._index_of_name:
@@ -1518,7 +1541,7 @@ class Recorder:
         self._index_of_name[name] = info.index
         self._sites[key] = info.index
         self._no_params = np.append(self._no_params, info.index)
-        return info.index
+        return info.index, prev
 
     def _make_grad_hook(self, idx: int, unit_dim: int | None, rec: _StepRecord):
         def hook(g):

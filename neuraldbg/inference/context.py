@@ -107,6 +107,8 @@ class Context:
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
     through_time: dict = field(default_factory=dict)
+    # per loop of one operation in the forward (by its first call's site), rows as ``through_time``'s over its calls
+    loops: dict = field(default_factory=dict)
     # an embedding of a 2-D batch of tokens: the positions its output's gradient reaches, per sampled pass,
     # [step, length along dimension 0, reached along it, the same along dimension 1] (medians over sequences)
     positions_read: dict = field(default_factory=dict)

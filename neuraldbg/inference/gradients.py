@@ -80,7 +80,10 @@ def _through_time(ctx: Context) -> list[Candidate]:
     # a loss that does not improve while no weight moves is the updates' (they are negligible), not what the
     # gradient through time leaves out: then it explains no loss failure
     still = bool(ctx.all(Signal.UPDATE, UpdateState.NEGLIGIBLE))
-    for layer, rows in ctx.through_time.items():
+    # (and a loop of one operation written in the forward, a recurrence by hand: the same along its calls)
+    sources = [(layer, rows, False) for layer, rows in ctx.through_time.items()]
+    sources += [(layer, rows, True) for layer, rows in ctx.loops.items()]
+    for layer, rows, loop in sources:
         rows = [r for r in rows if len(r) >= 3 and r[0] < (ctx.nonfinite_step() or 1 << 62)]
         if layer not in ctx.layers or len(rows) < ctx.th.persist:
             continue
@@ -93,7 +96,8 @@ def _through_time(ctx: Context) -> list[Candidate]:
                              severity=below_ratio(max(typical, 1e-30), ctx.th.vanishing_ratio),
                              persistence=len(below) / len(rows), needs_harm=True, lasting=True,
                              loss_kinds=frozenset() if still else losses.FLAT,
-                             facts={"ratio": typical, "steps_in_time": int(rows[-1][2]), "samples": len(rows)}))
+                             facts={"ratio": typical, "steps_in_time": int(rows[-1][2]), "samples": len(rows),
+                                    "loop": loop}))
     return out
 
 

@@ -373,6 +373,14 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if f["others"]:
             lines.append(f"the growth reaches {names(f['others'])}")
         return lines
+    if c.cause == Cause.VANISHING_GRADIENTS and k == "through_time" and f.get("loop"):
+        reach = ("no gradient at all reaches the first" if f["ratio"] <= 0 else
+                 f"the gradient reaching the first is {fmt(f['ratio'])}x the most any gets")
+        return [f"`{c.layer}` is called {f['steps_in_time']} times in a loop, each call reading what "
+                f"the one before made (a recurrence, or layers stacked in a loop, written by hand): {reach} (typical "
+                f"of {f['samples']} sampled steps), so it vanishes along the loop",
+                "what the loss needs from the loop's first calls (early in the sequence, or the first layers) is "
+                "not learned"]
     if c.cause == Cause.VANISHING_GRADIENTS and k == "through_time":
         reach = ("no gradient at all reaches the first step of its input" if f["ratio"] <= 0 else
                  f"the gradient reaching the first step of its input is {fmt(f['ratio'])}x the most any step gets")
@@ -1285,6 +1293,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         if c.layer != f["origin"]:
             text = f"check the backward of `{c.layer}` (a gradient scale or reversal coefficient far above 1?); " + text
         return text
+    if c.cause == Cause.VANISHING_GRADIENTS and k == "through_time" and f.get("loop"):
+        return ("keep the gradient's scale along the loop: for a recurrence, initialise the state-to-state weights "
+                "orthogonally (nn.init.orthogonal_) or use a gated cell (nn.GRU, nn.LSTM or their cells); for layers "
+                "stacked in a loop, add a residual connection and a normalisation around each; if the loss needs the "
+                "start of long sequences, shorten them (chunks, truncated backpropagation)")
     if c.cause == Cause.VANISHING_GRADIENTS and k == "through_time":
         cell = ctx.layers[c.layer].type_name if c.layer in ctx.layers else ""
         gates = {"RNN": f"replace `{c.layer}` (nn.RNN) by a gated nn.LSTM or nn.GRU; ",

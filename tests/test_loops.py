@@ -1,0 +1,157 @@
+"""An operation called in a loop of the forward, each call reading what the one before made (a recurrence
+written by hand with raw parameters): no module hook sees its steps, the functional sites do, and the gradient
+along them tells whether it vanishes through the loop."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import Cause, NeuralDbg
+
+
+class HandRNN(nn.Module):
+    """A plain RNN written by hand: its parameters are the model's own, applied by hand at each time step."""
+
+    def __init__(self, hidden: int = 64, recurrent_std: float = 1.0):
+        super().__init__()
+        self.w_in = nn.Parameter(torch.randn(8, hidden) / math.sqrt(8))
+        self.w_state = nn.Parameter(torch.randn(hidden, hidden) * recurrent_std / math.sqrt(hidden))
+        self.b = nn.Parameter(torch.zeros(hidden))
+        self.out = nn.Linear(hidden, 4)
+
+    def forward(self, x):
+        h = x.new_zeros(x.shape[0], self.w_state.shape[0])
+        for t in range(x.shape[1]):
+            h = torch.tanh(x[:, t] @ self.w_in + h @ self.w_state + self.b)
+        return self.out(h)
+
+
+def _first_step_task(n: int = 2400, steps_in_time: int = 16):
+    """The label is written in the first time step only; noise follows."""
+    g = torch.Generator().manual_seed(1234)
+    y = torch.randint(0, 4, (n,), generator=g)
+    x = 0.5 * torch.randn(n, steps_in_time, 8, generator=g)
+    x[:, 0, :] = 0
+    x[torch.arange(n), 0, y] = 2.0
+    return x, y
+
+
+def _train(model: nn.Module, seed: int, steps: int = 300) -> NeuralDbg:
+    x, y = _first_step_task()
+    opt = torch.optim.Adam(model.parameters(), 2e-3)
+    gen = torch.Generator().manual_seed(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(steps):
+            j = torch.randint(0, len(x), (64,), generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[j]), y[j])
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_gradient_that_vanishes_along_a_recurrence_written_by_hand(seed, tmp_path):
+    torch.manual_seed(seed)
+    dbg = _train(HandRNN(recurrent_std=0.1), seed)
+    follows = {l.name: l.extra.get("follows") for l in dbg.trace.layers}
+    assert follows["(model):tanh#2"] == "(model):tanh" and follows["(model):tanh#16"] == "(model):tanh#15"
+    top = dbg.explain()[0]
+    # placed at the loop's owner: the model's own forward
+    assert top.cause == Cause.VANISHING_GRADIENTS and top.layer == "" and top.confidence >= 0.5
+    assert top.step <= 50
+    assert "16 times in a loop" in " ".join(top.chain) and "orthogonal" in top.suggestion
+    # the loop is kept in a saved trace
+    dbg.save(tmp_path / "run.ndbg")
+    again = NeuralDbg.load(tmp_path / "run.ndbg").explain()[0]
+    assert (again.cause, again.layer) == (top.cause, top.layer)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_same_recurrence_initialised_orthogonally_is_healthy(seed):
+    torch.manual_seed(seed)
+    model = HandRNN()
+    nn.init.orthogonal_(model.w_state)
+    dbg = _train(model, seed)
+    assert float(dbg.trace.loss.data[-20:].mean()) < 0.1  # it learns the task
+    assert not [h for h in dbg.explain() if h.confidence >= 0.5]
+
+
+class TwoBranches(nn.Module):
+    """tanh called twice side by side, on two branches of the same input: no loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(8, 16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.a(x)) + torch.tanh(self.b(x)))
+
+
+def test_calls_side_by_side_are_no_loop():
+    torch.manual_seed(0)
+    model = TwoBranches()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    with NeuralDbg(model, optimizer=opt, every=1) as dbg:
+        for _ in range(5):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    sites = [l for l in dbg.trace.layers if l.is_site]
+    assert len(sites) == 2 and not [l for l in sites if l.extra.get("follows")]
+
+
+class HandStack(nn.Module):
+    """Twelve layers kept in a ParameterList and applied in a ``for`` by hand: no module for any of them."""
+
+    def __init__(self, act: str, depth: int = 12, hidden: int = 64):
+        super().__init__()
+        dims = [16] + [hidden] * depth
+        gain = 2.0 if act == "relu" else 1.0
+        self.act = act
+        self.ws = nn.ParameterList([nn.Parameter(torch.randn(a, b) * math.sqrt(gain / a))
+                                    for a, b in zip(dims, dims[1:])])
+        self.bs = nn.ParameterList([nn.Parameter(torch.zeros(b)) for b in dims[1:]])
+        self.out = nn.Linear(hidden, 4)
+
+    def forward(self, x):
+        for w, b in zip(self.ws, self.bs):
+            x = torch.sigmoid(x @ w + b) if self.act == "sigmoid" else F.relu(x @ w + b)
+        return self.out(x)
+
+
+def _train_stack(act: str, seed: int) -> NeuralDbg:
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2000, 16, generator=g), torch.randn(16, 4, generator=g)
+    y = (x @ w).argmax(1)
+    torch.manual_seed(seed)
+    model = HandStack(act)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    gen = torch.Generator().manual_seed(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(300):
+            j = torch.randint(0, len(x), (64,), generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[j]), y[j])
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_layers_stacked_in_a_loop_by_hand(seed):
+    """A sigmoid stack applied in a loop: the gradient fades along it (named); its ReLU twin at He init learns."""
+    top = _train_stack("sigmoid", seed).explain()[0]
+    assert top.cause == Cause.VANISHING_GRADIENTS and top.confidence >= 0.5 and "12 times in a loop" in top.chain[0]
+    relu = _train_stack("relu", seed)
+    assert float(relu.trace.loss.data[-20:].mean()) < 0.3
+    assert not [h for h in relu.explain() if h.confidence >= 0.5]
