@@ -178,30 +178,22 @@ def _grad_rms(trace: Trace) -> float:
 
 
 def _loops(trace: Trace) -> dict[str, list[list]]:
-    """Operations applied in a loop of the forward, each call reading what the one before made (functional sites
-    that ``follow`` one another: a recurrence written by hand, a stack of layers applied in a ``for``): per loop,
-    by its first call's name, one row per sampled pass as for a recurrent module's time steps
+    """Operations applied in a loop of the forward, each call reading what the one before made
+    (``health.loop_chains``: a recurrence written by hand, a stack of layers applied in a ``for``): per loop, by
+    its first call's name, one row per sampled pass as for a recurrent module's time steps
     (``Context.through_time``): [step, the gradient at the first call's output / the most any call's gets,
     calls, calls up to the last one that gets any gradient, the first's against that last one's]."""
-    after = {str(l.extra["follows"]): l.index for l in trace.layers if l.extra.get("follows")}
-    starts = [l for l in trace.layers if l.name in after and not l.extra.get("follows")]
+    f = health_mod.features(trace)
     out: dict[str, list[list]] = {}
-    g = trace.stats.data[:, :, int(Stat.GRAD_RMS)] if trace.stats.n else None
-    for first in starts:
-        chain, name = [first.index], first.name
-        while name in after and len(chain) <= len(trace.layers):
-            chain.append(after[name])
-            name = trace.layers[chain[-1]].name
-        if g is None or len(chain) < 2:
-            continue
+    for chain in f.loops:
         rows = []
-        for step, v in zip(trace.stats.steps, g[:, chain].astype(np.float64)):
+        for step, v in zip(f.steps, f.grad_rms[:, chain].astype(np.float64)):
             if not np.isfinite(v).all() or not (v > 0).any():
                 continue  # a pass that did not run the whole loop, or a gradient that overflowed
             reached = int(np.nonzero(v > 0)[0][-1]) + 1
             rows.append([int(step), float(v[0] / v.max()), len(chain), reached, float(v[0] / v[reached - 1])])
         if rows:
-            out[first.name] = rows
+            out[f.names[chain[0]]] = rows
     return out
 
 

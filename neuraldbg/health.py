@@ -184,6 +184,8 @@ class Features:
     logit0: np.ndarray
     range_: np.ndarray         # (T, L) largest |output| over the largest value of its dtype
     absmax: np.ndarray         # (T, L) largest |output|
+    loops: list[list[int]]     # functional sites called in a loop of the forward, in the order of their calls
+    grad_rms: np.ndarray       # (T, L) the RMS of each layer's output gradient
 
 
 def _key(trace: Trace) -> tuple:
@@ -328,7 +330,24 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     nonfinite=nonfinite, ui=ui, wu=wu, wnu=wnu, update_ratio=ratio, update_count=has.sum(axis=1),
                     growth=growth, has_params=np.array([l.n_params > 0 for l in layers], dtype=bool), observed=seen,
                     ai=ai, entropy=cols(ai, Stat.ATTN_ENTROPY), logit=logit, logit0=first_finite(logit),
-                    range_=cols.full(Stat.ACT_RANGE), absmax=cols.full(Stat.ACT_ABSMAX))
+                    range_=cols.full(Stat.ACT_RANGE), absmax=cols.full(Stat.ACT_ABSMAX),
+                    loops=loop_chains(layers), grad_rms=cols.full(Stat.GRAD_RMS))
+
+
+def loop_chains(layers: list) -> list[list[int]]:
+    """Functional sites called in a loop of the forward, each call reading what the one before made (the sites
+    that ``follow`` one another, see ``Recorder._note_loop``): per loop, its sites' indices in call order."""
+    after = {str(l.extra["follows"]): l.index for l in layers if l.extra.get("follows")}
+    out = []
+    for first in layers:
+        if first.name not in after or first.extra.get("follows"):
+            continue
+        chain, name = [first.index], first.name
+        while name in after and len(chain) <= len(layers):
+            chain.append(after[name])
+            name = layers[chain[-1]].name
+        out.append(chain)
+    return out
 
 
 def _max_ahead(reach: np.ndarray, segment: list[int]) -> np.ndarray:
@@ -444,6 +463,18 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
                 nxt = g_last[i]
             elif not f.has_params[i]:  # frozen or sparse weight layers keep "healthy": no gradient by design
                 g_last[i] = nxt
+        # a loop's calls (no weights of their own): the gradient at each against the most any call of the loop gets
+        for chain in f.loops:
+            read = np.nonzero(np.isfinite(f.grad_rms[:, chain]).all(axis=1))[0]  # its latest whole reading
+            g = f.grad_rms[read[-1], chain] if len(read) else np.zeros(0)
+            top = g.max() if len(g) else math.nan
+            if not top > 0:
+                continue
+            for i, v in zip(chain, g / top):
+                if v < th.vanishing_ratio:
+                    g_last[i] = GradState.VANISHING.code
+                elif v < max(th.diminishing_ratio, th.vanishing_ratio):
+                    g_last[i] = GradState.DIMINISHING.code
         for i, name in enumerate(names):
             if not f.observed[i]:
                 continue  # never ran, or only returned its input: nothing to show as healthy

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import Cause, NeuralDbg
+from neuraldbg import Cause, GradState, NeuralDbg
 
 
 class HandRNN(nn.Module):
@@ -64,6 +64,9 @@ def test_a_gradient_that_vanishes_along_a_recurrence_written_by_hand(seed, tmp_p
     assert top.cause == Cause.VANISHING_GRADIENTS and top.layer == "" and top.confidence >= 0.5
     assert top.step <= 50
     assert "16 times in a loop" in " ".join(top.chain) and "orthogonal" in top.suggestion
+    # the grid shows it along the loop: the first calls vanishing, the last ones healthy
+    grid = dbg.health()
+    assert grid["(model):tanh"].grad == GradState.VANISHING and grid["(model):tanh#16"].grad == GradState.HEALTHY
     # the loop is kept in a saved trace
     dbg.save(tmp_path / "run.ndbg")
     again = NeuralDbg.load(tmp_path / "run.ndbg").explain()[0]
@@ -78,6 +81,7 @@ def test_the_same_recurrence_initialised_orthogonally_is_healthy(seed):
     dbg = _train(model, seed)
     assert float(dbg.trace.loss.data[-20:].mean()) < 0.1  # it learns the task
     assert not [h for h in dbg.explain() if h.confidence >= 0.5]
+    assert all(h.grad == GradState.HEALTHY for h in dbg.health().values())
 
 
 class TwoBranches(nn.Module):
