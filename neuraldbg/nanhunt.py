@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from .functional import ModuleTracker, NonFiniteWatch
-from .layers import Kind, classify, own_parameters
+from .layers import Kind, classify, own_parameters, parametrizing_modules
 from .trace import NonFiniteOrigin
 
 
@@ -176,7 +176,9 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
     ran: list[tuple[str, nn.Module]] = []  # modules in the order their forward completed
     fired: list[tuple[str, int]] = []  # (module, id of its output gradient), in backward order
 
-    tracker = ModuleTracker({id(m): n for n, m in replica.named_modules()})
+    # (the modules computing a parametrized module's weight are part of it: what they make is its own)
+    inside = parametrizing_modules(replica)
+    tracker = ModuleTracker({id(m): n for n, m in replica.named_modules() if id(m) not in inside})
     watch = NonFiniteWatch(tracker, _standard_leaves(replica))
 
     def forward_hook(name, mod):
@@ -228,7 +230,8 @@ def locate(module: nn.Module, args, kwargs, rng_state: torch.Tensor | None, out_
         return hook
 
     for name, sub in replica.named_modules():
-        sub.register_forward_hook(forward_hook(name, sub))
+        if id(sub) not in inside:
+            sub.register_forward_hook(forward_hook(name, sub))
 
     devices = sorted({t.device.index for t in float_tensors((args, kwargs)) if t.device.type == "cuda"}
                      - {None})

@@ -79,3 +79,26 @@ def test_a_spectral_normed_mlp_at_ten_times_the_rate_still_diverges_for_its_rate
     dbg = _train(_spectral_mlp(0), lr=0.5)
     top = dbg.explain()[0]
     assert top.cause == Cause.LEARNING_RATE_TOO_HIGH and top.confidence >= 0.5
+
+
+@pytest.mark.parametrize("wrap", [P.spectral_norm, P.weight_norm], ids=["spectral_norm", "weight_norm"])
+def test_nan_in_a_parametrized_weight_is_found_in_its_layer(wrap):
+    """The raw weight a parametrization computes the layer's weight from turns NaN: the replay names the layer
+    and its weights, not the module that computes the weight."""
+    torch.manual_seed(0)
+    model = nn.Sequential(wrap(nn.Linear(8, 32)), nn.ReLU(), wrap(nn.Linear(32, 32)), nn.ReLU(), nn.Linear(32, 1))
+    x, y = _data()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(30):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x[:64]), y[:64])
+            loss.backward()
+            if step == 10:
+                with torch.no_grad():
+                    raw = [p for n, p in model[2].named_parameters() if "original" in n]
+                    raw[-1].view(-1)[0] = float("nan")
+            opt.step()
+            dbg.record_loss(loss)
+    origin = dbg.trace.nonfinite
+    assert origin is not None and (origin.layer, origin.phase) == ("2", "weights")
