@@ -187,11 +187,9 @@ def _loops(trace: Trace) -> dict[str, list[list]]:
     out: dict[str, list[list]] = {}
     for chain in f.loops:
         rows = []
-        for step, v in zip(f.steps, f.grad_rms[:, chain].astype(np.float64)):
-            if not np.isfinite(v).all() or not (v > 0).any():
-                continue  # a pass that did not run the whole loop, or a gradient that overflowed
+        for r, lead, v in health_mod.loop_profile(f, chain):
             reached = int(np.nonzero(v > 0)[0][-1]) + 1
-            rows.append([int(step), float(v[0] / v.max()), len(chain), reached, float(v[0] / v[reached - 1])])
+            rows.append([int(f.steps[r]), float(v[0] / v.max()), len(v), reached, float(v[0] / v[reached - 1])])
         if rows:
             out[f.names[chain[0]]] = rows
     return out

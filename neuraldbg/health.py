@@ -334,6 +334,26 @@ def _build_features(trace: Trace, key: tuple) -> Features:
                     loops=loop_chains(layers), grad_rms=cols.full(Stat.GRAD_RMS))
 
 
+def loop_profile(f: Features, chain: list[int]) -> list[tuple[int, int, np.ndarray]]:
+    """A loop's output gradients per sampled pass that read it: (row, the first call's place in ``chain``, the
+    gradient at each call from there on). The calls that ran in that pass (a loop may run fewer times in one
+    pass than in another: its first ones); leading calls that no gradient reaches at any sample left out (a
+    gate applied to a zero initial state passes none, by construction). Passes with fewer than two calls, or
+    with no gradient at all, are left out."""
+    g = f.grad_rms[:, chain].astype(np.float64)
+    read = np.isfinite(g)
+    never = (np.where(read, g, 0.0) == 0).all(axis=0)
+    lead = int(np.argmin(never)) if not never.all() else len(chain)
+    out = []
+    for r in range(len(g)):
+        ran = read[r, lead:]
+        n = int(np.argmin(ran)) if not ran.all() else len(ran)
+        v = g[r, lead:lead + n]
+        if n >= 2 and v.max() > 0:
+            out.append((r, lead, v))
+    return out
+
+
 def loop_chains(layers: list) -> list[list[int]]:
     """Functional sites called in a loop of the forward, each call reading what the one before made (the sites
     that ``follow`` one another, see ``Recorder._note_loop``): per loop, its sites' indices in call order."""
@@ -465,12 +485,11 @@ def layer_series(f: Features, th: Thresholds) -> tuple[list[StateSeries], dict[s
                 g_last[i] = nxt
         # a loop's calls (no weights of their own): the gradient at each against the most any call of the loop gets
         for chain in f.loops:
-            read = np.nonzero(np.isfinite(f.grad_rms[:, chain]).all(axis=1))[0]  # its latest whole reading
-            g = f.grad_rms[read[-1], chain] if len(read) else np.zeros(0)
-            top = g.max() if len(g) else math.nan
-            if not top > 0:
+            profile = loop_profile(f, chain)  # its latest reading
+            if not profile:
                 continue
-            for i, v in zip(chain, g / top):
+            _, lead, g = profile[-1]
+            for i, v in zip(chain[lead:], g / g.max()):
                 if v < th.vanishing_ratio:
                     g_last[i] = GradState.VANISHING.code
                 elif v < max(th.diminishing_ratio, th.vanishing_ratio):

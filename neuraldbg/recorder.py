@@ -83,6 +83,21 @@ def _reaches(nodes: list, target) -> bool:
     return False
 
 
+# calls of one functional operation per iteration of a loop, at most (a loop's period, see ``_loop_period``)
+LOOP_PERIOD_MAX = 8
+
+
+def _loop_period(calls: list[tuple[int, object]]) -> int | None:
+    """The fewest calls ``k`` between two calls of one operation that read one another, for every call of the
+    first iteration after the first one (call ``n`` reaches call ``n - k``'s output within ``CHAIN_NODES``
+    autograd nodes); None when none up to ``LOOP_PERIOD_MAX`` does."""
+    for k in range(1, min(LOOP_PERIOD_MAX, len(calls) - 1) + 1):
+        pairs = [(calls[n][1], calls[n - k][1]) for n in range(k, min(len(calls), 2 * k))]
+        if all(a is not None and b is not None and _reaches([f for f, _ in a.next_functions], b) for a, b in pairs):
+            return k
+    return None
+
+
 def _first_node(output):
     """The autograd node of a module's output: of its first floating-point tensor, for one that returns several
     (an LSTM cell's (h, c), attention's (output, weights)); None when it has none."""
@@ -97,7 +112,7 @@ def _release_nodes(rec: "_StepRecord") -> None:
     are let go (held on, they would keep the pass's graph, and the tensors it holds, alive past its backward)."""
     rec.first_out.clear()
     rec.calls.clear()
-    rec.site_node.clear()
+    rec.site_calls.clear()
 
 
 def _note_positions(layer: LayerInfo, shape, unit_dim: int | None) -> None:
@@ -309,7 +324,7 @@ class _StepRecord:
     __slots__ = ("fwd", "grad", "fwd_small", "grad_small", "params", "input", "prev_params", "forward_done", "dropout",
                  "norm_values", "dtype", "attn", "fwd_kept", "fwd_rows", "grad_kept", "watch", "seen", "grads",
                  "stepped", "unchanged", "moved", "unscaled", "out_of", "input_id", "in_src", "in_rms", "first_out",
-                 "calls", "site_node")
+                 "calls", "site_calls")
 
     def __init__(self):
         self.fwd: dict[int, object] = {}    # per layer index: its stats row, or True once stashed below
@@ -349,7 +364,8 @@ class _StepRecord:
         # autograd node and how many so far (see ``Recorder._applied_again``)
         self.first_out: dict[int, object] = {}
         self.calls: dict[int, tuple[object, int]] = {}
-        self.site_node: dict[int, object] = {}  # per functional site: its output's autograd node in this pass
+        # per functional operation in one place: its calls in this pass, in order (site row, output's autograd node)
+        self.site_calls: dict[tuple, list[tuple[int, object]]] = {}
 
 
 
@@ -450,7 +466,8 @@ class Recorder:
         self._ops_found = False      # the function mode has seen a functional operation
         self._quiet_passes = 0       # sampled passes so far that showed none
         self._sites: dict[tuple, int] = {}      # (owner, relation, op, occurrence in the pass) -> layer index
-        self._loop_seen: set[int] = set()       # sites looked at for a loop (``_note_loop``)
+        self._loop_seen: set[int] = set()       # sites looked at for a loop (``_find_loops``)
+        self._loop_period: dict[tuple, int] = {}  # per operation in one place: its loop's period (0: none)
         self._pass_ops: dict[tuple, int] = {}   # (owner, op, call of owner) -> occurrences so far
         owner_of: dict[int, int] = {}
         for name, m in self.inner.named_modules():
@@ -1072,6 +1089,7 @@ class Recorder:
             if not rec.forward_done:
                 self._forward_seen(rec)
             rec.forward_done = True
+            self._find_loops(rec)
             _release_nodes(rec)
         # NaN/Inf in the output shows up in the gradient arriving at it: checked at backward end
         if isinstance(output, torch.Tensor):  # the usual case, without a walk through a structure
@@ -1222,6 +1240,7 @@ class Recorder:
             self._stop_observer()
         if self._rec is not None:
             self._rec.forward_done = True
+            self._find_loops(self._rec)
             _release_nodes(self._rec)
         run = self._part_run
         keep = [i for i in range(self._part_first[0], len(run.outputs)) if run.final[i]]
@@ -1450,10 +1469,10 @@ class Recorder:
         if spec.role == Role.ATTENTION and own is not None and self.layers[own].kind == Kind.ATTENTION:
             idx = own  # nn.MultiheadAttention: its attention goes to its own row, its output hook measures it
         else:
-            idx, prev = self._site(owner, rel, spec)
+            idx = self._site(owner, rel, spec)
             if out is not None and rec.fwd.get(idx) is None:
                 self._record(rec, idx, self.layers[idx], out)
-                self._note_loop(rec, idx, prev, out)
+                rec.site_calls.setdefault((owner, rel.value, spec.label), []).append((idx, out.grad_fn))
         if logits is not None and idx not in rec.attn:
             with torch.no_grad():
                 rec.attn[idx] = attention_stats(logits)
@@ -1500,35 +1519,40 @@ class Recorder:
             rows.append(int(n))
             del rows[:-self.MAX_NORM_ROWS]
 
-    def _note_loop(self, rec: _StepRecord, idx: int, prev: int | None, out: torch.Tensor) -> None:
-        """Site ``idx`` ran, the one before it (``prev``: the same operation's previous call in the same place)
-        in this pass too: where this one's input was computed from that one's output, a few operations away (a
-        loop written by hand, a state carried through time), it ``follows`` it (``extra``). Looked at once per
-        site, on its first sampled pass with its predecessor's output at hand."""
-        node = out.grad_fn
-        if node is not None:
-            rec.site_node[idx] = node
-        if prev is None or idx in self._loop_seen:
-            return
-        before = rec.site_node.get(prev)
-        if before is None or node is None:
-            return
-        self._loop_seen.add(idx)
-        if _reaches(list(n for n, _ in node.next_functions), before):
-            self.layers[idx].extra["follows"] = self.layers[prev].name
+    def _find_loops(self, rec: _StepRecord) -> None:
+        """The forward pass is over: calls of one functional operation in one place that make a loop, each reading
+        what the same call one iteration back made, a few operations away (a recurrence written by hand, layers
+        stacked in a ``for``), ``follow`` that call (``extra``). An iteration may call the operation several
+        times (a GRU's update and reset gates): the loop's period is the fewest calls between two that read
+        one another, throughout its first iteration, found once. Each site is looked at once."""
+        for group, calls in rec.site_calls.items():
+            if len(calls) < 2:
+                continue
+            k = self._loop_period.get(group)
+            if k is None:
+                k = _loop_period(calls)
+                if k is None and len(calls) <= 2 * LOOP_PERIOD_MAX:
+                    continue  # (too few calls to tell yet: looked at again on a later pass)
+                k = self._loop_period[group] = k or 0
+            for n in range(k, len(calls) if k else 0):
+                idx, node = calls[n]
+                if idx in self._loop_seen:
+                    continue
+                self._loop_seen.add(idx)
+                before = calls[n - k][1]
+                if node is not None and before is not None and _reaches([f for f, _ in node.next_functions], before):
+                    self.layers[idx].extra["follows"] = self.layers[calls[n - k][0]].name
 
-    def _site(self, owner: str, rel: Relation, spec: OpSpec) -> tuple[int, int | None]:
+    def _site(self, owner: str, rel: Relation, spec: OpSpec) -> int:
         """The row of the ``n``-th call of ``spec`` attributed to ``owner`` within one call of it (a cell
-        called once per time step repeats the same operations: the same rows), made on first sight; and the
-        row of its ``n - 1``-th call (None for the first)."""
+        called once per time step repeats the same operations: the same rows), made on first sight."""
         count = (owner, spec.label, self._tracker.calls.get(owner, 0))
         n = self._pass_ops.get(count, 0)
         self._pass_ops[count] = n + 1
         key = (owner, rel.value, spec.label, n)
-        prev = self._sites.get((owner, rel.value, spec.label, n - 1)) if n else None
         idx = self._sites.get(key)
         if idx is not None:
-            return idx, prev
+            return idx
         base = f"{owner or '(model)'}:{spec.label.rsplit('.', 1)[-1]}"
         name, k = base, 2
         while name in self._index_of_name:
@@ -1541,7 +1565,7 @@ class Recorder:
         self._index_of_name[name] = info.index
         self._sites[key] = info.index
         self._no_params = np.append(self._no_params, info.index)
-        return info.index, prev
+        return info.index
 
     def _make_grad_hook(self, idx: int, unit_dim: int | None, rec: _StepRecord):
         def hook(g):

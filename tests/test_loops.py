@@ -3,12 +3,14 @@ written by hand with raw parameters): no module hook sees its steps, the functio
 along them tells whether it vanishes through the loop."""
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import Cause, GradState, NeuralDbg
+from neuraldbg import Cause, GradState, NeuralDbg, Stat
+from neuraldbg.analysis import _loops
 
 
 class HandRNN(nn.Module):
@@ -38,15 +40,19 @@ def _first_step_task(n: int = 2400, steps_in_time: int = 16):
     return x, y
 
 
-def _train(model: nn.Module, seed: int, steps: int = 300) -> NeuralDbg:
+def _train(model: nn.Module, seed: int, steps: int = 300, lengths: tuple[int, int] = (16, 16),
+           opt: torch.optim.Optimizer | None = None) -> NeuralDbg:
+    """``lengths``: each batch's sequences cut to a length drawn in that range (a loop that runs for as many
+    steps as its batch has)."""
     x, y = _first_step_task()
-    opt = torch.optim.Adam(model.parameters(), 2e-3)
+    opt = opt or torch.optim.Adam(model.parameters(), 2e-3)
     gen = torch.Generator().manual_seed(seed)
     with NeuralDbg(model, optimizer=opt) as dbg:
         for _ in range(steps):
             j = torch.randint(0, len(x), (64,), generator=gen)
+            t = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=gen))
             opt.zero_grad()
-            loss = F.cross_entropy(model(x[j]), y[j])
+            loss = F.cross_entropy(model(x[j, :t]), y[j])
             loss.backward()
             opt.step()
             dbg.record_loss(loss)
@@ -71,6 +77,51 @@ def test_a_gradient_that_vanishes_along_a_recurrence_written_by_hand(seed, tmp_p
     dbg.save(tmp_path / "run.ndbg")
     again = NeuralDbg.load(tmp_path / "run.ndbg").explain()[0]
     assert (again.cause, again.layer) == (top.cause, top.layer)
+
+
+def test_a_loop_whose_length_changes_from_batch_to_batch():
+    """Batches of 8 to 16 steps: each pass's loop is read over the calls that ran in it."""
+    torch.manual_seed(0)
+    dbg = _train(HandRNN(recurrent_std=0.1), 0, lengths=(8, 16))
+    top = dbg.explain()[0]
+    assert top.cause == Cause.VANISHING_GRADIENTS and top.confidence >= 0.5 and "in a loop" in top.chain[0]
+    # every pass whose gradients were sampled is read, not only those as long as the longest
+    read = np.isfinite(dbg.trace.stats.data[:, :, int(Stat.GRAD_RMS)]).any(axis=1).sum()
+    assert len(_loops(dbg.trace)["(model):tanh"]) >= read - 1
+
+
+class HandGRU(nn.Module):
+    """A GRU written by hand: two gates a step, each a sigmoid, and a zero initial state."""
+
+    def __init__(self, hidden: int = 64):
+        super().__init__()
+        self.hidden = hidden
+        self.wz, self.wr, self.wh = (nn.Parameter(torch.randn(8 + hidden, hidden) / math.sqrt(8 + hidden))
+                                     for _ in range(3))
+        self.out = nn.Linear(hidden, 4)
+
+    def forward(self, x):
+        h = x.new_zeros(len(x), self.hidden)
+        for t in range(x.shape[1]):
+            xh = torch.cat([x[:, t], h], 1)
+            z, r = torch.sigmoid(xh @ self.wz), torch.sigmoid(xh @ self.wr)
+            h = (1 - z) * h + z * torch.tanh(torch.cat([x[:, t], r * h], 1) @ self.wh)
+        return self.out(h)
+
+
+def test_a_gated_loop_reads_each_gate_along_its_own_calls():
+    """The update and reset gates are the same operation, called twice a step: each gate's call follows its
+    own call a step before (a period of two), not the other gate's. The first reset gate acts on the zero
+    initial state and gets no gradient at all, by construction: that is no gradient vanishing. At a rate
+    far too low, the rate is named."""
+    torch.manual_seed(0)
+    model = HandGRU()
+    dbg = _train(model, 0, opt=torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
+    follows = {l.name: l.extra.get("follows") for l in dbg.trace.layers}
+    assert follows["(model):sigmoid#3"] == "(model):sigmoid" and follows["(model):sigmoid#4"] == "(model):sigmoid#2"
+    assert follows["(model):tanh#2"] == "(model):tanh"
+    top = dbg.explain()[0]
+    assert top.cause == Cause.LEARNING_RATE_TOO_LOW, [(h.cause, h.confidence) for h in dbg.explain()]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
