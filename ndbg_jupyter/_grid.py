@@ -143,8 +143,9 @@ def with_warnings(health: dict, warnings) -> dict:
     """``health`` with each warned layer's row state replaced by a ``Watched`` one."""
     by_layer: dict[str, list] = {}
     for w in warnings:
-        if value_of(w.signal) in _COLUMN_OF and w.layer in health:
-            by_layer.setdefault(w.layer, []).append(w)
+        for layer in (w.layer, *getattr(w, "also", ())):  # (the other calls of a loop warned of alike)
+            if value_of(w.signal) in _COLUMN_OF and layer in health:
+                by_layer.setdefault(layer, []).append(w)
     out = dict(health)
     for name, ws in by_layer.items():
         h = health[name]

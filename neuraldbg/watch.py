@@ -14,6 +14,7 @@ for as many; none shows at a sample past the failure's level.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,7 @@ class EarlyWarning:
     trend: Trend
     forecast: Forecast | None
     percent: bool = False
+    also: tuple[str, ...] = ()  # other calls of the same loop of the forward with the same warning
 
     @property
     def where(self) -> str:
@@ -106,6 +108,8 @@ class EarlyWarning:
             text += ", still falling (no level of it is a failure: no forecast)"
         else:
             text += " (no significant trend at the latest sample: no forecast)"
+        if self.also:
+            text += f"; the same in {len(self.also)} more calls of its loop"
         return text
 
     def describe(self) -> str:
@@ -221,7 +225,27 @@ def warnings(trace: Trace, th: Thresholds) -> list[EarlyWarning]:
         for k in np.nonzero(scan.on[-1])[0]:
             first = int(_starts(scan.on[:, k])[-1])
             out.append(_warning(scan, int(k), last, first, th))
-    return _one_each(sorted(out, key=_soonest))
+    return _one_per_loop(_one_each(sorted(out, key=_soonest)), trace)
+
+
+def _one_per_loop(ordered: list[EarlyWarning], trace: Trace) -> list[EarlyWarning]:
+    """The calls of one loop of the forward (``health.loop_chains``) warned of alike: the first warning in
+    ``ordered`` stands for them all, naming the others (``also``)."""
+    f = features(trace)
+    loop_of = {f.names[i]: chain[0] for chain in f.loops for i in chain}
+    if not loop_of:
+        return ordered
+    first: dict[tuple, int] = {}
+    folded: dict[int, list[str]] = {}
+    out: list[EarlyWarning | None] = []
+    for w in ordered:
+        key = (w.signal, loop_of.get(w.layer), w.failure)
+        if key[1] is not None and key in first:
+            folded.setdefault(first[key], []).append(w.layer)
+            continue
+        first[key] = len(out)
+        out.append(w)
+    return [dataclasses.replace(w, also=tuple(folded[i])) if i in folded else w for i, w in enumerate(out) if w]
 
 
 _FAR = 1 << 62

@@ -213,6 +213,28 @@ def test_an_early_warning_is_amber_in_the_grid_with_its_forecast_on_hover_and_in
     assert panel.index("ndbg-healthy") < panel.index("ndbg-watch") and f'data-forecast="{w.forecast.step}"' in panel
 
 
+def test_the_calls_of_a_loop_warned_of_alike_are_one_warning_and_all_amber():
+    """A recurrence written by hand, healthy: its tanh calls saturate alike as it learns. The Watch section
+    lists them once ("the same in N more calls of its loop"); the grid shows each call's row in amber."""
+    from test_loops import HandRNN, _train
+
+    torch.manual_seed(1)
+    model = HandRNN()
+    nn.init.orthogonal_(model.w_state)
+    dbg = _train(model, 1)
+    looped = [w for w in dbg.warnings() if w.also]
+    assert looped, [w.describe() for w in dbg.warnings()]
+    w = looped[0]
+    assert f"{len(w.also)} more calls of its loop" in w.describe()
+    dash = Dashboard(clock=FakeClock())
+    dash.show(dbg, "finished")
+    html = rows_of(dash.grid)
+    for layer in (w.layer, *w.also):
+        row = html[html.index(f'data-layer="{layer}"'):]
+        assert f'data-act="{w.state}"' in row[:row.index("</div>")], layer
+    assert dash.panel.value.count("more calls of its loop") == 1
+
+
 def test_fold_groups_by_parent_module_and_chunks_flat_models():
     names = [f"enc.{b}.{i}" for b in range(6) for i in range(8)] + ["head"]
     groups = fold(names, 40)

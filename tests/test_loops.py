@@ -133,6 +133,9 @@ def test_the_same_recurrence_initialised_orthogonally_is_healthy(seed):
     assert float(dbg.trace.loss.data[-20:].mean()) < 0.1  # it learns the task
     assert not [h for h in dbg.explain() if h.confidence >= 0.5]
     assert all(h.grad == GradState.HEALTHY for h in dbg.health().values())
+    # the calls of its loop warned of alike (tanh saturating as it learns) are one warning, naming the others
+    alike = [(w.signal, w.failure) for w in dbg.warnings() if w.layer.startswith("(model):tanh")]
+    assert len(alike) == len(set(alike))
 
 
 class TwoBranches(nn.Module):
