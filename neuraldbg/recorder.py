@@ -88,14 +88,18 @@ LOOP_PERIOD_MAX = 8
 
 
 def _loop_period(calls: list[tuple[int, object]]) -> int | None:
-    """The fewest calls ``k`` between two calls of one operation that read one another, for every call of the
-    first iteration after the first one (call ``n`` reaches call ``n - k``'s output within ``CHAIN_NODES``
-    autograd nodes); None when none up to ``LOOP_PERIOD_MAX`` does."""
+    """How many calls of one operation a loop makes an iteration (two gates a step, two layers stacked in a
+    step): the ``k`` up to ``LOOP_PERIOD_MAX`` for which the most of a pass's calls read the call ``k`` before
+    (call ``n`` reaches call ``n - k``'s output within ``CHAIN_NODES`` autograd nodes), the fewest among equals
+    (a loop of period 1 also reads two calls back), and more than half of them: an unrelated call before the
+    loop does not hide it. None when no ``k`` does."""
+    best, share = None, 0.5
     for k in range(1, min(LOOP_PERIOD_MAX, len(calls) - 1) + 1):
-        pairs = [(calls[n][1], calls[n - k][1]) for n in range(k, min(len(calls), 2 * k))]
-        if all(a is not None and b is not None and _reaches([f for f, _ in a.next_functions], b) for a, b in pairs):
-            return k
-    return None
+        pairs = [(calls[n][1], calls[n - k][1]) for n in range(k, len(calls))]
+        reached = sum(_reaches([f for f, _ in a.next_functions], b) for a, b in pairs) / len(pairs)
+        if reached > share:
+            best, share = k, reached
+    return best
 
 
 def _first_node(output):
@@ -1523,13 +1527,15 @@ class Recorder:
         """The forward pass is over: calls of one functional operation in one place that make a loop, each reading
         what the same call one iteration back made, a few operations away (a recurrence written by hand, layers
         stacked in a ``for``), ``follow`` that call (``extra``). An iteration may call the operation several
-        times (a GRU's update and reset gates): the loop's period is the fewest calls between two that read
-        one another, throughout its first iteration, found once. Each site is looked at once."""
+        times (a GRU's update and reset gates): the loop's period (``_loop_period``), found once, on a pass
+        whose calls all have an autograd node. Each site is looked at once."""
         for group, calls in rec.site_calls.items():
             if len(calls) < 2:
                 continue
             k = self._loop_period.get(group)
             if k is None:
+                if any(node is None for _, node in calls):
+                    continue  # (a pass with parts frozen or out of the graph: looked at again on a later pass)
                 k = _loop_period(calls)
                 if k is None and len(calls) <= 2 * LOOP_PERIOD_MAX:
                     continue  # (too few calls to tell yet: looked at again on a later pass)

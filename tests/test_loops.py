@@ -90,6 +90,82 @@ def test_a_loop_whose_length_changes_from_batch_to_batch():
     assert len(_loops(dbg.trace)["(model):tanh"]) >= read - 1
 
 
+class StackedByHand(nn.Module):
+    """Two recurrent layers written by hand, both stepped in one loop (time-major): tanh twice a step."""
+
+    def __init__(self, hidden: int = 64, recurrent_std: float = 0.1):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(8, hidden) / math.sqrt(8))
+        self.w2 = nn.Parameter(torch.randn(hidden, hidden) / math.sqrt(hidden))
+        self.u1, self.u2 = (nn.Parameter(torch.randn(hidden, hidden) * recurrent_std / math.sqrt(hidden))
+                            for _ in range(2))
+        self.out = nn.Linear(hidden, 4)
+
+    def forward(self, x):
+        a = b = x.new_zeros(len(x), self.u1.shape[0])
+        for t in range(x.shape[1]):
+            a = torch.tanh(x[:, t] @ self.w1 + a @ self.u1)
+            b = torch.tanh(a @ self.w2 + b @ self.u2)
+        return self.out(b)
+
+
+class GatedByHand(HandRNN):
+    """The hand RNN, its output scaled by a context gate computed before the loop: one more tanh call, apart."""
+
+    def __init__(self):
+        super().__init__(recurrent_std=0.1)
+        self.g = nn.Parameter(torch.randn(8, 64) / math.sqrt(8))
+
+    def forward(self, x):
+        gate = torch.tanh(x.mean(1) @ self.g)
+        return super().forward(x) * (1 + gate.mean(1, keepdim=True))
+
+
+def test_two_recurrences_stepped_in_one_loop_are_two_loops_and_one_hypothesis():
+    torch.manual_seed(0)
+    dbg = _train(StackedByHand(), 0)
+    follows = {l.name: l.extra.get("follows") for l in dbg.trace.layers}
+    assert follows["(model):tanh#3"] == "(model):tanh" and follows["(model):tanh#4"] == "(model):tanh#2"
+    found = [h for h in dbg.explain() if h.confidence >= 0.5]
+    assert [h.cause for h in found] == [Cause.VANISHING_GRADIENTS]
+    assert "1 more loop of the same forward" in found[0].chain[0]
+
+
+def test_a_call_of_the_same_operation_before_the_loop_does_not_hide_it():
+    torch.manual_seed(0)
+    dbg = _train(GatedByHand(), 0)
+    follows = {l.name: l.extra.get("follows") for l in dbg.trace.layers}
+    assert "(model):tanh" not in follows.values() and follows["(model):tanh#3"] == "(model):tanh#2"
+    top = dbg.explain()[0]
+    assert top.cause == Cause.VANISHING_GRADIENTS and "16 times in a loop" in top.chain[0]
+
+
+def test_a_loop_frozen_at_first_is_found_once_it_trains():
+    """The recurrence's parameters frozen for the first passes: no autograd graph to read the loop from, then
+    one."""
+    torch.manual_seed(0)
+    model = HandRNN(recurrent_std=0.1)
+    hand = [model.w_in, model.w_state, model.b]
+    for p in hand:
+        p.requires_grad_(False)
+    x, y = _first_step_task(steps_in_time=20)
+    opt = torch.optim.Adam(model.parameters(), 2e-3)
+    gen = torch.Generator().manual_seed(0)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(120):
+            if step == 30:
+                for p in hand:
+                    p.requires_grad_(True)
+            j = torch.randint(0, len(x), (64,), generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[j]), y[j])
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    follows = {l.name: l.extra.get("follows") for l in dbg.trace.layers}
+    assert follows["(model):tanh#20"] == "(model):tanh#19" and follows["(model):tanh#2"] == "(model):tanh"
+
+
 class HandGRU(nn.Module):
     """A GRU written by hand: two gates a step, each a sigmoid, and a zero initial state."""
 

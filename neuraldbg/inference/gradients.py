@@ -97,7 +97,29 @@ def _through_time(ctx: Context) -> list[Candidate]:
                              persistence=len(below) / len(rows), needs_harm=True, lasting=True,
                              loss_kinds=frozenset() if still else losses.FLAT,
                              facts={"ratio": typical, "steps_in_time": int(rows[-1][2]), "samples": len(rows),
-                                    "loop": loop}))
+                                    "loop": loop, "loops": 1}))
+    return _one_loop_per_place(ctx, out)
+
+
+def _one_loop_per_place(ctx: Context, found: list[Candidate]) -> list[Candidate]:
+    """Loops of one module's forward (two layers of a recurrence stacked in each step: one loop each) are one
+    hypothesis at that module: the one whose gradient fades most, counting the others."""
+    out: list[Candidate] = []
+    best: dict[str, int] = {}
+    for c in found:
+        if not c.facts["loop"]:
+            out.append(c)
+            continue
+        place = str(ctx.layers[c.layer].extra.get("owner", c.layer))
+        if place not in best:
+            best[place] = len(out)
+            out.append(c)
+            continue
+        kept = out[best[place]]
+        loops = kept.facts["loops"] + 1
+        if c.facts["ratio"] < kept.facts["ratio"]:
+            out[best[place]] = kept = c
+        kept.facts["loops"] = loops
     return out
 
 

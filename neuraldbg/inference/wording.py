@@ -136,6 +136,11 @@ def loss_text(ev: SemanticEvent) -> str:
     return f"the loss becomes NaN/Inf at step {ev.step}"
 
 
+def _more_loops(n: int) -> str:
+    """The other loops of the same forward whose gradient fades too."""
+    return f"; {n} more loop{'s' if n > 1 else ''} of the same forward fade{'' if n > 1 else 's'} as well"
+
+
 def _update_line(ev: SemanticEvent, ctx: Context, why: str = "") -> str:
     lr, _ = ctx.lr_text()
     text = (f"updates of up to {fmt(ev.values.get('update_peak', math.nan))} x the weights per step (lr {lr}) "
@@ -378,7 +383,8 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                  f"the gradient reaching the first is {fmt(f['ratio'])}x the most any gets")
         return [f"`{c.layer}` is called {f['steps_in_time']} times in a loop, each call reading what "
                 f"the one before made (a recurrence, or layers stacked in a loop, written by hand): {reach} (typical "
-                f"of {f['samples']} sampled steps), so it vanishes along the loop",
+                f"of {f['samples']} sampled steps), so it vanishes along the loop"
+                + (_more_loops(f["loops"] - 1) if f.get("loops", 1) > 1 else ""),
                 "what the loss needs from the loop's first calls (early in the sequence, or the first layers) is "
                 "not learned"]
     if c.cause == Cause.VANISHING_GRADIENTS and k == "through_time":
