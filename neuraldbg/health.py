@@ -972,6 +972,11 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     classes = sorted({c for r in rows for c in r[1]})
     if len(classes) < 2:
         return _one_class(trace, rows, th)
+    # a batch read again (the same fingerprint: a data set read in a fixed order, sampled at a multiple of its
+    # length) is one batch: its classes are one reading of the data's order, however often it is sampled
+    rows = _first_readings(rows)
+    if len(rows) < window:
+        return []
     col = {c: i for i, c in enumerate(classes)}
     counts = np.zeros((len(rows), len(classes)))
     for j, (_, found, n, *_) in enumerate(rows):
@@ -992,6 +997,19 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
               "batch": lambda r: float(np.median(size))}
     steps = np.array([r[0] for r in rows], dtype=np.int64)
     return [StateSeries(Signal.TARGET, steps, state[:, None], [""], {TargetState.ORDERED: values})]
+
+
+def _first_readings(rows: list) -> list:
+    """``rows`` (meta ``batch_classes``) less those of a batch read before (its fingerprint seen already)."""
+    seen: set[float] = set()
+    out = []
+    for r in rows:
+        p = r[3] if len(r) > 3 else math.nan
+        if p == p and p in seen:
+            continue
+        seen.add(p)
+        out.append(r)
+    return out
 
 
 def _one_batch(rows: list) -> bool:

@@ -164,8 +164,8 @@ class Thresholds:
     batch_order: float = _f(4.0, "batch class order", "log", 1.5, 100.0,
                             "a batch's classes this many times further from the run's mix than random batches "
                             "of its size would be (chi-square per degree of freedom, the median of "
-                            "batch_order_window sampled batches): the data is read in an order that groups classes "
-                            "(not shuffled)")
+                            "batch_order_window distinct sampled batches: one read again counts once): the data "
+                            "is read in an order that groups classes (not shuffled)")
     padding_counted: float = _f(0.5, "padding counted", "linear", 0.05, 1.0,
                                 "share of the positions a loss reads that are padding (attention_mask 0) from which "
                                 "the loss is mostly about predicting the padding (labels that keep the pad token "
@@ -176,7 +176,8 @@ class Thresholds:
                                  "replayed once to see whether it reads them (the replay is decided when it is "
                                  "read: fixed when watching starts)", slider=False)
     batch_order_window: int = _f(5, "batch order window", "linear", 1, 50,
-                                 "sampled batches whose median class order is read (fewer read, none)", slider=False)
+                                 "distinct sampled batches whose median class order is read (fewer read, none)",
+                                 slider=False)
     one_class_targets: int = _f(300, "one-class targets", "log", 30, 100000,
                                 "targets read off the output's gradient, every one of the same class, before the data "
                                 "is named (after n of one class, the others' share is below 3/n at 95%: 1% at 300)",

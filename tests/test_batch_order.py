@@ -367,3 +367,23 @@ def test_one_hot_inputs_read_in_label_order_are_still_ordered():
     assert _ordered(dbg)
     top = dbg.explain()[0]
     assert top.cause == "data" and top.confidence >= CONFIDENT and "shuffle" in top.suggestion
+
+
+def test_a_fixed_order_sampled_at_a_multiple_of_its_length_is_a_few_batches_read_again():
+    """Batches read in a fixed order (a cycle of 32), their labels drawn at random, sampled every 16 steps:
+    the samples read the same two batches again and again, and both happen to hold a class mix far from the
+    run's (44 of one class in 64, one class in one, the other in the other). A batch read again is one reading of the data's order, not another."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2048, 20, generator=g), torch.randint(0, 2, (2048,), generator=g)
+    for b, c in ((0, 1), (16, 0)):
+        y[b * 64:(b + 1) * 64] = torch.where(torch.randperm(64, generator=g) < 44, c, 1 - c)
+
+    def data(step: int):
+        i = (step * 64) % len(y)
+        return x[i:i + 64], y[i:i + 64]
+
+    model = _mlp(20, 2, 0)
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.1), data, steps=400, options={"every": 16}))
+    prints = {r[3] for r in dbg.trace.meta["batch_classes"]}
+    assert len(dbg.trace.meta["batch_classes"]) >= 20 and len(prints) <= 3
+    assert not _ordered(dbg) and not any(h.cause == "data" for h in dbg.explain())
