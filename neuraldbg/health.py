@@ -972,19 +972,21 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     classes = sorted({c for r in rows for c in r[1]})
     if len(classes) < 2:
         return _one_class(trace, rows, th)
-    # a batch read again (the same fingerprint: a data set read in a fixed order, sampled at a multiple of its
-    # length) is one batch: its classes are one reading of the data's order, however often it is sampled
-    rows = _first_readings(rows)
-    if len(rows) < window:
-        return []
     col = {c: i for i, c in enumerate(classes)}
     counts = np.zeros((len(rows), len(classes)))
     for j, (_, found, n, *_) in enumerate(rows):
         counts[j, [col[c] for c in found]] = n
     size = counts.sum(1)
+    # (the run's mix: of every sampled batch, as often as it was read)
     share = counts.sum(0) / counts.sum()
     expected = size[:, None] * share[None, :]
     ratio = ((counts - expected) ** 2 / expected).sum(1) / (len(classes) - 1)
+    # a batch read again (the same fingerprint: a data set read in a fixed order, sampled at a multiple of its
+    # length) is one batch: its classes are one reading of the data's order, however often it is sampled
+    first = _first_readings(rows)
+    if len(first) < window:
+        return []
+    rows, ratio, counts, size = [rows[i] for i in first], ratio[first], counts[first], size[first]
     level = _rolling_median(ratio, window)
     level[:window - 1] = np.nan  # too few batches yet
     with np.errstate(invalid="ignore"):
@@ -999,16 +1001,17 @@ def order_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
     return [StateSeries(Signal.TARGET, steps, state[:, None], [""], {TargetState.ORDERED: values})]
 
 
-def _first_readings(rows: list) -> list:
-    """``rows`` (meta ``batch_classes``) less those of a batch read before (its fingerprint seen already)."""
+def _first_readings(rows: list) -> list[int]:
+    """The indices of ``rows`` (meta ``batch_classes``) but those of a batch read before (its fingerprint seen
+    already)."""
     seen: set[float] = set()
     out = []
-    for r in rows:
+    for i, r in enumerate(rows):
         p = r[3] if len(r) > 3 else math.nan
         if p == p and p in seen:
             continue
         seen.add(p)
-        out.append(r)
+        out.append(i)
     return out
 
 
