@@ -372,7 +372,8 @@ def test_one_hot_inputs_read_in_label_order_are_still_ordered():
 def test_a_fixed_order_sampled_at_a_multiple_of_its_length_is_a_few_batches_read_again():
     """Batches read in a fixed order (a cycle of 32), their labels drawn at random, sampled every 16 steps:
     the samples read the same two batches again and again, and both happen to hold a class mix far from the
-    run's (44 of one class in 64, one class in one, the other in the other). A batch read again is one reading of the data's order, not another."""
+    run's (44 of one class in 64: one class in one, the other in the other). A batch read again is one
+    reading of the data's order, not another."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(2048, 20, generator=g), torch.randint(0, 2, (2048,), generator=g)
     for b, c in ((0, 1), (16, 0)):
