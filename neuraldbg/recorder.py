@@ -85,6 +85,9 @@ def _reaches(nodes: list, target) -> bool:
 
 # calls of one functional operation per iteration of a loop, at most (a loop's period, see ``_loop_period``)
 LOOP_PERIOD_MAX = 8
+# a pass's first calls of an operation read to find its loop's period, at most (the walks are paid once, but a
+# recurrence over a thousand steps need not be walked whole to tell its period)
+LOOP_PERIOD_CALLS = 8 * LOOP_PERIOD_MAX
 
 
 def _loop_period(calls: list[tuple[int, object]]) -> int | None:
@@ -92,8 +95,9 @@ def _loop_period(calls: list[tuple[int, object]]) -> int | None:
     step): the ``k`` up to ``LOOP_PERIOD_MAX`` for which the most of a pass's calls read the call ``k`` before
     (call ``n`` reaches call ``n - k``'s output within ``CHAIN_NODES`` autograd nodes), the fewest among equals
     (a loop of period 1 also reads two calls back), and more than half of them: an unrelated call before the
-    loop does not hide it. None when no ``k`` does."""
+    loop does not hide it. Read over the first ``LOOP_PERIOD_CALLS`` calls; None when no ``k`` does."""
     best, share = None, 0.5
+    calls = calls[:LOOP_PERIOD_CALLS]
     for k in range(1, min(LOOP_PERIOD_MAX, len(calls) - 1) + 1):
         pairs = [(calls[n][1], calls[n - k][1]) for n in range(k, len(calls))]
         reached = sum(_reaches([f for f, _ in a.next_functions], b) for a, b in pairs) / len(pairs)

@@ -41,16 +41,19 @@ def _first_step_task(n: int = 2400, steps_in_time: int = 16):
 
 
 def _train(model: nn.Module, seed: int, steps: int = 300, lengths: tuple[int, int] = (16, 16),
-           opt: torch.optim.Optimizer | None = None) -> NeuralDbg:
+           opt: torch.optim.Optimizer | None = None, data=None, lr: float = 2e-3, before=None) -> NeuralDbg:
     """``lengths``: each batch's sequences cut to a length drawn in that range (a loop that runs for as many
-    steps as its batch has)."""
-    x, y = _first_step_task()
-    opt = opt or torch.optim.Adam(model.parameters(), 2e-3)
+    steps as its batch has); ``data``: (x, y), the first-step task by default; ``before(step)``: called before
+    each step."""
+    x, y = data if data is not None else _first_step_task()
+    opt = opt or torch.optim.Adam(model.parameters(), lr)
     gen = torch.Generator().manual_seed(seed)
     with NeuralDbg(model, optimizer=opt) as dbg:
-        for _ in range(steps):
+        for step in range(steps):
+            if before is not None:
+                before(step)
             j = torch.randint(0, len(x), (64,), generator=gen)
-            t = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=gen))
+            t = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=gen)) if x.dim() == 3 else None
             opt.zero_grad()
             loss = F.cross_entropy(model(x[j, :t]), y[j])
             loss.backward()
@@ -148,20 +151,13 @@ def test_a_loop_frozen_at_first_is_found_once_it_trains():
     hand = [model.w_in, model.w_state, model.b]
     for p in hand:
         p.requires_grad_(False)
-    x, y = _first_step_task(steps_in_time=20)
-    opt = torch.optim.Adam(model.parameters(), 2e-3)
-    gen = torch.Generator().manual_seed(0)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(120):
-            if step == 30:
-                for p in hand:
-                    p.requires_grad_(True)
-            j = torch.randint(0, len(x), (64,), generator=gen)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x[j]), y[j])
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+
+    def unfreeze(step: int) -> None:
+        if step == 30:
+            for p in hand:
+                p.requires_grad_(True)
+
+    dbg = _train(model, 0, steps=120, lengths=(20, 20), data=_first_step_task(steps_in_time=20), before=unfreeze)
     follows = {l.name: l.extra.get("follows") for l in dbg.trace.layers}
     assert follows["(model):tanh#20"] == "(model):tanh#19" and follows["(model):tanh#2"] == "(model):tanh"
 
@@ -267,18 +263,7 @@ def _train_stack(act: str, seed: int) -> NeuralDbg:
     x, w = torch.randn(2000, 16, generator=g), torch.randn(16, 4, generator=g)
     y = (x @ w).argmax(1)
     torch.manual_seed(seed)
-    model = HandStack(act)
-    opt = torch.optim.Adam(model.parameters(), 1e-3)
-    gen = torch.Generator().manual_seed(seed)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for _ in range(300):
-            j = torch.randint(0, len(x), (64,), generator=gen)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x[j]), y[j])
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
-    return dbg
+    return _train(HandStack(act), seed, data=(x, y), lr=1e-3)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
