@@ -356,7 +356,7 @@ def loop_profile(f: Features, chain: list[int]) -> list[tuple[int, int, np.ndarr
 
 def loop_chains(layers: list) -> list[list[int]]:
     """Functional sites called in a loop of the forward, each call reading what the one before made (the sites
-    that ``follow`` one another, see ``Recorder._note_loop``): per loop, its sites' indices in call order."""
+    that ``follow`` one another, see ``Recorder._find_loops``): per loop, its sites' indices in call order."""
     after = {str(l.extra["follows"]): l.index for l in layers if l.extra.get("follows")}
     out = []
     for first in layers:

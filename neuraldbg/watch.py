@@ -237,7 +237,7 @@ def _one_per_loop(ordered: list[EarlyWarning], trace: Trace) -> list[EarlyWarnin
         return ordered
     first: dict[tuple, int] = {}
     folded: dict[int, list[str]] = {}
-    out: list[EarlyWarning | None] = []
+    out: list[EarlyWarning] = []
     for w in ordered:
         key = (w.signal, loop_of.get(w.layer), w.failure)
         if key[1] is not None and key in first:
@@ -245,7 +245,7 @@ def _one_per_loop(ordered: list[EarlyWarning], trace: Trace) -> list[EarlyWarnin
             continue
         first[key] = len(out)
         out.append(w)
-    return [dataclasses.replace(w, also=tuple(folded[i])) if i in folded else w for i, w in enumerate(out) if w]
+    return [dataclasses.replace(w, also=tuple(folded[i])) if i in folded else w for i, w in enumerate(out)]
 
 
 _FAR = 1 << 62
