@@ -743,6 +743,17 @@ def _targets_of(p, g, n, tol: float, readable: float):
                         torch.where(several, rows.sum() / binary.sum().clamp_min(1), nan)])
 
 
+# ops that move a tensor's dimensions: past one, an operation over dimension 1 is over another of the output's
+_MOVING = frozenset({"Permute", "Transpose", "T"})
+
+
+def rows_kept(path: list[str]) -> bool:
+    """No op between the loss and the model's output (its own node, the path's last, aside) moves the
+    output's dimensions: what the loss takes over dimension 1 is over the output's classes, one row per sample.
+    A symmetric contrastive loss (``ce(logits) + ce(logits.t())``) also reads the output's columns as rows."""
+    return not any(op.split("@")[0] in _MOVING for op in path[:-1])
+
+
 def bce_of_softmax(paths) -> str:
     """Whether every path is a binary cross-entropy (a mean, or a sum) of a softmax over the output's rows
     (dimension 1), taken in the loss's code (``"logits"``: the output is the softmax's input) or as the model's
@@ -750,6 +761,8 @@ def bce_of_softmax(paths) -> str:
     they are not read)."""
     kinds = set()
     for path in paths or []:
+        if not rows_kept(path):
+            return ""
         ops = [op for op in path if op.split("@")[0] not in SHAPE_OPS]
         at = ops.index("Softmax") if "Softmax" in ops else -1
         if at < 1 or ops[at - 1] not in ("BinaryCrossEntropy", "BinaryCrossEntropy" + _SUM) or len(ops) - at > 2:

@@ -135,6 +135,8 @@ def _class_loss(paths: list | None) -> str | None:
     """What the recorded loss's operations say of its targets: classes, a binary label, or neither."""
     kinds = set()
     for path in paths or []:
+        if not losspath.rows_kept(path):
+            return None
         ops = [op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS]
         names = [op.split("@")[0] for op in ops]
         # an NLL of a log-softmax over the classes' dimension (a cross-entropy), or a binary cross-entropy with
@@ -1844,7 +1846,8 @@ class Recorder:
         paths = self.trace.meta.get("loss_paths")
         if self._floor_kind[0] is not paths:
             ends = [[op for op in path if op.split("@")[0] not in losspath.SHAPE_OPS][-2:] for path in paths or []]
-            log_softmax = bool(ends) and all(len(e) == 2 and e[0] == "LogSoftmax" for e in ends)
+            log_softmax = bool(ends) and all(len(e) == 2 and e[0] == "LogSoftmax" for e in ends) and all(
+                losspath.rows_kept(path) for path in paths or [])
             self._floor_kind = (paths, "log_softmax" if log_softmax else losspath.bce_of_softmax(paths))
         kind = self._floor_kind[1]
         if not kind or len(self._out_grads) != 1 or len(self._out_leaves) != 1:

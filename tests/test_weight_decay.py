@@ -4,6 +4,8 @@ accounts for the plateau seen before it; the fix names the optimizer's own weigh
 decay of the usual size stays quiet."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -151,6 +153,37 @@ def test_a_classification_term_that_comes_down_after_its_last_sample_is_no_plate
         return F.cross_entropy(out, y) + 1e-5 * sum(p.pow(2).sum() for p in model.parameters())
     dbg = train(Run(model, torch.optim.Adam(model.parameters(), lr=1e-3), data, loss=loss, steps=290))
     assert not [e for e in dbg.analysis().events if e.values.get("term")]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_penalty_shrinking_a_fitted_models_weights_is_no_plateau(seed):
+    """A classifier fitted first (its weights then doubled, as a long fit leaves them), trained on under a heavy
+    weight penalty: the loss as a whole falls with the penalty, and its classification term stays where the fit
+    left it, far below chance. That term is learned, not stuck."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(10 + seed)
+    centres = torch.randn(5, 20, generator=g) * 0.8
+
+    def data(step: int):
+        y = torch.randint(0, 5, (64,), generator=g)
+        return centres[y] + torch.randn(64, 20, generator=g), y
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(300):
+        x, y = data(step)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)
+
+    def loss(out, y):
+        return F.cross_entropy(out, y) + 0.03 * sum(p.pow(2).sum() for p in model.parameters())
+    dbg = train(Run(model, opt, data, loss=loss, steps=300))
+    terms = [t for _, t in dbg.trace.meta["class_term"]]
+    assert max(terms) < 0.5 * math.log(5)   # read, and far below chance throughout
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
 
 
 @pytest.mark.parametrize("path, expected", [
