@@ -99,6 +99,8 @@ _WEIGHTED = "@weighted"         # marks a loss function given weights per class 
 _SCALAR = "@scalar"             # marks it dividing a single number (a loss's sum by a count)
 _CONSTANT = "@constant"         # marks a division by a value with no graph (a temperature, a count of the data)
 _TARGET = "@target"             # marks a loss function reached through its target argument (the second)
+_DENOMINATOR = "@denominator"   # marks a division reached through its denominator (its second argument)
+_DIVIDING = frozenset({"Div"})
 # loss functions whose target argument is differentiable (a with-logits loss given the model's output there
 # has its arguments swapped)
 _TARGETED = frozenset({"BinaryCrossEntropy", "BinaryCrossEntropyWithLogits"})
@@ -180,10 +182,14 @@ def paths(loss_fn, outputs: list) -> list[list[str]]:
         if id(fn) in targets:
             found.append(trail)
             continue
-        targeted = trail[:-1] + [trail[-1] + _TARGET] if op_name(fn) in _TARGETED else trail
+        second = trail
+        if op_name(fn) in _TARGETED:
+            second = trail[:-1] + [trail[-1] + _TARGET]
+        elif op_name(fn) in _DIVIDING:
+            second = trail[:-1] + [trail[-1] + _DENOMINATOR]
         for k, (nxt, _) in enumerate(getattr(fn, "next_functions", ())):
             if nxt is not None and type(nxt).__name__ != "AccumulateGrad":
-                stack.append((nxt, targeted if k else trail))
+                stack.append((nxt, second if k else trail))
     return found
 
 
@@ -514,6 +520,28 @@ DOMAIN_OPS = frozenset({"Log", "Log2", "Log10", "Log1p", "Div", "Reciprocal", "S
 _GUARDS = frozenset({"Add", "Clamp", "ClampMin", "ClampMax", "Maximum", "Minimum", "Where", "NanToNum"})
 
 
+# what exponentiates its input: a division by a value with no graph before one is a temperature (no count of 0)
+_EXPONENTIATING = _PROBABILITIES | {"Exp", "Exp2", "LogSoftmax"}
+
+
+def _bare(ops: list[str]) -> tuple[str, ...]:
+    return tuple(op.split("@")[0] for op in ops)
+
+
+def _guarded_divisions(paths: list[list[str]]) -> set[tuple[str, ...]]:
+    """The divisions whose denominator is kept off 0 (F.normalize's ``x / norm.clamp_min(eps)``, ``d + eps``): a
+    path reaches them through their denominator, and a guard comes next on it (an expand aside). Each is named by
+    the ops from the loss to it, as every path through it names it."""
+    found = set()
+    for ops in paths:
+        for i, op in enumerate(ops):
+            if _DENOMINATOR in op:
+                nxt = next((o.split("@")[0] for o in ops[i + 1:] if o.split("@")[0] != "Expand"), "")
+                if nxt in _GUARDS:
+                    found.add(_bare(ops[:i + 1]))
+    return found
+
+
 def domain_op(recorded: list[list[str]] | None) -> tuple[str, str] | None:
     found = _domain(recorded)
     return None if found is None else found[1:]
@@ -524,14 +552,19 @@ def _domain(recorded: list[list[str]] | None) -> tuple[str, str, str] | None:
     the probability (``Softmax``, ``Sigmoid``) it is taken of, if it is taken of one unguarded (``""`` else):
     ``torch.log(torch.sigmoid(out))`` -> ("Log", "Sigmoid"); ``torch.log(p + 1e-8)`` is no such operation.
     None when no path from the loss to the output has one (a library loss of the outputs). A division by a
-    value with no graph inside what a probability is taken of is a temperature, no division by 0:
-    ``torch.log(F.softmax(out / tau))`` is a log of a softmax; elsewhere (a masked mean's count) it is one."""
-    for path in recorded or []:
-        ops = [op for op in path if op.split("@")[0] not in SHAPE_OPS]
+    value with no graph inside what is exponentiated (a probability, an exp) is a temperature, no division by 0:
+    ``torch.log(F.softmax(out / tau))`` is a log of a softmax, ``torch.exp(sim / tau)`` an exp that may overflow;
+    elsewhere (a masked mean's count) it is one. A division whose denominator is clamped or given an eps
+    (``F.normalize``) is none either."""
+    paths = [[op for op in path if op.split("@")[0] not in SHAPE_OPS] for path in recorded or []]
+    guarded = _guarded_divisions(paths)
+    for ops in paths:
         for i in range(len(ops) - 1, -1, -1):  # from the model's side
             name = ops[i].split("@")[0]
             if name not in DOMAIN_OPS or (_CONSTANT in ops[i] and any(
-                    op.split("@")[0] in _PROBABILITIES for op in ops[:i])):
+                    op.split("@")[0] in _EXPONENTIATING for op in ops[:i])):
+                continue
+            if name in _DIVIDING and _bare(ops[:i + 1]) in guarded:
                 continue
             between = [op.split("@")[0] for op in ops[i + 1:]]
             prob = next((j for j, op in enumerate(between) if op in _PROBABILITIES), None)

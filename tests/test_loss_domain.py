@@ -119,6 +119,32 @@ def test_a_temperature_before_the_softmax_is_read_through():
     assert not any(h.cause == "data" and h.confidence >= CONFIDENT for h in dbg.explain())
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_exp_that_overflows_in_a_hand_written_contrastive_loss_is_named(seed):
+    """InfoNCE written by hand with ``torch.exp`` of cosine similarities over a temperature of 0.01: exp(100)
+    overflows float32 at once, and Inf / Inf is NaN. The exp is named, with a fix in log space; neither the
+    temperature's division nor F.normalize's (its denominator clamped) is a division by 0."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(30):
+            x = torch.randn(64, 16, generator=g)
+            z1 = F.normalize(model(x + 0.1 * torch.randn(64, 16, generator=g)), dim=1)
+            z2 = F.normalize(model(x + 0.1 * torch.randn(64, 16, generator=g)), dim=1)
+            sim = z1 @ z2.T / 0.01
+            loss = (-sim.diag() + torch.log(torch.exp(sim).sum(1))).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    top = dbg.explain()[0]
+    assert top.cause == "non_finite" and top.layer == "loss" and top.step == 0 and top.confidence >= CONFIDENT
+    assert "exp overflows" in top.chain[0]
+    assert "torch.logsumexp" in top.suggestion and "denominator" not in top.suggestion
+
+
 def _nan_one_hot_targets(from_step: int = 5):
     """The classes as one-hot rows, all NaN from ``from_step`` on."""
     data = _classes()
@@ -161,6 +187,12 @@ def test_nan_targets_under_a_hand_written_loss_stay_the_datas():
     (["Neg", "Mean", "Log", "Softmax", "Div@constant", "Addmm"], ("Log", "Softmax")),   # softmax(out / tau)
     (["Div@constant", "Sum", "Mul", "NllLoss", "LogSoftmax", "Addmm"], ("Div", "")),   # a masked mean's count
     (["Neg", "Mean", "Log", "Softmax", "Div", "Addmm"], ("Div", "")),                  # out / out.norm()
+    (["Mean", "Log", "Sum", "Exp", "Div@constant", "Addmm"], ("Exp", "")),             # exp(out / tau)
+    (["Mean", "Div", "Sum", "Exp", "Addmm"], ("Exp", "")),                             # an exp before the division
+    # F.normalize: x / norm.clamp_min(eps), reached through both its numerator and its denominator
+    (["Mean", "Log", "Sum", "Exp", "Div@constant", "Mm", "Div@denominator", "Expand", "ClampMin",
+      "LinalgVectorNorm", "Addmm"], ("Exp", "")),
+    (["Mean", "Div@denominator", "Sum", "Addmm"], ("Div", "")),                        # x / out.sum(): unguarded
 ])
 def test_the_loss_operation_that_can_leave_its_domain_is_read_from_the_path(path, expected):
     assert losspath.domain_op([path]) == expected

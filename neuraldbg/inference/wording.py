@@ -936,12 +936,22 @@ def _loss_op_lines(c: Candidate) -> list[str]:
         lines.append(f"at step {c.step} the model's {size}: their {of.lower()} rounds to exactly "
                      f"{'0 or 1' if of == 'Sigmoid' else '0 for some classes'} in {origin.dtype or 'float32'}")
         lines.append(f"the loss takes the {name.lower()} of it: {name.lower()}(0) is -inf, and 0 x -inf is NaN")
+    elif name in _OVERFLOWING:
+        dtype = origin.dtype or "float32"
+        top = _LARGEST.get(dtype, _LARGEST["float32"])
+        lines.append(f"at step {c.step} the model's output is finite; the loss's {f_op(c.facts['op'])} overflows "
+                     f"to Inf (in {dtype}, exp(x) does for x above {math.log(top):.1f}), and Inf / Inf or "
+                     "Inf - Inf is NaN")
     else:
         lines.append(f"at step {c.step} the model's output is finite; the loss's {f_op(c.facts['op'])} turns it "
                      "into NaN/Inf (outside its domain: a log of 0 or less, a division by 0, a square root at 0)")
     lines.append("the loss and all gradients become NaN")
     return lines
 
+
+_OVERFLOWING = frozenset({"Exp"})
+_LARGEST = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308, "float16": 65504.0,
+            "bfloat16": 3.3895313892515355e38}  # (torch.finfo(dtype).max)
 
 _LOSS_OP_FIX = {
     "Log of Sigmoid": "compute the loss from the logits: F.binary_cross_entropy_with_logits(logits, y) (or "
@@ -959,7 +969,9 @@ _LOSS_OP_FIX = {
     "Rsqrt": "add an eps inside (torch.rsqrt(x + 1e-12)): it is infinite at 0",
     "Pow": "keep the base off 0 (a fractional power's gradient is infinite there) and its result in range: "
            "(x + 1e-12) ** p",
-    "Exp": "exp overflows: compute in log space (torch.logsumexp, F.softplus) or clamp its argument",
+    "Exp": "exp overflows: compute in log space (torch.logsumexp, F.softplus, or F.cross_entropy of the scores "
+           "for a softmax written by hand), or clamp its argument; a temperature that divides the scores first "
+           "may be too small",
 }
 
 
