@@ -24,6 +24,7 @@ import weakref
 
 import numpy as np
 
+from . import losspath
 from .layers import GAIN_KINDS, GRADIENT_KINDS, Kind, LayerInfo
 from .mixing import TINY as MIXING_TINY
 from .states import (ActState, AttnState, GainState, GradState, InputState, LossState, LrState, RangeState,
@@ -904,7 +905,8 @@ def loss_series(trace: Trace, th: Thresholds, curve: LossCurve | None = None) ->
 
 def _loss_reach(trace: Trace) -> tuple[float, float, float]:
     """At the first step: the loss, the RMS of the model's output (the last layer to run), and how far the
-    loss is out of the output's reach, sqrt(loss) / RMS. Squared-error losses on targets of a scale the
+    loss is out of the output's reach, sqrt(loss) / RMS, or loss / RMS for a loss that grows linearly with the
+    error (an absolute error, Huber: ``losspath.linear_error``). Regression losses on targets of a scale the
     outputs do not have start far above 1; a classification loss starts near it."""
     order = trace.execution_order()
     if not trace.loss.n or not trace.stats.n or not order or trace.loss.steps[0] != trace.stats.steps[0]:
@@ -914,22 +916,23 @@ def _loss_reach(trace: Trace) -> tuple[float, float, float]:
     loss = float(trace.loss.data[0])
     if not (math.isfinite(loss) and math.isfinite(rms) and rms > 0):
         return loss, rms, math.nan
-    return loss, rms, math.sqrt(abs(loss)) / rms
+    error = abs(loss) if losspath.linear_error(trace.meta.get("loss_paths")) else math.sqrt(abs(loss))
+    return loss, rms, error / rms
 
 
 def target_series(trace: Trace, th: Thresholds) -> list[StateSeries]:
-    """What the loss says of the targets: a first loss whose square root is beyond the input-scale
-    threshold and that many times the outputs' RMS squared (a squared error against targets on a scale
-    the outputs do not have); a loss that falls below zero, past its own early scale, and on without
-    slowing (a cross-entropy against targets outside its range is unbounded below; a likelihood that may
-    go negative, a Gaussian NLL, slows down as it converges)."""
+    """What the loss says of the targets: a first loss whose errors' scale (its square root, or itself for a
+    loss linear in the error) is beyond the input-scale threshold and that many times the outputs' RMS squared
+    (a regression against targets on a scale the outputs do not have); a loss that falls below zero, past its
+    own early scale, and on without slowing (a cross-entropy against targets outside its range is unbounded
+    below; a likelihood that may go negative, a Gaussian NLL, slows down as it converges)."""
     steps, v = trace.loss.steps, trace.loss.data.astype(np.float64)
     n = len(v)
     if n == 0:
         return []
     state = np.zeros(n, dtype=np.int8)
     loss0, rms, reach = _loss_reach(trace)
-    if reach == reach and reach > th.input_scale ** 2 and math.sqrt(abs(loss0)) > th.input_scale:
+    if reach == reach and reach > th.input_scale ** 2 and reach * rms > th.input_scale:
         state[0] = TargetState.OUT_OF_REACH.code
     fall = {"start": math.nan, "lowest": math.nan, "depth": math.nan, "still_falling": 0.0}
     ok = np.isfinite(v)

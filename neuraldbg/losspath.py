@@ -428,6 +428,25 @@ def hand_written(recorded: list[list[str]] | None) -> bool:
     return bool(paths) and not any(op in _NON_NEGATIVE for ops in paths for op in ops)
 
 
+# errors that grow as their size does, not as its square (Huber and smooth L1 past their small-error bend)
+_LINEAR_ERRORS = frozenset({"L1Loss", "SmoothL1Loss", "HuberLoss"})
+
+
+def linear_error(recorded: list[list[str]] | None) -> bool:
+    """Every path from the loss reaches, through means and sums only, an error that grows linearly with its
+    size: an absolute error (``F.l1_loss``, or ``(out - y).abs()`` written out), Huber or smooth L1. Such a
+    loss is on the scale of the errors themselves, where a squared error's is on their square's."""
+    found = False
+    for path in recorded or []:
+        ops = [op.split("@")[0] for op in path if op.split("@")[0] not in SHAPE_OPS]
+        while ops and ops[0] in _MEANS:
+            ops = ops[1:]
+        if not (ops[:2] == ["Abs", "Sub"] or ops and ops[0] in _LINEAR_ERRORS):
+            return False
+        found = True
+    return found
+
+
 def non_negative(recorded: list[list[str]] | None) -> bool:
     """Every path from the loss reaches, through means and sums only, a library loss that cannot be negative
     for targets in its range (cross-entropy, NLL, BCE, a squared or absolute error), reached through its input:

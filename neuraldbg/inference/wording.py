@@ -276,7 +276,7 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                     "classes and the next undoes it, so the loss jumps as the classes change and the model ends "
                     "fitted to the last ones"]
         if k == "targets_out_of_reach":
-            target = math.sqrt(abs(f.get("loss", math.nan)))
+            target = f.get("reach", math.nan) * f.get("output_rms", math.nan)  # (the errors' scale)
             return [f"the loss starts at {fmt(f.get('loss', math.nan))}, while the outputs' RMS is "
                     f"{fmt(f.get('output_rms', math.nan))}: the targets are ~{fmt(target)}, "
                     f"{fmt(f.get('reach', math.nan))}x out of the outputs' reach"]
@@ -1141,12 +1141,18 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
             shift = f"x + {fmt(-m)}" if m < 0 else f"x - {fmt(m)}"
             # per feature: one column in other units inflates the whole batch's spread, and dividing every
             # feature by it would squash the others
+            # targets out of the outputs' reach as well (raw values predicted from raw values): an input
+            # normalised alone leaves the loss as far from its targets
+            far = ctx.all(Signal.TARGET, TargetState.OUT_OF_REACH)[:1]
+            targets = "".join(f"; the targets too (~{fmt(ev.values['reach'] * ev.values['output_rms'])}, out of the "
+                              "outputs' reach): standardise them the same way, y = (y - mean) / std, and invert it on "
+                              "the predictions" for ev in far)
             return (f"normalise the input per feature (per channel for images) with the training set's mean and "
                     f"std, x = (x - mean) / std (this batch overall: ({shift}) / {fmt(s)})" +
                     ("; for 0-255 images, divide by 255 first, then subtract the per-channel mean and divide by the std"
                      if a == a and 200 <= a <= 256 else
                      "; images divided by 255 twice land at values up to 1/255: divide once"
-                     if a == a and 0 < a <= 1.01 / 255 else ""))
+                     if a == a and 0 < a <= 1.01 / 255 else "") + targets)
         if k == "targets_broadcast":
             return ("give the outputs and the targets the same shape before the loss: out.squeeze(-1) or "
                     "y.view_as(out) (torch warns: 'Using a target size ... different to the input size')")
@@ -1200,9 +1206,8 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                     "random), or shuffle the arrays once per epoch (idx = torch.randperm(len(x))); a data set "
                     "stored grouped by class must not be read in its stored order")
         if k == "targets_out_of_reach":
-            target = math.sqrt(abs(f.get("loss", math.nan)))
             return ("standardise the targets (y = (y - y.mean()) / y.std(), computed on the training set; invert it on "
-                    f"the predictions), or scale the loss down by ~{fmt(target ** 2)}")
+                    f"the predictions), or scale the loss down by ~{fmt(abs(f.get('loss', math.nan)))}")
         return ("check the targets' range: binary_cross_entropy(_with_logits) needs targets in [0, 1] (divide 0/255 "
                 "masks by 255), cross_entropy class indices in [0, classes) or probabilities summing to 1; if the loss "
                 "is meant to go negative (a Gaussian NLL, a flow's NLL), check that its variance is bounded below "
