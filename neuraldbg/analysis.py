@@ -145,6 +145,17 @@ def _remade(trace: Trace, th: Thresholds, steps: int) -> dict | None:
     return {"made": int(count) + 1, "steps": steps, "optimizer": str(trace.meta.get("optimizer") or "")}
 
 
+def _eval_mode(trace: Trace, th: Thresholds) -> dict | None:
+    """The model ran its training passes in eval mode (``model.eval()`` left on) on most of the sampled ones
+    (``persist`` at least), with batch normalisations that then read their running statistics: the meta's
+    ``eval_mode`` (see the recorder's ``_note_mode``). None otherwise (an odd pass validated with gradients on)."""
+    seen = trace.meta.get("eval_mode") or {}
+    passes, sampled = int(seen.get("passes", 0)), int(seen.get("sampled", 0))
+    if not seen.get("norms") or passes < th.persist or 2 * passes < sampled:
+        return None
+    return {"passes": passes, "sampled": sampled, "step": int(seen.get("step", 0)), "norms": list(seen["norms"])}
+
+
 def _foreign_steps(trace: Trace) -> int:
     """Optimizer steps on weights none of which are the model's, in a run whose own weights never changed
     (the same norm at every sample) and that was given no optimizer of its own: the optimizer steps another
@@ -401,6 +412,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   left_out=_left_out(trace),
                   foreign_steps=_foreign_steps(trace), unregistered=_unregistered(trace, thresholds),
                   linear_maps=int(trace.meta.get("linear_maps", 0)), remade=_remade(trace, thresholds, steps),
+                  eval_mode=_eval_mode(trace, thresholds),
                   cleared=_cleared(trace.meta.get("steps_cleared"), trace.meta.get("grad_clip")),
                   loss_misuse=losspath.misuse(trace.meta.get("loss_paths")),
                   loss_nonfinite_op=nonfinite_op,

@@ -1002,12 +1002,31 @@ class Recorder:
             if self._rec is None:
                 self._rec = _StepRecord()
                 self._rec.grads = self._output_grads_now()
+                self._note_mode()
             x = None if chained else _sample_input((args, kwargs))
             if x is not None:
                 self._rec.input = input_stats(x)
                 self._rec.input_id = (id(x), x._version)
             if not self.compiled:
                 self._start_observer()
+
+    def _note_mode(self) -> None:
+        """A sampled training pass of a model with batch normalisations: whether it runs in eval mode
+        (``model.training`` False: ``model.eval()`` left on, after a validation pass), in which they normalise
+        with their running statistics, and do not update them, in place of the batch's. Counted in the trace's
+        meta as ``eval_mode`` {"passes": in eval mode, "sampled": sampled training passes, "step": the first in
+        eval mode, "norms": the batch normalisations that read their running statistics then}."""
+        if not self._batch_norms:
+            return
+        seen = self.trace.meta.setdefault("eval_mode", {"passes": 0, "sampled": 0, "step": -1, "norms": []})
+        seen["sampled"] += 1
+        if self.inner.training:
+            return
+        seen["passes"] += 1
+        if seen["step"] < 0:
+            seen["step"] = int(self.step)
+            seen["norms"] = [name for idx, name in self._batch_norms.items()
+                             if not self.modules[idx].training and self.modules[idx].running_mean is not None]
 
     _grad_passes = 0  # sampled passes under the auto schedule, counted to measure output gradients on half
 

@@ -209,6 +209,24 @@ def _unbounded(a: Candidate, b: Candidate, ctx: Context) -> bool:
                        C.SATURATED_ACTIVATIONS, C.VANISHING_GRADIENTS) and _after(a, b)
 
 
+# what a network shows when nothing in it is normalised: signals out of scale, updates too large at a rate it
+# trains at normalised, a NaN/Inf made in one of its layers, a plateau
+_UNNORMALISED = frozenset({C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW, C.LEARNING_RATE_TOO_HIGH, C.EXPLODING_GRADIENTS,
+                           C.VANISHING_GRADIENTS, C.DEAD_UNITS, C.SATURATED_ACTIVATIONS, C.BAD_INITIALIZATION,
+                           C.NON_FINITE})
+
+
+def _unnormalised(a: Candidate, b: Candidate) -> bool:
+    """Training in eval mode: its batch normalisations normalise with running statistics that never move, so
+    the network trains unnormalised from then on, and in a run whose loss fails so, what starts then or later in
+    it follows (not a NaN/Inf of the input or of the loss's own code)."""
+    if b.cause not in _UNNORMALISED or b.step < a.step or b is a:
+        return False
+    if not a.loss:  # a run that fails by staying up or diverging: not one that spiked once and recovered
+        return False
+    return b.cause != C.NON_FINITE or b.layer not in ("input", "loss")
+
+
 def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
     """A loss with no floor, see ``_unbounded``. Weights that never change (no optimizer steps them, or steps
     on no gradient, or the loss gives them none) leave no learning rate or plateau more to say; weights the
@@ -219,6 +237,8 @@ def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
         return _unbounded(a, b, ctx)
     if a.kind == "unregistered" and b.cause == C.BAD_INITIALIZATION:
         return True  # a scale read across layers the hooks do not see (they sit between the watched ones)
+    if a.kind == "eval_mode":
+        return _unnormalised(a, b)
     if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "unregistered", "remade",
                   "no_gradient"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a

@@ -55,6 +55,9 @@ class Context:
     linear_maps: int = 0
     # an optimizer with a state made again at about every step ({"made", "steps", "optimizer"}; None: not)
     remade: dict | None = None
+    # training passes run in eval mode, their batch normalisations on running statistics ({"passes", "sampled",
+    # "step", "norms"}; None: not)
+    eval_mode: dict | None = None
     cleared: tuple[int, int] = (0, 0)  # optimizer steps after a backward pass: checked, and with no gradient left
     loss_misuse: LossMisuse | None = None  # how the loss is computed from the outputs, when that is wrong
     # the loss's own operation that turned the model's finite output into NaN/Inf ("": none, or its targets did)

@@ -220,6 +220,16 @@ def _unoptimized(ctx: Context) -> list[Candidate]:
     if ctx.remade is not None:  # its state starts from zero at every step: momentum never builds
         out.append(Candidate(Cause.LOSS_PLATEAU, "", ctx.first_step, "remade", [], severity=1.0, persistence=1.0,
                              needs_harm=True, lasting=True, loss_kinds=kinds, facts=dict(ctx.remade)))
+    if ctx.eval_mode is not None:  # batch normalisations on running statistics that never move: no normalisation
+        mode = ctx.eval_mode
+        # (a loss that stays flat, or one that diverges: an unnormalised network may at a rate it trains at
+        # normalised; not one that is merely slow for a while)
+        out.append(Candidate(Cause.LOSS_PLATEAU, "", max(mode["step"], ctx.first_step), "eval_mode", [],
+                             severity=1.0, persistence=mode["passes"] / max(mode["sampled"], 1), needs_harm=True,
+                             lasting=True,
+                             loss_kinds=frozenset({LossState.PLATEAU, LossState.STALLED, LossState.DIVERGING,
+                                                   LossState.NONFINITE}),
+                             facts=dict(mode)))
     layers = [name for name in ctx.unupdated if name in ctx.layers]
     if not layers or ctx.param_dtype in ("bfloat16", "float16"):  # (16-bit updates may all round away)
         return out

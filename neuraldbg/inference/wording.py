@@ -509,6 +509,12 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         held, share = frozen
         return [f"{layer_list(held)} ({fmt(100 * share)}% of the weights) are frozen (requires_grad=False): only the "
                 "rest of the model learns"]
+    if c.cause == Cause.LOSS_PLATEAU and k == "eval_mode":
+        return [f"the model trains in eval mode (model.training is False) at {f['passes']} of {f['sampled']} sampled "
+                f"training passes, from step {f['step']}: model.eval() is left on (after a validation pass)",
+                f"its batch normalisations ({layer_list(f['norms'], 3)}) normalise with their running statistics, "
+                "which eval mode does not update, in place of the batch's: what reaches the layers after them is not "
+                "normalised (and dropout is off)"]
     if c.cause == Cause.LOSS_PLATEAU and k == "remade":
         return [f"a new optimizer ({f['optimizer']}) was made {f['made']} times in {f['steps']} steps, and it keeps a "
                 "state from step to step: its momentum buffers or moment estimates start from zero at every step",
@@ -1480,6 +1486,10 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return (f"read `{c.layer}` after the last time step: out[:, -1] with batch_first=True (out[-1] without), "
                 "or its final hidden state h_n[-1] (with padded sequences, the output at each sequence's length); "
                 "out[:, 0] is its state after the first step only")
+    if k == "eval_mode":
+        return ("call model.train() before the training steps (and again after every validation pass that calls "
+                "model.eval()): batch normalisation then normalises with the batch's statistics and updates its "
+                "running ones")
     if k == "remade":
         return ("make the optimizer once, before the training loop (torch.optim.SGD(model.parameters(), ...) outside "
                 "the for loop, and the same one across epochs), and keep stepping that one; a function that trains "

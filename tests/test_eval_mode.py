@@ -1,0 +1,89 @@
+"""``model.eval()`` left on in training (called for a validation pass, never undone): the batch normalisations
+normalise with running statistics that eval mode does not update, so nothing in the network is normalised, and
+the loss stays near chance. Named as the plateau's reason, with ``model.train()`` as its fix. The same network
+trained in train mode, or with its batch normalisations frozen on purpose (``bn.eval()`` under a model in train
+mode, as fine-tuning does), says nothing of it."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+
+CONFIDENT = 0.5
+
+
+def _gratings(n: int = 2048, seed: int = 7):
+    """3x12x12 gratings whose spatial frequency is the class (4), at a random angle and phase, around a mean of
+    8 with a spread of ~9 (not normalised: the batch normalisations do it)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 4, (n,), generator=g)
+    yy, xx = torch.meshgrid(torch.arange(12.0), torch.arange(12.0), indexing="ij")
+    angle = math.pi * torch.rand(n, generator=g)[:, None, None]
+    wave = torch.sin((0.5 + 0.35 * y.float())[:, None, None] * (torch.cos(angle) * xx + torch.sin(angle) * yy)
+                     + 6.28 * torch.rand(n, generator=g)[:, None, None])
+    x = 8.0 + 12.0 * wave[:, None] + 2.0 * torch.randn(n, 3, 12, 12, generator=g)
+    return x, y
+
+
+def _cnn(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.3), nn.Linear(32, 4))
+
+
+def _train(seed: int, mode: str, steps: int = 250) -> tuple[NeuralDbg, float]:
+    """``mode``: "eval" (model.eval() for a validation pass every 50 steps, never undone), "train" (undone), or
+    "frozen" (train mode, its batch normalisations in eval mode on purpose)."""
+    x, y = _gratings()
+    model = _cnn(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(seed)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(steps):
+            if step % 50 == 0:
+                model.eval()
+                with torch.no_grad():
+                    model(x[:256])
+                if mode != "eval":
+                    model.train()
+                if mode == "frozen":
+                    for m in model.modules():
+                        if isinstance(m, nn.BatchNorm2d):
+                            m.eval()
+            j = torch.randint(0, len(x), (64,), generator=g)
+            loss = F.cross_entropy(model(x[j]), y[j])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    model.eval()
+    with torch.no_grad():
+        accuracy = float((model(x[-512:]).argmax(1) == y[-512:]).float().mean())
+    return dbg, accuracy
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_model_left_in_eval_mode_is_named_with_its_fix(seed):
+    dbg, accuracy = _train(seed, "eval")
+    assert accuracy < 0.5   # (4 classes)
+    top = dbg.explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= CONFIDENT
+    assert top.suggestion.startswith("call model.train()")
+    assert any("eval mode" in line for line in top.chain)
+
+
+@pytest.mark.parametrize("mode", ["train", "frozen"])
+def test_train_mode_and_batch_norms_frozen_on_purpose_say_nothing_of_it(mode):
+    dbg, accuracy = _train(0, mode)
+    assert dbg.trace.meta["eval_mode"]["passes"] == 0
+    assert not [h for h in dbg.explain() if "model.train()" in h.suggestion]
+    if mode == "train":
+        assert accuracy > 0.8
+        assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
