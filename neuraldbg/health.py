@@ -1135,9 +1135,9 @@ def class_term_series(trace: Trace, th: Thresholds, curve: LossCurve | None) -> 
     which its running median (over ``persist`` samples) has made less than ``loss_progress`` of it, to the end,
     over ``2 * persist + 1`` samples and ``plateau_steps`` steps or more, while the loss as a whole ends no lower
     than that level (the other terms add to it: a whole loss below it says the term came down since its last
-    sample), and that level is not clearly below chance (a term that stays low was learned before: a model
-    fine-tuned, fitting its classes from the start). None when the loss as a whole is flat itself: its own
-    plateau says so."""
+    sample), and that level has not come ``loss_learned`` of its way down from chance (a term that stays low was
+    learned before: a model fine-tuned, fitting its classes from the start). None when the loss as a whole is
+    flat itself: its own plateau says so."""
     rows = trace.meta.get("class_term") or []
     least = 2 * th.persist + 1
     if curve is None and trace.loss.n:
@@ -1159,7 +1159,8 @@ def class_term_series(trace: Trace, th: Thresholds, curve: LossCurve | None) -> 
     if flat[-1]:
         i = int(np.nonzero(~flat)[0][-1]) + 1 if (~flat).any() else 0
         level = float(smooth[-1])
-        learned = chance > 0 and level < chance * (1.0 - th.loss_progress)  # (NaN chance: not known)
+        # come at least ``loss_learned`` of its way down from chance (NaN chance: not known)
+        learned = chance > 0 and level < chance * (1.0 - th.loss_learned)
         if (len(v) - i >= least and steps[-1] - steps[i] >= th.plateau_steps and not learned
                 and float(curve.smooth[-1]) >= level * (1.0 - th.loss_progress)):
             state[i:] = LossState.PLATEAU.code

@@ -99,8 +99,7 @@ _WEIGHTED = "@weighted"         # marks a loss function given weights per class 
 _SCALAR = "@scalar"             # marks it dividing a single number (a loss's sum by a count)
 _CONSTANT = "@constant"         # marks a division by a value with no graph (a temperature, a count of the data)
 _TARGET = "@target"             # marks a loss function reached through its target argument (the second)
-_DENOMINATOR = "@denominator"   # marks a division reached through its denominator (its second argument)
-_DIVIDING = frozenset({"Div"})
+_GUARDED = "@guarded"           # marks a division whose denominator is kept off 0 where it is made
 # loss functions whose target argument is differentiable (a with-logits loss given the model's output there
 # has its arguments swapped)
 _TARGETED = frozenset({"BinaryCrossEntropy", "BinaryCrossEntropyWithLogits"})
@@ -128,6 +127,8 @@ def _name(fn) -> str:
         return name + _WEIGHTED
     if name == "Div" and _constant_divisor(fn):
         return name + _CONSTANT + (_SCALAR if _scalar(fn) else "")
+    if name == "Div" and _guarded_divisor(fn):
+        return name + _GUARDED
     return name
 
 
@@ -144,6 +145,31 @@ def _constant_divisor(fn) -> bool:
     its sum by, whose node has a single input), or a tensor of the data (a count)."""
     nxt: tuple = tuple(getattr(fn, "next_functions", ()))
     return len(nxt) == 1 or (len(nxt) == 2 and nxt[1][0] is None)
+
+
+# ops that keep a value off 0 from below (an add counts when what it adds has no graph: an eps)
+_KEEPS_OFF_ZERO = frozenset({"Clamp", "ClampMin", "Maximum"})
+
+
+def _guarded_divisor(fn) -> bool:
+    """A division whose divisor (its graph, past expands and shape ops) is made by a clamp or a maximum
+    (F.normalize's ``x / norm.clamp_min(eps)``), or by adding a value with no graph to it (``d + 1e-8``): kept
+    off 0, it is no division by 0. A sum of two values of the graph (``a / (a + b)``) is no such guard."""
+    nxt: tuple = tuple(getattr(fn, "next_functions", ()))
+    node = nxt[1][0] if len(nxt) == 2 else None
+    for _ in range(8):
+        if node is None:
+            return False
+        name = op_name(node)
+        if name not in SHAPE_OPS and name != "Expand":
+            break
+        inner = [n for n, _ in getattr(node, "next_functions", ()) if n is not None]
+        node = inner[0] if len(inner) == 1 else None
+    name = op_name(node)
+    if name in _KEEPS_OFF_ZERO:
+        return True
+    inputs: tuple = tuple(getattr(node, "next_functions", ()))
+    return name == "Add" and (len(inputs) == 1 or any(n is None for n, _ in inputs))
 
 
 def _size(fn, dim: int) -> int | None:
@@ -182,14 +208,10 @@ def paths(loss_fn, outputs: list) -> list[list[str]]:
         if id(fn) in targets:
             found.append(trail)
             continue
-        second = trail
-        if op_name(fn) in _TARGETED:
-            second = trail[:-1] + [trail[-1] + _TARGET]
-        elif op_name(fn) in _DIVIDING:
-            second = trail[:-1] + [trail[-1] + _DENOMINATOR]
+        targeted = trail[:-1] + [trail[-1] + _TARGET] if op_name(fn) in _TARGETED else trail
         for k, (nxt, _) in enumerate(getattr(fn, "next_functions", ())):
             if nxt is not None and type(nxt).__name__ != "AccumulateGrad":
-                stack.append((nxt, second if k else trail))
+                stack.append((nxt, targeted if k else trail))
     return found
 
 
@@ -433,15 +455,16 @@ _LINEAR_ERRORS = frozenset({"L1Loss", "SmoothL1Loss", "HuberLoss"})
 
 
 def linear_error(recorded: list[list[str]] | None) -> bool:
-    """Every path from the loss reaches, through means and sums only, an error that grows linearly with its
-    size: an absolute error (``F.l1_loss``, or ``(out - y).abs()`` written out), Huber or smooth L1. Such a
-    loss is on the scale of the errors themselves, where a squared error's is on their square's."""
+    """Every path from the loss reaches, through means only, an error that grows linearly with its size, itself
+    a mean: an absolute error (``F.l1_loss``, or ``(out - y).abs().mean()`` written out), Huber or smooth L1
+    (with its bend at 1, PyTorch's default: a larger ``delta`` scales it). Such a loss is on the scale of the
+    errors themselves, where a squared error's is on their square's; a sum over the batch is not."""
     found = False
     for path in recorded or []:
         ops = [op.split("@")[0] for op in path if op.split("@")[0] not in SHAPE_OPS]
-        while ops and ops[0] in _MEANS:
+        while ops and ops[0] == "Mean":
             ops = ops[1:]
-        if not (ops[:2] == ["Abs", "Sub"] or ops and ops[0] in _LINEAR_ERRORS):
+        if not (ops[:2] == ["Abs", "Sub"] or ops and ops[0] in _LINEAR_ERRORS) or _SUM in "".join(path):
             return False
         found = True
     return found
@@ -539,26 +562,8 @@ DOMAIN_OPS = frozenset({"Log", "Log2", "Log10", "Log1p", "Div", "Reciprocal", "S
 _GUARDS = frozenset({"Add", "Clamp", "ClampMin", "ClampMax", "Maximum", "Minimum", "Where", "NanToNum"})
 
 
-# what exponentiates its input: a division by a value with no graph before one is a temperature (no count of 0)
-_EXPONENTIATING = _PROBABILITIES | {"Exp", "Exp2", "LogSoftmax"}
-
-
-def _bare(ops: list[str]) -> tuple[str, ...]:
-    return tuple(op.split("@")[0] for op in ops)
-
-
-def _guarded_divisions(paths: list[list[str]]) -> set[tuple[str, ...]]:
-    """The divisions whose denominator is kept off 0 (F.normalize's ``x / norm.clamp_min(eps)``, ``d + eps``): a
-    path reaches them through their denominator, and a guard comes next on it (an expand aside). Each is named by
-    the ops from the loss to it, as every path through it names it."""
-    found = set()
-    for ops in paths:
-        for i, op in enumerate(ops):
-            if _DENOMINATOR in op:
-                nxt = next((o.split("@")[0] for o in ops[i + 1:] if o.split("@")[0] != "Expand"), "")
-                if nxt in _GUARDS:
-                    found.add(_bare(ops[:i + 1]))
-    return found
+# exponentials: a division by a value with no graph right before one is a temperature (no count of 0)
+_EXPONENTIALS = frozenset({"Exp", "Exp2"})
 
 
 def domain_op(recorded: list[list[str]] | None) -> tuple[str, str] | None:
@@ -575,15 +580,13 @@ def _domain(recorded: list[list[str]] | None) -> tuple[str, str, str] | None:
     ``torch.log(F.softmax(out / tau))`` is a log of a softmax, ``torch.exp(sim / tau)`` an exp that may overflow;
     elsewhere (a masked mean's count) it is one. A division whose denominator is clamped or given an eps
     (``F.normalize``) is none either."""
-    paths = [[op for op in path if op.split("@")[0] not in SHAPE_OPS] for path in recorded or []]
-    guarded = _guarded_divisions(paths)
-    for ops in paths:
+    for path in recorded or []:
+        ops = [op for op in path if op.split("@")[0] not in SHAPE_OPS]
         for i in range(len(ops) - 1, -1, -1):  # from the model's side
             name = ops[i].split("@")[0]
-            if name not in DOMAIN_OPS or (_CONSTANT in ops[i] and any(
-                    op.split("@")[0] in _EXPONENTIATING for op in ops[:i])):
-                continue
-            if name in _DIVIDING and _bare(ops[:i + 1]) in guarded:
+            if name not in DOMAIN_OPS or _GUARDED in ops[i] or (_CONSTANT in ops[i] and (
+                    any(op.split("@")[0] in _PROBABILITIES for op in ops[:i])
+                    or i > 0 and ops[i - 1].split("@")[0] in _EXPONENTIALS)):
                 continue
             between = [op.split("@")[0] for op in ops[i + 1:]]
             prob = next((j for j, op in enumerate(between) if op in _PROBABILITIES), None)

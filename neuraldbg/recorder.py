@@ -1022,11 +1022,28 @@ class Recorder:
         seen["sampled"] += 1
         if self.inner.training:
             return
+        norms = self._moving_norms()
+        if not norms:
+            return
         seen["passes"] += 1
         if seen["step"] < 0:
-            seen["step"] = int(self.step)
-            seen["norms"] = [name for idx, name in self._batch_norms.items()
-                             if not self.modules[idx].training and self.modules[idx].running_mean is not None]
+            seen["step"], seen["norms"] = int(self.step), norms
+
+    def _moving_norms(self) -> list[str]:
+        """The batch normalisations in eval mode that read running statistics while what they normalise moves as
+        the model trains: they, or a layer that runs before them, have trainable weights. Those behind a frozen
+        backbone (a linear probe, evaluated in eval mode on purpose) read statistics that still hold."""
+        trainable = {o for p, o in zip(self._params, self._owner_list) if p.requires_grad}
+        orders = [self.layers[i].order for i in trainable if self.layers[i].order is not None]
+        first = min(orders) if orders else None
+        out = []
+        for idx, name in self._batch_norms.items():
+            m, order = self.modules[idx], self.layers[idx].order
+            if m.training or m.running_mean is None:
+                continue
+            if idx in trainable or first is not None and order is not None and first < order:
+                out.append(name)
+        return out
 
     _grad_passes = 0  # sampled passes under the auto schedule, counted to measure output gradients on half
 

@@ -92,7 +92,8 @@ class Thresholds:
                              "share of its way down (its start to its best) the smoothed loss has come by the step "
                              "from which the run has learned: a state that sets in from then on and takes part in no "
                              "failure of the loss is no fault (a squashing layer pinned by a classifier grown "
-                             "confident, attention that sharpens)", slider=False)
+                             "confident, attention that sharpens); a loss's classification term this far below "
+                             "chance is learned, no plateau", slider=False)
     loss_oscillation: float = _f(0.5, "loss oscillation", "log", 0.05, 10.0,
                                  "typical step-to-step loss change, as a fraction of its level, with no progress")
     loss_progress: float = _f(0.05, "loss progress", "log", 1e-4, 0.5,

@@ -2,7 +2,8 @@
 normalise with running statistics that eval mode does not update, so nothing in the network is normalised, and
 the loss stays near chance. Named as the plateau's reason, with ``model.train()`` as its fix. The same network
 trained in train mode, or with its batch normalisations frozen on purpose (``bn.eval()`` under a model in train
-mode, as fine-tuning does), says nothing of it."""
+mode, as fine-tuning does), says nothing of it; nor does a linear probe over a frozen backbone evaluated in eval
+mode on purpose, whose running statistics still hold."""
 from __future__ import annotations
 
 import math
@@ -87,3 +88,32 @@ def test_train_mode_and_batch_norms_frozen_on_purpose_say_nothing_of_it(mode):
     if mode == "train":
         assert accuracy > 0.8
         assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT]
+
+
+def test_a_linear_probe_over_a_frozen_backbone_in_eval_mode_says_nothing_of_it():
+    """The backbone trained first (its running statistics its data's), then frozen; the probe's protocol runs it
+    in eval mode while a new head learns. Its labels carry nothing, so the loss stays flat: a plateau, but not
+    one of eval mode."""
+    x, y = _gratings()
+    backbone = _cnn(0)[:-1]
+    opt = torch.optim.SGD(backbone.parameters(), lr=0.05, momentum=0.9)
+    for step in range(60):
+        j = torch.randint(0, len(x), (64,), generator=torch.Generator().manual_seed(step))
+        F.cross_entropy(backbone(x[j])[:, :4], y[j]).backward()
+        opt.step()
+        opt.zero_grad()
+    backbone.requires_grad_(False)
+    model = nn.Sequential(backbone, nn.Linear(32, 4))
+    model.eval()
+    opt = torch.optim.SGD(model[1].parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(200):
+            j = torch.randint(0, len(x), (64,), generator=g)
+            loss = F.cross_entropy(model(x[j]), torch.randint(0, 4, (64,), generator=g))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    assert dbg.trace.meta["eval_mode"]["sampled"] > 0 and dbg.trace.meta["eval_mode"]["passes"] == 0
+    assert not [h for h in dbg.explain() if "model.train()" in h.suggestion]

@@ -189,13 +189,28 @@ def test_nan_targets_under_a_hand_written_loss_stay_the_datas():
     (["Neg", "Mean", "Log", "Softmax", "Div", "Addmm"], ("Div", "")),                  # out / out.norm()
     (["Mean", "Log", "Sum", "Exp", "Div@constant", "Addmm"], ("Exp", "")),             # exp(out / tau)
     (["Mean", "Div", "Sum", "Exp", "Addmm"], ("Exp", "")),                             # an exp before the division
-    # F.normalize: x / norm.clamp_min(eps), reached through both its numerator and its denominator
-    (["Mean", "Log", "Sum", "Exp", "Div@constant", "Mm", "Div@denominator", "Expand", "ClampMin",
-      "LinalgVectorNorm", "Addmm"], ("Exp", "")),
-    (["Mean", "Div@denominator", "Sum", "Addmm"], ("Div", "")),                        # x / out.sum(): unguarded
+    (["Mean", "Log", "Sum", "Exp", "Div@constant", "Mm", "Div@guarded", "Addmm"], ("Exp", "")),  # F.normalize
+    (["NllLoss", "LogSoftmax", "Div@constant", "Sum", "Mul", "Addmm"], ("Div", "")),   # a masked mean's count
 ])
 def test_the_loss_operation_that_can_leave_its_domain_is_read_from_the_path(path, expected):
     assert losspath.domain_op([path]) == expected
+
+
+@pytest.mark.parametrize("divide, guarded", [
+    (lambda a, b: a / a.norm(dim=1, keepdim=True).clamp_min(1e-12), True),   # F.normalize, written out
+    (lambda a, b: F.normalize(a, dim=1), True),
+    (lambda a, b: a / (a.abs().sum(1, keepdim=True) + 1e-8), True),          # an eps added
+    (lambda a, b: a / torch.maximum(b, torch.full_like(b, 1e-6)), True),
+    (lambda a, b: a / (a + b), False),                                        # a sum of two values: no guard
+    (lambda a, b: a / b.abs(), False),
+])
+def test_a_division_whose_denominator_is_kept_off_zero_is_read_off_its_node(divide, guarded):
+    a, b = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    out = a * 2
+    loss = torch.log(divide(out, b).abs()).mean()
+    ops = [op for path in losspath.paths(loss.grad_fn, [out.grad_fn]) for op in path if op.startswith("Div")]
+    assert ops and all(("@guarded" in op) is guarded for op in ops)
+    assert (losspath.domain_op(losspath.paths(loss.grad_fn, [out.grad_fn]))[0] == "Div") is not guarded
 
 
 @pytest.mark.parametrize("path, rescaled", [

@@ -98,6 +98,8 @@ def test_raw_inputs_and_raw_targets_are_both_standardised(seed):
     (["Mean", "Pow", "Sub", "Addmm"], False),                   # ((out - y) ** 2).mean()
     (["Add", "HuberLoss", "Addmm"], False),                     # another term beside it
     (["NllLoss", "LogSoftmax", "Addmm"], False),
+    (["L1Loss@sum", "Addmm"], False),                          # a sum over the batch: not one error's scale
+    (["Sum", "Abs", "Sub", "Addmm"], False),
 ])
 def test_a_loss_linear_in_its_error_is_read_from_the_path(path, linear):
     assert losspath.linear_error([path]) is linear
