@@ -117,3 +117,38 @@ def test_a_linear_probe_over_a_frozen_backbone_in_eval_mode_says_nothing_of_it()
             dbg.record_loss(loss)
     assert dbg.trace.meta["eval_mode"]["sampled"] > 0 and dbg.trace.meta["eval_mode"]["passes"] == 0
     assert not [h for h in dbg.explain() if "model.train()" in h.suggestion]
+
+
+def test_updates_too_large_from_the_start_of_an_unnormalised_network_follow_from_eval_mode():
+    """An MLP with batch normalisations on features in their own units (~10 +- 10), in eval mode from a
+    validation pass at step 0: its updates are ~0.7x its weights from the first step and units die. Its loss
+    fails no test of its own; the updates, from the step eval mode began, are its, and the fix is
+    ``model.train()``, not a lower learning rate (the same loop in train mode is healthy)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 20, generator=g) * 10 + 10
+    y = (x @ torch.randn(20, 5, generator=g)).argmax(1)
+
+    def run(left_in_eval: bool) -> NeuralDbg:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(20, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 64),
+                              nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 5))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        with NeuralDbg(model, optimizer=opt) as dbg:
+            for step in range(300):
+                if step % 100 == 0:
+                    model.eval()
+                    with torch.no_grad():
+                        model(x[-512:])
+                    if not left_in_eval:
+                        model.train()
+                i = (step * 64) % 3584
+                loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                dbg.record_loss(loss)
+        return dbg
+    top = run(True).explain()[0]
+    assert top.confidence >= CONFIDENT and top.suggestion.startswith("call model.train()")
+    assert any("weights per step" in line for line in top.chain)   # the updates are in its chain
+    assert not [h for h in run(False).explain() if h.confidence >= CONFIDENT]

@@ -216,13 +216,13 @@ _UNNORMALISED = frozenset({C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW, C.LEARNING_R
                            C.NON_FINITE})
 
 
-def _unnormalised(a: Candidate, b: Candidate) -> bool:
+def _unnormalised(a: Candidate, b: Candidate, ctx: Context) -> bool:
     """Training in eval mode: its batch normalisations normalise with running statistics that never move, so
-    the network trains unnormalised from then on, and in a run whose loss fails so, what starts then or later in
-    it follows (not a NaN/Inf of the input or of the loss's own code)."""
+    the network trains unnormalised from then on: what starts with it follows, and in a run whose loss stays
+    flat or diverges, what starts later too (not a NaN/Inf of the input or of the loss's own code)."""
     if b.cause not in _UNNORMALISED or b.step < a.step or b is a:
         return False
-    if not a.loss:  # a run that fails by staying up or diverging: not one that spiked once and recovered
+    if not a.loss and not _early(a, b, ctx):  # (not a spike it recovered from, later in a run that learned)
         return False
     return b.cause != C.NON_FINITE or b.layer not in ("input", "loss")
 
@@ -238,7 +238,7 @@ def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a.kind == "unregistered" and b.cause == C.BAD_INITIALIZATION:
         return True  # a scale read across layers the hooks do not see (they sit between the watched ones)
     if a.kind == "eval_mode":
-        return _unnormalised(a, b)
+        return _unnormalised(a, b, ctx)
     if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "unregistered", "remade",
                   "no_gradient"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
@@ -348,8 +348,8 @@ def explained_loss(c: Candidate, ctx: Context) -> list:
 
 
 def _explains(a: Candidate, b: Candidate, ctx: Context) -> bool:
-    if a is b or b.kind == "dropped":  # a rate set in the code: nothing in the run makes a dropout drop all
-        return False
+    if a is b or b.kind in ("dropped", "eval_mode"):  # set in the code: nothing in the run makes a dropout drop
+        return False                                 # all, or puts the model in eval mode
     if b.kind == "order_blind":  # a model that reads its tokens as a set: no positions in the code, or attention
         # that cannot see them (collapsed, dropped, or run over the batch instead of the positions), or an output
         # read where the other tokens cannot reach it
