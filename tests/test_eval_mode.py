@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
+from zoo import Run, train
 
 CONFIDENT = 0.5
 
@@ -39,31 +40,38 @@ def _cnn(seed: int) -> nn.Module:
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.3), nn.Linear(32, 4))
 
 
+def _validating(model: nn.Module, x: torch.Tensor, mode: str, every: int):
+    """A ``before_step``: a validation pass in eval mode every ``every`` steps. ``mode``: "eval" (never undone),
+    "train" (model.train() after it), or "frozen" (train mode, its batch normalisations in eval mode on purpose)."""
+    def before(step: int, opt) -> None:
+        if step % every:
+            return
+        model.eval()
+        with torch.no_grad():
+            model(x)
+        if mode != "eval":
+            model.train()
+        if mode == "frozen":
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+    return before
+
+
+def _batches(x: torch.Tensor, y: torch.Tensor, seed: int):
+    g = torch.Generator().manual_seed(seed)
+
+    def batch(step: int):
+        j = torch.randint(0, len(x), (64,), generator=g)
+        return x[j], y[j]
+    return batch
+
+
 def _train(seed: int, mode: str, steps: int = 250) -> tuple[NeuralDbg, float]:
-    """``mode``: "eval" (model.eval() for a validation pass every 50 steps, never undone), "train" (undone), or
-    "frozen" (train mode, its batch normalisations in eval mode on purpose)."""
     x, y = _gratings()
     model = _cnn(seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(seed)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(steps):
-            if step % 50 == 0:
-                model.eval()
-                with torch.no_grad():
-                    model(x[:256])
-                if mode != "eval":
-                    model.train()
-                if mode == "frozen":
-                    for m in model.modules():
-                        if isinstance(m, nn.BatchNorm2d):
-                            m.eval()
-            j = torch.randint(0, len(x), (64,), generator=g)
-            loss = F.cross_entropy(model(x[j]), y[j])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = train(Run(model, opt, _batches(x, y, seed), steps=steps, before_step=_validating(model, x[:256], mode, 50)))
     model.eval()
     with torch.no_grad():
         accuracy = float((model(x[-512:]).argmax(1) == y[-512:]).float().mean())
@@ -105,16 +113,10 @@ def test_a_linear_probe_over_a_frozen_backbone_in_eval_mode_says_nothing_of_it()
     backbone.requires_grad_(False)
     model = nn.Sequential(backbone, nn.Linear(32, 4))
     model.eval()
-    opt = torch.optim.SGD(model[1].parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for _ in range(200):
-            j = torch.randint(0, len(x), (64,), generator=g)
-            loss = F.cross_entropy(model(x[j]), torch.randint(0, 4, (64,), generator=g))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
+    dbg = train(Run(model, torch.optim.SGD(model[1].parameters(), lr=1e-3),
+                    lambda step: (x[torch.randint(0, len(x), (64,), generator=g)],
+                                  torch.randint(0, 4, (64,), generator=g)), steps=200))
     assert dbg.trace.meta["eval_mode"]["sampled"] > 0 and dbg.trace.meta["eval_mode"]["passes"] == 0
     assert not [h for h in dbg.explain() if "model.train()" in h.suggestion]
 
@@ -133,21 +135,9 @@ def test_updates_too_large_from_the_start_of_an_unnormalised_network_follow_from
         model = nn.Sequential(nn.Linear(20, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 64),
                               nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 5))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        with NeuralDbg(model, optimizer=opt) as dbg:
-            for step in range(300):
-                if step % 100 == 0:
-                    model.eval()
-                    with torch.no_grad():
-                        model(x[-512:])
-                    if not left_in_eval:
-                        model.train()
-                i = (step * 64) % 3584
-                loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                dbg.record_loss(loss)
-        return dbg
+        rows = lambda step: (x[(step * 64) % 3584:][:64], y[(step * 64) % 3584:][:64])  # noqa: E731
+        return train(Run(model, opt, rows, steps=300,
+                         before_step=_validating(model, x[-512:], "eval" if left_in_eval else "train", 100)))
     top = run(True).explain()[0]
     assert top.confidence >= CONFIDENT and top.suggestion.startswith("call model.train()")
     assert any("weights per step" in line for line in top.chain)   # the updates are in its chain

@@ -943,8 +943,9 @@ def _loss_op_lines(c: Candidate) -> list[str]:
                      f"{'0 or 1' if of == 'Sigmoid' else '0 for some classes'} in {origin.dtype or 'float32'}")
         lines.append(f"the loss takes the {name.lower()} of it: {name.lower()}(0) is -inf, and 0 x -inf is NaN")
     elif name in _OVERFLOWING:
+        import torch
         dtype = origin.dtype or "float32"
-        top = _LARGEST.get(dtype, _LARGEST["float32"])
+        top = torch.finfo(getattr(torch, dtype, torch.float32)).max
         lines.append(f"at step {c.step} the model's output is finite; the loss's {f_op(c.facts['op'])} overflows "
                      f"to Inf (in {dtype}, exp(x) does for x above {math.log(top):.1f}), and Inf / Inf or "
                      "Inf - Inf is NaN")
@@ -956,8 +957,6 @@ def _loss_op_lines(c: Candidate) -> list[str]:
 
 
 _OVERFLOWING = frozenset({"Exp"})
-_LARGEST = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308, "float16": 65504.0,
-            "bfloat16": 3.3895313892515355e38}  # (torch.finfo(dtype).max)
 
 _LOSS_OP_FIX = {
     "Log of Sigmoid": "compute the loss from the logits: F.binary_cross_entropy_with_logits(logits, y) (or "
