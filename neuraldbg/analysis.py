@@ -72,23 +72,25 @@ def _unupdated(trace: Trace, th: Thresholds) -> tuple[str, ...]:
     weight left out while its bias is stepped) is one of them once its gradient is read as often, though its
     update is not 0: that update moves only what the optimizer holds, and the weights left out stand still.
     One whose weights have moved from where they started all the same (meta ``weights_moved``) is stepped by
-    another optimizer, between the watched one's steps (a GAN's discriminator held in the same model)."""
+    another optimizer, between the watched one's steps (a GAN's discriminator held in the same model). A layer
+    none of whose parameters a group holds (meta ``unheld``) needs no other layer to move: the rest may be
+    frozen (a head replaced after the optimizer was made from the whole model)."""
     st = trace.stats
     if st.n == 0:
         return ()
     up, grad = st.data[:, :, int(Stat.W_UPDATE_NORM)], st.data[:, :, int(Stat.W_GRAD_NORM)]
     trainable = [i for i, layer in enumerate(trace.layers) if layer.n_trainable > 0]
-    if len(trainable) < 2:
+    if len(trainable) < 2 and not _unheld(trace):
         return ()
-    left_out = _left_out(trace)
+    left_out, unheld = _left_out(trace), set(_unheld(trace))
     elsewhere = {name for name, d in (trace.meta.get("weights_moved") or {}).get("layers", {}).items() if d > 0}
     with np.errstate(invalid="ignore"):
         moved = (up[:, trainable] > 0).sum(axis=1)
     out = []
     for i in trainable:
-        with np.errstate(invalid="ignore"):
-            rows = np.isfinite(up[:, i]) & (moved - (up[:, i] > 0) > 0)  # read, and another layer moved
         name = trace.layers[i].name
+        with np.errstate(invalid="ignore"):  # read, and another layer moved (or no group holds it: nothing need)
+            rows = np.isfinite(up[:, i]) & ((moved - (up[:, i] > 0) > 0) | (name in unheld))
         still = name in left_out or bool(np.all(up[rows, i] == 0)) and name not in elsewhere
         if rows.sum() >= th.persist and still and bool(np.all(grad[rows, i] > 0)):
             out.append(i)
@@ -116,6 +118,14 @@ def _left_out(trace: Trace) -> dict[str, tuple[str, ...]]:
     if not isinstance(info, dict):
         return {}
     return {str(k): tuple(str(n) for n in v) for k, v in info.items() if k in names and isinstance(v, list)}
+
+
+def _unheld(trace: Trace) -> tuple[str, ...]:
+    """The layers none of whose parameters that require a gradient a group of the optimizer holds (meta
+    ``unheld``)."""
+    info = trace.meta.get("unheld")
+    names = {layer.name for layer in trace.layers}
+    return tuple(str(k) for k in info if k in names) if isinstance(info, list) else ()
 
 
 def _unregistered(trace: Trace, th: Thresholds) -> dict | None:
@@ -409,7 +419,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   unstepped=int(trace.meta.get("unstepped_passes", 0)) if steps <= 0 and not len(table.steps) else 0,
                   carried=_carried(trace.meta.get("gradients_carried")),
                   unreached=int(trace.meta.get("steps_unreached", 0)), unupdated=_unupdated(trace, thresholds),
-                  left_out=_left_out(trace),
+                  left_out=_left_out(trace), unheld=_unheld(trace),
                   foreign_steps=_foreign_steps(trace), unregistered=_unregistered(trace, thresholds),
                   linear_maps=int(trace.meta.get("linear_maps", 0)), remade=_remade(trace, thresholds, steps),
                   eval_mode=_eval_mode(trace, thresholds),
@@ -446,6 +456,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   grad_clip=_clip_rows(trace.meta),
                   updates_unchanged=[list(r) for r in trace.meta.get("updates_unchanged") or []],
                   loss_summed=summed, loss_scaled=scaled, loss_factor=_step_factor(trace.meta, summed),
+                  passes_per_step=max(float(trace.meta.get("passes_per_step", 1.0)), 1.0),
                   scaled_steps=_scaled_steps(trace.meta, scaled),
                   scaler_scale=_scaler_scale(trace),
                   batch_mixing=dict(trace.meta.get("batch_mixing") or {}),

@@ -652,7 +652,9 @@ class Recorder:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if owned and not any(id(p) in owned for p in self.inner.parameters()):
-            raise ValueError("the optimizer does not own any parameter of the model")
+            raise ValueError("the optimizer does not own any parameter of the model: was it made for another model, "
+                             "or before the layers it should train were replaced (model.fc = nn.Linear(...))? "
+                             "Make it from the model's parameters once the model is complete")
         # it steps weights of the model that should learn: a step with no backward pass through the model is news
         self._trains = any(id(p) in owned and p.requires_grad for p in self.inner.parameters())
 
@@ -2186,7 +2188,8 @@ class Recorder:
 
     def _note_left_out(self, optimizer) -> None:
         """The parameters that require a gradient and that no group of the optimizer holds, of the modules
-        whose other parameters it does hold (meta ``left_out``: {module: [names]}): read on a sampled step,
+        whose other parameters it does hold (meta ``left_out``: {module: [names]}), and the modules it holds none
+        of (meta ``unheld``): read on a sampled step,
         again whenever the optimizer or its groups change (``add_param_group``). Such a layer moves (its bias is
         stepped while its weight is left out), so only this tells that part of it stands still; a layer left
         out whole shows in its updates. One that moves between sampled steps all the same is stepped by
@@ -2205,6 +2208,13 @@ class Recorder:
         with torch.no_grad():
             self._left_out_kept = [(module, short, p, p.detach().float().norm()) for module, short, p in kept]
         self._write_left_out()
+        # modules none of whose parameters a group holds: their updates tell whether they stand still (one
+        # another optimizer steps moves), so only their names are kept (meta ``unheld``)
+        whole = sorted(module for module in left if module not in held)
+        if whole:
+            self.trace.meta["unheld"] = whole
+        else:
+            self.trace.meta.pop("unheld", None)
 
     def _drop_moved_left_out(self) -> None:
         """Parameters found left out whose values changed since they were read: another optimizer steps them."""

@@ -1032,3 +1032,37 @@ def test_a_small_bert_at_a_rate_far_too_low_is_the_rates_not_its_small_init(seed
     assert (top.cause, top.confidence >= CONFIDENT) == ("learning_rate_too_low", True), dbg.report()
     assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT and h.cause == "vanishing_gradients"]
     assert not [h for h in dbg.explain() if h.layer == "classifier" and h.cause == "bad_initialization"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_accumulated_passes_of_an_undivided_loss_are_named_in_the_fix(seed):
+    """Gradient accumulation over 8 passes under SGD, the loss not divided by 8: each step's gradient is 8
+    times the one the learning rate was chosen for, and the run diverges. The learning rate is too high for
+    those steps, and the chain and the fix say why: divide the loss by 8. Divided, the same run learns."""
+    from neuraldbg import NeuralDbg
+
+    def run(divided):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                    torch.nn.ReLU(), torch.nn.Linear(64, 5))
+        opt = torch.optim.SGD(model.parameters(), lr=0.4, momentum=0.9)
+        data = teacher_classes(20, 5, batch=32, seed=seed)
+        with NeuralDbg(model, optimizer=opt) as dbg:
+            for i in range(800):
+                x, y = data(i)
+                loss = F.cross_entropy(model(x), y)
+                (loss / 8 if divided else loss).backward()
+                if i % 8 == 7:
+                    opt.step()
+                    opt.zero_grad()
+                dbg.record_loss(loss)
+        return dbg
+
+    dbg = run(divided=False)
+    top = dbg.explain()[0]
+    assert top.cause == "learning_rate_too_high" and top.confidence >= CONFIDENT, dbg.report()
+    assert "(loss / 8).backward()" in top.suggestion
+    assert any("8 backward passes add up" in line for line in top.chain), top.chain
+    assert not contradictions(dbg.explain())
+    dbg = run(divided=True)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()

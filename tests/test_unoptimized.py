@@ -127,3 +127,28 @@ def test_an_optimizer_made_again_with_every_parameter_is_read_again():
             opt.step()
             dbg.record_loss(loss)
     assert "left_out" not in dbg.trace.meta
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_head_replaced_after_the_optimizer_was_made_is_named_with_the_rest_frozen(seed):
+    """Transfer learning: the backbone frozen, the optimizer made from model.parameters(), then the head
+    replaced. The new head holds a gradient and no group holds it, while nothing else can move: named at the
+    head with the optimizer's fix, not a learning rate to raise. Made after the head was replaced, it learns."""
+    def frozen():
+        model = _mlp(seed)
+        model.requires_grad_(False)
+        return model
+
+    model = frozen()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model[4] = nn.Linear(64, 4)
+    dbg = _run(model, opt, seed)
+    top = dbg.explain()[0]
+    assert (top.cause, top.layer, top.step) == ("loss_plateau", "4", 0) and top.confidence >= CONFIDENT, dbg.report()
+    assert "after the model is complete" in top.suggestion and "raise the learning rate" not in top.suggestion
+    assert "no group of the optimizer holds them" in top.chain[0]
+
+    model = frozen()
+    model[4] = nn.Linear(64, 4)
+    dbg = _run(model, torch.optim.SGD(model[4].parameters(), lr=0.1, momentum=0.9), seed)
+    assert not [h for h in dbg.explain() if h.confidence >= CONFIDENT], dbg.report()

@@ -47,6 +47,7 @@ class Context:
     unreached: int = 0              # optimizer steps on the model's weights with no backward pass through it
     unupdated: tuple = ()           # layers whose weights hold a gradient and that no optimizer step moves
     left_out: dict = field(default_factory=dict)  # layer -> its parameters no group of the optimizer holds
+    unheld: tuple = ()              # layers none of whose parameters a group of the optimizer holds
     foreign_steps: int = 0          # optimizer steps on other weights while the model's never changed
     # weights the forward uses that are not the model's parameters and never changed ({"tensors", "numel",
     # "shapes", "still"}; None: none such)
@@ -144,6 +145,7 @@ class Context:
     # the loss's gradient at a classifier's output against a mean's, typically, as an optimizer step gets it
     # (the backward passes of an accumulated step added up; NaN: not read, summed or weighted)
     loss_factor: float = math.nan
+    passes_per_step: float = 1.0    # backward passes per optimizer step (more than one: gradient accumulation)
     # the median scale of the GradScaler the session was given (NaN: none given, or never read)
     scaler_scale: float = math.nan
     # the optimizer steps on the gradients of a loss a scaler multiplied (2**k), never divided back: that factor
@@ -160,6 +162,16 @@ class Context:
         """The optimizer divides each update by the gradient's running size (Adam, RMSprop ...): its steps do not
         shrink with the gradient (until the gradient falls to its eps)."""
         return (self.optimizer_kind or self.optimizer) in ADAPTIVE
+
+    def accumulated(self) -> int:
+        """Under gradient accumulation, the backward passes whose gradients add up undivided in each step of an
+        optimizer whose step grows with its gradient (SGD): the loss is not divided by their number, so a step's
+        gradient is that many times a mean's. 0 otherwise (one pass a step, a loss divided, an adaptive
+        optimizer, a loss whose gradient was not read)."""
+        k = round(self.passes_per_step)
+        if k < 2 or self.adaptive() or not self.loss_factor >= 0.75 * k:  # (divided: ~1)
+            return 0
+        return k
 
     def betas_unbounded(self) -> bool:
         """Adam's step is bounded (by ~the learning rate) only while beta1 < sqrt(beta2): past it the first

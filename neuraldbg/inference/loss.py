@@ -237,7 +237,8 @@ def _unoptimized(ctx: Context) -> list[Candidate]:
     tensors = [f"{name}.{p}" if name else p for name in layers for p in ctx.left_out.get(name, ())]
     return out + [Candidate(Cause.LOSS_PLATEAU, layers[0], ctx.first_step, "unoptimized", [], severity=1.0,
                             persistence=1.0, needs_harm=True, lasting=True, loss_kinds=kinds,
-                            facts={"layers": layers, "tensors": tensors})]
+                            facts={"layers": layers, "tensors": tensors,
+                                   "unheld": all(name in ctx.unheld for name in layers)})]
 
 
 def _out_of_range(ctx: Context) -> list[Candidate]:

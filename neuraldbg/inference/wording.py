@@ -429,6 +429,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
             lines.append(f"the gradients are never zeroed: after {percent(ctx.carried)} of the optimizer steps the "
                          "next backward pass adds to the gradients already there, so each update holds every "
                          "earlier gradient")
+        if ctx.accumulated():
+            passes = ctx.accumulated()
+            lines.append(f"the gradients of {passes} backward passes add up before each optimizer step and the loss is "
+                         f"not divided by {passes}: each step's gradient is {passes} times a mean's")
         if ctx.loss_summed:
             lines.append("the loss sums over the batch (reduction='sum', or a .sum() of per-sample losses): its "
                          "gradient is the batch size times a mean's")
@@ -539,8 +543,9 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
                 "weights do",
                 "only the parameters the optimizer holds learn; the rest stay as initialised"]
     if c.cause == Cause.LOSS_PLATEAU and k == "unoptimized":
+        unheld = "no group of the optimizer holds them" if f.get("unheld") else "while the other layers' do"
         return [f"the weights of {layer_list(f['layers'])} hold a gradient at every sampled step and never change, "
-                "while the other layers' do: no optimizer steps them",
+                f"{unheld}: no optimizer steps them",
                 "only the rest of the model learns"]
     if c.cause == Cause.LOSS_PLATEAU and k == "out_of_range" and "share" in f:
         act, beyond = f["activation"].lower(), _beyond(f)
@@ -1373,6 +1378,11 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
         return ("step through the scaler: scaler.step(optimizer) then scaler.update(), not optimizer.step() (it "
                 "divides the gradients by the scale, and skips a step whose gradients overflowed); to clip, call "
                 "scaler.unscale_(optimizer) before clip_grad_norm_; the learning rate need not change")
+    if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.accumulated() and not ctx.loss_summed:
+        passes = ctx.accumulated()
+        return (f"divide the loss by the number of passes accumulated before backward ((loss / {passes}).backward()): "
+                f"undivided, each step's gradient is {passes} times a mean's; or lower the learning rate from {high} "
+                f"by {passes} times; clip gradients at max_norm=1.0")
     if c.cause == Cause.LEARNING_RATE_TOO_HIGH and ctx.loss_summed:
         return ("average the loss over the batch (reduction='mean', or divide the summed loss by the batch size): "
                 "summed, its gradient and so every step grow with the batch size; or lower the learning rate from "
