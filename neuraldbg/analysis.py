@@ -281,6 +281,55 @@ def _loss_learned_at(trace: Trace, curve, th: Thresholds) -> int | None:
     return int(trace.loss.steps[i])
 
 
+def _loss_ahead(curve, th: Thresholds) -> np.ndarray:
+    """At each recorded loss, the median of it and the losses after it over a window (``plateau_steps`` / 2,
+    at most a quarter of the run; fewer at the end): its level from there, batch noise aside."""
+    if curve is None or not len(curve.filled):
+        return np.zeros(0)
+    v = curve.filled
+    n = len(v)
+    w = max(2, min(th.plateau_steps // 2, n // 4))
+    ahead = np.empty(n)
+    if n >= w:
+        ahead[:n - w + 1] = np.median(np.lib.stride_tricks.sliding_window_view(v, w), axis=1)
+    for i in range(max(n - w + 1, 0), n):
+        ahead[i] = np.median(v[i:])
+    return ahead
+
+
+def _loss_stopped(trace: Trace, curve, ahead: np.ndarray, th: Thresholds) -> tuple | None:
+    """The first step from which the loss's level (``_loss_ahead``) stays within ``loss_progress`` (of its
+    scale) of where it ends, at every later step, over ``plateau_steps`` or more, when it came down by more than
+    that before: (step, its level there, its start). A loss that converged has stopped too; what stopped it is
+    the reasoner's to say."""
+    if curve is None or len(ahead) < 2:
+        return None
+    steps, n = np.asarray(trace.loss.steps), len(ahead)
+    w = max(2, min(th.plateau_steps // 2, n // 4))
+    tol = th.loss_progress * float(curve.scale[-1])
+    end = ahead[max(n - w, 0)]
+    # (a loss that rises away and comes back, or falls and then rises, has not stopped)
+    settled = np.maximum.accumulate(np.abs(ahead - end)[::-1])[::-1] <= tol
+    ok = settled & (curve.start - ahead > tol) & (steps[-1] - steps >= th.plateau_steps)
+    first = np.nonzero(ok)[0]
+    if not len(first):
+        return None
+    i = int(first[0])
+    return int(steps[i]), float(ahead[i]), float(curve.start)
+
+
+LOSS_ROWS = 512  # the loss's level kept for the reasoner, at most this many rows
+
+
+def _loss_rows(trace: Trace, ahead: np.ndarray) -> tuple:
+    """(step, the loss's level there, see ``_loss_ahead``) at up to ``LOSS_ROWS`` evenly spaced losses."""
+    if not len(ahead):
+        return ()
+    idx = np.unique(np.linspace(0, len(ahead) - 1, min(len(ahead), LOSS_ROWS)).astype(int))
+    steps = np.asarray(trace.loss.steps)
+    return tuple((int(steps[i]), float(ahead[i])) for i in idx)
+
+
 def _output_blocked(trace: Trace, start: float) -> dict:
     """The share of the loss's gradient at the output that the output's bound blocks (``output_blocked``, read
     on sampled passes), over the second half of the run: its median ("share"), and the median of the loss it
@@ -389,6 +438,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
         chance, uniform = health_mod.chance_levels(trace, thresholds)
         curve = health_mod.loss_curve(trace.loss.data, thresholds, chance,
                                       uniform if uniform == uniform else classes_uniform, least)
+    ahead = _loss_ahead(curve, thresholds)
     table = health_mod.compute(trace, thresholds, curve)
     events = events_mod.detect(table, thresholds)
     rank = {l.name: int(l.order) for l in trace.layers if l.order is not None}
@@ -438,6 +488,9 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   # (a moving objective's level says how the game stands: its fall is no learning)
                   loss_learned_at=None if trace.meta.get("loss_moving") else _loss_learned_at(trace, curve,
                                                                                                thresholds),
+                  loss_stopped=None if trace.meta.get("loss_moving") else _loss_stopped(trace, curve, ahead,
+                                                                                         thresholds),
+                  loss_rows=_loss_rows(trace, ahead),
                   nonfinite_loss_gradient=_nonfinite_loss_gradient(trace),
                   output_blocked=_output_blocked(trace, curve.start if curve is not None else math.nan),
                   param_dtype=str(trace.meta.get("param_dtype") or ""),

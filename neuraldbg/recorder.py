@@ -930,6 +930,7 @@ class Recorder:
         if not self._explicit:
             return
         self._explicit = False
+        self._explicit_ended = True
         last, self._last_out = self._last_out, None
         if not self._loss_path_seen and last:
             self._read_explicit_path(outputs, last[0])
@@ -1645,7 +1646,11 @@ class Recorder:
 
     _carry_sentinel: torch.Tensor | None = None  # the weight the check reads
 
+    _sentinel_reached = False  # a gradient reached the first trainable weight since the last optimizer step
+    _explicit_ended = False    # a pass begun by begin_pass ended its forward since the last optimizer step
+
     def _on_sentinel_grad(self, g):
+        self._sentinel_reached = True
         if self._stepped:
             self._stepped = False
             self._check_carried()
@@ -2152,12 +2157,20 @@ class Recorder:
             return
         self._in_step = False
         self._stepped = True
+        # a pass a trainer ended with its loss (``end_forward``) ends its backward whether or not the loss reached
+        # the model; the first trainable weight's gradient hook says whether one did, and where it did not, a
+        # step on weights none of which holds a gradient at all (no value read) had none reach them (a loss
+        # rebuilt from .item() with requires_grad=True)
+        if (self._explicit_ended and not self._sentinel_reached and self._awaiting and self._trains
+                and all(p.grad is None for p in self._sentinels)):
+            self.trace.meta["steps_unreached"] = self.trace.meta.get("steps_unreached", 0) + 1
         if not self._awaiting and self._trains:
             if not self._grads_held():  # no backward pass reached the model since the last step
                 self.trace.meta["steps_unreached"] = self.trace.meta.get("steps_unreached", 0) + 1
             elif not self._began and not self.passes and not self._parts and not self.compiled:
                 # one did, through children of the model called on their own: passes begin at them from now on
                 self._watch_parts()
+        self._explicit_ended = self._sentinel_reached = False
         rec = self._rec
         if rec is not None and (id(optimizer), len(optimizer.param_groups)) != self._left_out_groups:
             self._note_left_out(optimizer)
@@ -2434,6 +2447,8 @@ class Recorder:
             parts.append(batch_fn(torch.stack([t for _, t in items]), key))
         return idx, parts
 
+    _lr_moved = False  # the learning rate changed between two steps of this session
+
     def _watch_lr(self) -> None:
         """A learning rate that rises (x2 or more, e.g. a schedule) starts a burst of sampled steps: what
         a new learning rate does shows in its first steps."""
@@ -2444,6 +2459,8 @@ class Recorder:
         self._seen_lr_value = raw
         lr, seen = self._lr(sync=False), self._seen_lr
         self._seen_lr = lr
+        if lr > 0 and seen > 0 and lr != seen:
+            self._lr_moved = True
         if lr > 0 and seen > 0 and lr >= 2 * seen and self.schedule.burst(self.step):
             self._sample_now = True
 
@@ -2473,8 +2490,9 @@ class Recorder:
         rate is the one recorded."""
         groups = getattr(self.optimizer, "param_groups", None)
         # (a scheduler wraps the optimizer's step when made: an initial_lr restored from a checkpoint without one
-        # says nothing of this run)
-        wrapped = getattr(getattr(self.optimizer, "step", None), "_wrapped_by_lr_sched", False)
+        # says nothing of this run; a framework's wrapper around the optimizer, as accelerate's under Hugging
+        # Face's Trainer, may carry the scheduler instead: then a rate that changes from step to step shows one)
+        wrapped = getattr(getattr(self.optimizer, "step", None), "_wrapped_by_lr_sched", False) or self._lr_moved
         if not groups or not wrapped:
             return
         # a one-cycle schedule starts at a fraction of the rate it heads to (``max_lr``, set on each group too)

@@ -7,7 +7,7 @@ import torch
 from neuraldbg import Stat
 from neuraldbg.integrations.lightning import NeuralDbgCallback
 
-from frameworks import CASES, Case, Classifier, hooks_left, loader, plain_run, verdict
+from frameworks import CASES, Case, Classifier, Teacher, hooks_left, loader, plain_run, verdict
 
 PREFIX = "model."  # the LightningModule holds the classifier as `model`
 
@@ -166,3 +166,58 @@ def test_a_nan_under_the_trainers_16_bit_autocast_is_found_in_the_loss():
     top = cb.session.explain()[0]
     assert (top.cause, top.confidence >= 0.5) == ("non_finite", True)
     assert "the loss's torch.log" in top.chain[0]
+
+
+class _Rewrapped(Lit):
+    """The usual workaround for "element 0 of tensors does not require grad": the loss rebuilt from its
+    value with requires_grad=True. Its backward reaches no weight of the model."""
+
+    def training_step(self, batch, batch_idx):
+        loss = self.model(**batch)["loss"]
+        return torch.tensor(loss.item(), requires_grad=True)
+
+
+def test_a_loss_rebuilt_from_its_value_reaches_no_weight_and_is_named():
+    """The trainer's backward runs on the rebuilt loss and ends; the optimizer steps on weights no gradient
+    reached. Named as the weights never learning (as in a plain loop), with the fix about .item(), not a
+    learning rate to raise a thousandfold."""
+    case = Case("rebuilt", steps=60)
+    cb = NeuralDbgCallback(report=False)
+    trainer(case, [cb]).fit(_Rewrapped(case), loader(case))
+    top = cb.session.explain()[0]
+    assert top.cause == "loss_plateau" and top.confidence >= 0.5, cb.session.report()
+    assert ".item()" in top.suggestion and "raise the learning rate" not in top.suggestion
+    assert cb.session.trace.meta.get("steps_unreached", 0) >= 50
+
+
+class _WarmedUp(Lit):
+    """A linear warm-up over 200 scheduler steps, written per batch, returned with ``interval`` given or left
+    to Lightning's default ('epoch')."""
+
+    def __init__(self, case: Case, interval: str | None):
+        super().__init__(case)
+        self.interval = interval
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr)
+        warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": warmup, **({"interval": self.interval}
+                                                                          if self.interval else {})}}
+
+
+@pytest.mark.parametrize("interval", [None, "step"], ids=["default_interval", "interval_step"])
+def test_a_warmup_stepped_once_per_epoch_is_named_with_the_interval(interval):
+    """A warm-up over 200 batches left at Lightning's default interval, stepped once per 100-batch epoch:
+    over 300 steps the rate reaches 1.5% of its base and the loss hardly moves. The schedule is named,
+    and the fix steps it every batch ('interval': 'step'), not a shorter warm-up or a larger base rate. Given
+    'interval': 'step', it trains."""
+    case = Case("warmed_up", steps=300)
+    cb = NeuralDbgCallback(report=False)
+    data = torch.utils.data.DataLoader(Teacher(1600), batch_size=16, shuffle=False)  # 100 batches an epoch
+    trainer(case, [cb], max_epochs=-1).fit(_WarmedUp(case, interval), data)
+    hyps = [h for h in cb.session.explain() if h.confidence >= 0.5]
+    if interval == "step":
+        assert not hyps, cb.session.report()
+        return
+    assert hyps and (hyps[0].cause, hyps[0].layer) == ("learning_rate_too_low", ""), cb.session.report()
+    assert "'interval': 'step'" in hyps[0].suggestion and "raise the learning rate" not in hyps[0].suggestion

@@ -189,3 +189,44 @@ def test_query_and_key_gradients_that_grow_from_their_small_start_are_no_explosi
     keys = [e for e in dbg.analysis().events if e.after == "exploding" and e.layer.endswith((".query", ".key"))]
     assert not keys
     assert not [h for h in dbg.explain() if h.confidence >= 0.5]
+
+
+def _token_classes(seed: int, n: int = 1024, length: int = 16, vocab: int = 120, k: int = 4):
+    """Each class owns five signal tokens; a sequence holds three of its class's among random filler."""
+    g = torch.Generator().manual_seed(seed)
+    signal = torch.arange(10, 10 + 5 * k).view(k, 5)
+    y = torch.randint(0, k, (n,), generator=g)
+    ids = torch.randint(10 + 5 * k, vocab, (n, length), generator=g)
+    for _ in range(3):
+        at = torch.randint(0, length, (n,), generator=g)
+        ids[torch.arange(n), at] = signal[y, torch.randint(0, 5, (n,), generator=g)]
+    return [{"input_ids": ids[i], "labels": y[i]} for i in range(n)]
+
+
+@pytest.mark.parametrize("warmup", [10000, 10], ids=["warmup_longer_than_the_run", "warmup_of_5_percent"])
+def test_a_warmup_longer_than_the_run_is_named_under_the_trainer(warmup, tmp_path):
+    """A small BERT trained by the Trainer with warmup_steps=10000 and max_steps=200: the rate reaches 2e-5
+    of its 1e-3 and the loss stays at chance. The schedule is named (the trainer's optimizer wrapper hides the
+    scheduler's mark; the rate changing from step to step shows one), not the queries' and keys' gradients,
+    which a softmax over small logits keeps far below the layers after them by design while the values beside
+    them carry the signal. With a warm-up of 10 steps it trains, and nothing is said of those gradients."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=2,
+                                                     num_attention_heads=4, intermediate_size=128,
+                                                     max_position_embeddings=32, num_labels=4))
+    cb = NeuralDbgCallback(report=False)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
+                             max_steps=200, per_device_train_batch_size=16, learning_rate=1e-3,
+                             warmup_steps=warmup, lr_scheduler_type="linear", logging_strategy="no",
+                             disable_tqdm=True, seed=0)
+    Trainer(model=model, args=args, train_dataset=_token_classes(0), callbacks=[cb]).train()
+    hyps = cb.session.explain()
+    assert not [h for h in hyps if h.cause == "vanishing_gradients" and h.confidence >= 0.3], cb.session.report()
+    if warmup < 200:
+        assert not [h for h in hyps if h.confidence >= 0.5], cb.session.report()
+        return
+    top = hyps[0]
+    assert (top.cause, top.layer) == ("learning_rate_too_low", "") and top.confidence >= 0.5, cb.session.report()
+    assert "warm-up" in top.suggestion and "raise the learning rate" not in top.suggestion

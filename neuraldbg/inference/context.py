@@ -103,6 +103,11 @@ class Context:
     # the first step at which the smoothed loss had come ``loss_learned`` of its way down, in a run whose loss
     # came down by more than ``loss_progress`` (None: it did not)
     loss_learned_at: int | None = None
+    # the first step from which the loss, after coming down by more than ``loss_progress``, comes down by no more
+    # than that to the end, over ``plateau_steps`` or more: (step, its level there, its start); None: it comes down
+    # to the end, or never came down
+    loss_stopped: tuple | None = None
+    loss_rows: tuple = ()           # (step, the loss's level: the median of the losses from there over a window)
     # a regression loss of a bounded output, over the second half of the run: the share of its gradient at the
     # output on entries its bound blocks ("share"), and the loss they hold over the loss's start ("floor")
     output_blocked: dict = field(default_factory=dict)
@@ -299,6 +304,12 @@ class Context:
         if base == base and peak == peak and lr == lr and lr > 0 and peak * self.th.lr_held <= base:
             return base / lr
         return math.nan
+
+    def loss_at(self, step: int) -> float:
+        """The loss's level at the last row at or before ``step`` (its first row before any; NaN: none
+        recorded)."""
+        known = [v for s, v in self.loss_rows if s <= step]
+        return known[-1] if known else (self.loss_rows[0][1] if self.loss_rows else math.nan)
 
     def lr_at(self, step: int) -> float:
         """The learning rate at the last sample at or before ``step`` (NaN: unknown)."""

@@ -7,7 +7,8 @@ and the measured evidence behind it, each on a 0..1 scale:
   decades past it; ``past_fraction``: up to 1);
 - persistence: how long the defining state holds, as a share of the run from its onset on;
 - consequence: whether it explains other abnormal events (a gradient it blocks; more for a NaN it produces);
-- impact: whether it explains the loss's failure (flat, rising, oscillating, NaN), partly when no loss is recorded;
+- impact: whether it explains the loss's failure (flat, rising, oscillating, NaN, or a loss it stopped coming down
+  for good), partly when no loss is recorded;
   a share of a layer's units (dead, saturated) barely past its threshold explains part of a failure;
 - certainty: a fact that is a failure by itself (NaN/Inf produced).
 
@@ -59,6 +60,8 @@ class Candidate:
     facts: dict = field(default_factory=dict)   # numbers for the wording
     absorbed: list["Candidate"] = field(default_factory=list)     # candidates it explains (set by causality)
     loss: list[SemanticEvent] = field(default_factory=list)       # loss failures it explains
+    halts: bool = False                         # it stops a loss that was coming down, for good, within its
+                                                # span (``Context.loss_stopped``): a loss failure it explains
     confidence: float = 0.0
 
     @property
@@ -165,15 +168,16 @@ def fails(c: Candidate, ctx: Context) -> bool:
     grown confident, attention that sharpens, in a run that learned."""
     if not c.needs_harm or c.certain:
         return True
-    if c.loss:
-        return any(not recovered(e, ctx) for e in c.loss)
+    if c.loss or c.halts:
+        return c.halts or any(not recovered(e, ctx) for e in c.loss)
     # (a state dated at a sample began after the sample before it: it may have set in before the loss learned)
     return ctx.loss_learned_at is None or ctx.sample_before(c.since) < ctx.loss_learned_at
 
 
 def confidence(c: Candidate, ctx: Context) -> float:
     th = ctx.th
-    impact = max((loss_failure(e, ctx) for e in c.loss), default=0.0 if ctx.has_loss else th.evidence_unknown_loss)
+    impact = max([loss_failure(e, ctx) for e in c.loss] + [1.0] * c.halts,
+                 default=0.0 if ctx.has_loss else th.evidence_unknown_loss)
     # explaining other abnormal events; twice as much when one of them is a failure by itself (a NaN)
     # its effects: what starts with it or after (what came before and opens its chain, updates that pushed
     # an attention's logits up, is no consequence; a flat loss it explains counts as impact, not again here),
@@ -184,7 +188,7 @@ def confidence(c: Candidate, ctx: Context) -> float:
     # harm is a failure it explains: an unrecorded loss shows none, nor does a loss failure the run then left
     # for good, nor the same state spreading to other layers (its symptoms: no failure by themselves either,
     # when its own measurement is none)
-    harmed = any(not recovered(e, ctx) for e in c.loss) or bool(explained) or c.certain
+    harmed = any(not recovered(e, ctx) for e in c.loss) or bool(explained) or c.certain or c.halts
     gate = 1.0 if (harmed or not c.needs_harm) else th.evidence_unharmed
     consequence = ((th.evidence_nan_consequence if any(a.certain for a in explained) else 1.0) if explained
                    else gate if c.symptoms else 0.0)

@@ -163,6 +163,11 @@ def candidates(ctx: Context) -> list[Candidate]:
     # (a layer vanishing for a moment at the start). A gradient that only diminishes is a cause when the
     # loss does not improve.
     spans = _attenuation_spans(ctx)
+    # a projection of an attention beside one whose gradient is not attenuated (a query or key beside its
+    # value): the softmax over small logits keeps its gradient low by design, and the signal flows back to
+    # their shared input through the other; no collapse
+    attenuated = {run[0].layer for run in spans}
+    spans = [run for run in spans if not _beside_signal(ctx, run[0].layer, attenuated)]
     flat = [e.step for e in ctx.all(Signal.LOSS, *losses.FLAT)]
     held = min(flat) if flat else ctx.last_step
     lasting = [run for run in spans if run[-1].end is None or run[-1].end > held]
@@ -228,6 +233,17 @@ def _parallel(ctx: Context, a: str, b: str) -> bool:
         return False
     inside = [n for n in ctx.layers if not parent or n == parent or n.startswith((parent + ".", parent + ":"))]
     return any(ctx.layers[n].kind == Kind.ATTENTION for n in inside)
+
+
+def _beside_signal(ctx: Context, layer: str, attenuated: set) -> bool:
+    """``layer`` is a projection of an attention with a weight layer beside it (see ``_parallel``) whose
+    gradient is not attenuated."""
+    parent = layer.rpartition(".")[0]
+    if not parent:  # (the model's own layers are no projections of one attention)
+        return False
+    return any(n != layer and n.rpartition(".")[0] == parent and info.n_trainable > 0 and info.kind in GRADIENT_KINDS
+               and n in ctx.rank and n not in attenuated and _parallel(ctx, layer, n)
+               for n, info in ctx.layers.items())
 
 
 def _gap(ctx: Context, layer: str, zero: bool = False) -> str | None:

@@ -67,14 +67,18 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     # under SGD a loss divided before backward divides every step alike (Adam's steps do not depend on its scale)
     shrunk = ctx.optimizer_kind == "SGD" and 0 < ctx.loss_factor <= ctx.th.loss_shrunk
     divided = 1 / ctx.loss_factor if shrunk else math.nan
-    if small:
+    # a schedule that held the rate far below its base all along: the updates it left negligible are its own
+    # (however long they stayed so: a warm-up still raising them), in its chain
+    held = _held(ctx, small) if small and not named else []
+    out += held
+    if small and not held:
         ev = small[0]
         typical = ev.values.get("update_typical", math.nan)
         out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ev.step, "negligible", [ev],
                              severity=below_ratio(typical, ctx.th.update_negligible), persistence=persistence(ev, ctx),
                              needs_harm=True, loss_kinds=losses.FLAT,
                              facts={"update_typical": typical, "divided": divided}))
-    if (not named and not (small and small[0].end is None) and ctx.all(Signal.LOSS, LossState.PLATEAU)
+    if (not named and not held and not (small and small[0].end is None) and ctx.all(Signal.LOSS, LossState.PLATEAU)
             and (ctx.lr_rising != ctx.lr_rising or ctx.schedule_hold() == ctx.schedule_hold())):
         # updates above negligible (from some step on) that add up to little: a loss flat over a window, not
         # the first steps' stall; a rate a schedule is still raising, a warm-up under way, has moved the weights
@@ -86,15 +90,16 @@ def candidates(ctx: Context, found: list[Candidate]) -> list[Candidate]:
     return out
 
 
-def _held(ctx: Context) -> list[Candidate]:
+def _held(ctx: Context, small: list[SemanticEvent] | None = None) -> list[Candidate]:
     """A schedule that held the rate ``lr_held`` times below the one it scales or heads to for the whole run,
     its peak included (a warm-up longer than the run, a one-cycle sized for many more steps than were run):
-    the run never trained at the rate it was set up for. Its updates need not be negligible; it needs a loss
-    that does not come down, or barely, and the schedule is what to mend, not the base rate."""
+    the run never trained at the rate it was set up for. Its updates need not be negligible (``small``: those
+    that were, in its chain); it needs a loss that does not come down, or barely, and the schedule is what to
+    mend, not the base rate."""
     hold = ctx.schedule_hold()
     if hold != hold:
         return []
-    return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "held", [],
+    return [Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ctx.first_step, "held", [], symptoms=list(small or []),
                       severity=past_ratio(hold, ctx.th.lr_held), persistence=1.0, needs_harm=True, lasting=True,
                       loss_kinds=losses.FLAT | {LossState.SLOW}, facts={"held": hold})]
 
@@ -222,23 +227,40 @@ def _clipped(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
 def _decayed(ctx: Context, small: list[SemanticEvent]) -> list[Candidate]:
     """A schedule that takes the learning rate ``lr_decayed`` times below its peak, with the loss stalling
     (flat, or it came down but hardly) once the decline is under way: named from there, with the negligible
-    updates it leads to. A decline at the end of a run that learned (a cosine to zero) is no fault, nor one that
-    began after the loss had stalled: no candidate."""
+    updates it leads to. Or a loss still coming down as the decline begins (by ``loss_progress`` of its start
+    over ``plateau_steps``) that then stops, for good, within the decline, short of ``loss_learned`` of its way
+    down, where the decline makes the updates negligible: the schedule ended its fall (a StepLR stepped every
+    batch, sized in epochs). A decline at the end of a run that learned (a cosine to zero) is no fault, nor one
+    that began after the loss had stalled or stopped: no candidate."""
     out = []
     stalled = ctx.all(Signal.LOSS, *losses.FLAT, LossState.SLOW)
+    stop = ctx.loss_stopped
     for ev in ctx.all(Signal.LR, LrState.DECAYED):
         # the loss stalls once the decline is under way (a stall before it is not the schedule's)
         end, since = math.inf if ev.end is None else ev.end, ctx.sample_before(ev.step)
-        if not any((e.end is None or e.end > ev.step) and since <= e.step <= end for e in stalled):
+        follows = [e for e in small if ev.step <= e.step <= end]
+        stalls = any((e.end is None or e.end > ev.step) and since <= e.step <= end for e in stalled)
+        # (still coming down as the decline began, over ``plateau_steps`` before it: a cut made because the loss
+        # had stopped, a ReduceLROnPlateau's, stops nothing)
+        halts = False
+        if stop is not None and not stalls and follows:
+            at, level, start = stop
+            falling = (ctx.loss_at(since - ctx.th.plateau_steps) - ctx.loss_at(since)
+                       > ctx.th.loss_progress * abs(start))
+            # (and it stops short of ``loss_learned`` of its way down: a loss cut a little early near where it
+            # was going has learned)
+            short = start - level < ctx.th.loss_learned * abs(start)
+            halts = falling and short and since <= at <= end
+        if not (stalls or halts):
             continue
         peak, low = ev.values.get("lr_peak", math.nan), ev.values.get("lr_low", math.nan)
         factor = peak / low if low > 0 else math.inf
-        follows = [e for e in small if ev.step <= e.step <= end]
         out.append(Candidate(Cause.LEARNING_RATE_TOO_LOW, "", ev.step, "decayed", [ev] + follows,
                              severity=past_ratio(factor, ctx.th.lr_decayed), persistence=persistence(ev, ctx),
-                             needs_harm=True, loss_kinds=losses.FLAT | {LossState.SLOW},
+                             needs_harm=True, loss_kinds=losses.FLAT | {LossState.SLOW}, halts=halts,
                              facts={"lr_peak": peak, "lr_low": low, "factor": factor,
-                                    "negligible_from": follows[0].step if follows else None}))
+                                    "negligible_from": follows[0].step if follows else None,
+                                    "stopped": stop if halts else None}))
     return out
 
 

@@ -591,6 +591,10 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
     if c.cause == Cause.LEARNING_RATE_TOO_LOW and k == "decayed":
         lines = [f"the learning rate falls from {fmt(f['lr_peak'])} from step {c.step} on, to {fmt(f['lr_low'])} "
                  f"({fmt(f['factor'])}x lower): the schedule ends learning before the loss has come down"]
+        if f.get("stopped"):
+            at, level, start = f["stopped"]
+            lines.append(f"the loss stops coming down at step {at}, at {fmt(level)} (from {fmt(start)}), and stays "
+                         "there to the end")
         if f["negligible_from"] is not None:
             lines.append(f"updates are negligible next to the weights from step {f['negligible_from']}")
         return lines
@@ -1671,6 +1675,12 @@ def _schedule_held(ctx: Context, held: float) -> str:
         return (f"size the one-cycle schedule to the run: it holds the learning rate at {where}, still in its "
                 "warm-up; its total_steps (or epochs x steps_per_epoch) must count the scheduler.step() calls the "
                 "run makes (once per batch, not per epoch)")
+    if ctx.lr_rising == ctx.lr_rising and _rarely_stepped(ctx):
+        return (f"step the schedule every batch: it holds the learning rate at {where}, and the rate stayed the "
+                f"same over {_rarely_stepped(ctx)} consecutive steps, as under a scheduler stepped once per epoch "
+                "while its warm-up counts batches (Lightning's default interval is 'epoch': return "
+                "{'scheduler': ..., 'interval': 'step'}; in a plain loop, call scheduler.step() after each "
+                "optimizer.step())")
     if ctx.lr_rising == ctx.lr_rising:
         # a linear warm-up from ~0 at this pace reaches its base near the step read times the factor left
         at = int(ctx.lr_rows[-1][0]) if ctx.lr_rows else ctx.last_step
@@ -1681,6 +1691,19 @@ def _schedule_held(ctx: Context, held: float) -> str:
                 "of num_warmup_steps) and leave the base rate as it is")
     return (f"check the schedule: it holds the learning rate at {where} (a LambdaLR multiplies the base rate by "
             "what its lambda returns; a warm-up's length counts the scheduler's steps, not epochs)")
+
+
+def _rarely_stepped(ctx: Context) -> int:
+    """A schedule that changes the rate only every so often (stepped once per epoch): the most consecutive
+    sampled steps (a step apart) over which the rate stayed the same, when that is twice ``persist`` or more
+    and the rate did change over the run; 0 otherwise."""
+    rows = [(int(r[0]), float(r[1])) for r in ctx.lr_rows if len(r) >= 2]
+    longest = run = 0
+    for (s0, l0), (s1, l1) in zip(rows, rows[1:]):
+        run = run + 1 if s1 == s0 + 1 and l1 == l0 else 0
+        longest = max(longest, run)
+    moved = len({lr for _, lr in rows}) > 1
+    return longest + 1 if moved and longest + 1 >= 2 * ctx.th.persist else 0
 
 
 _SCHEDULE_CUT = ("a schedule took the learning rate from {peak} down to {lr}: check what drives it (a "
