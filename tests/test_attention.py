@@ -146,3 +146,31 @@ def test_sharp_but_stable_attention_stays_quiet(kind, seed):
     assert np.nanmin(entropy[-1]) < 0.3  # sharp indeed
     assert float(dbg.trace.loss.data[-20:].mean()) < 0.2 * float(dbg.trace.loss.data[:5].mean())
     assert not [h for h in dbg.explain() if h.confidence >= 0.5], dbg.report()
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(d, 4, batch_first=True)
+
+    def forward(self, x):
+        return x + self.mha(x, x, x, need_weights=False)[0]
+
+
+class _MeanOverTokens(nn.Module):
+    def forward(self, x):
+        return x.mean(1)
+
+
+def test_a_gradient_that_vanishes_below_an_attention_is_still_named():
+    """Ten sigmoid layers under a self-attention block and a head: the gradient fades through the sigmoids.
+    The attention's own projections may keep a low gradient beside a live one by design; the layers of the
+    model itself are no projections of one attention, and their collapse is named."""
+    from zoo import Run, mlp, teacher_classes, train
+    torch.manual_seed(0)
+    body = list(mlp([16] + [32] * 10, act=nn.Sigmoid)) + [nn.Sigmoid()]
+    model = nn.Sequential(*body, _SelfAttention(32), _MeanOverTokens(), nn.Linear(32, 3))
+    dbg = train(Run(model, torch.optim.SGD(model.parameters(), lr=0.1), teacher_classes(64, 3, shape=(4, 16)),
+                    steps=100))
+    top = dbg.explain()[0]
+    assert top.cause == "vanishing_gradients" and top.confidence >= 0.5, dbg.report()
