@@ -1676,11 +1676,11 @@ def _schedule_held(ctx: Context, held: float) -> str:
                 "warm-up; its total_steps (or epochs x steps_per_epoch) must count the scheduler.step() calls the "
                 "run makes (once per batch, not per epoch)")
     if ctx.lr_rising == ctx.lr_rising and _rarely_stepped(ctx):
-        return (f"step the schedule every batch: it holds the learning rate at {where}, and the rate stayed the "
-                f"same over {_rarely_stepped(ctx)} consecutive steps, as under a scheduler stepped once per epoch "
-                "while its warm-up counts batches (Lightning's default interval is 'epoch': return "
+        return (f"step the schedule every batch if its warm-up counts batches: it holds the learning rate at "
+                f"{where}, and the rate stayed the same over {_rarely_stepped(ctx)} consecutive steps, as under a "
+                "scheduler stepped once per epoch (Lightning's default interval is 'epoch': return "
                 "{'scheduler': ..., 'interval': 'step'}; in a plain loop, call scheduler.step() after each "
-                "optimizer.step())")
+                "optimizer.step()); if it counts epochs, it is longer than the run: shorten it to ~5-10% of it")
     if ctx.lr_rising == ctx.lr_rising:
         # a linear warm-up from ~0 at this pace reaches its base near the step read times the factor left
         at = int(ctx.lr_rows[-1][0]) if ctx.lr_rows else ctx.last_step
