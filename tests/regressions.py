@@ -157,8 +157,8 @@ class ReverseLM(nn.Module):
 
 def reverse_transformer(lr: float = 0.05, steps: int = 80, seed: int = 0) -> Run:
     """A pre-LN Transformer learning to reverse token sequences under Adam at 0.05: the loss sits near
-    chance for ~50 steps, then falls to a fifth to a third of it (the CPU's kernels set how fast). Each query attending to one key (its mirror) is the
-    solution, not a collapse: the run is healthy."""
+    chance for ~50 steps, then falls to a fifth to a third of it (the CPU's kernels set how fast). Each query
+    attending to one key (its mirror) is the solution, not a collapse: the run is healthy."""
     torch.manual_seed(seed)
     model = ReverseLM()
 
