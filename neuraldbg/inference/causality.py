@@ -298,10 +298,11 @@ def _no_gradient(a: Candidate, b: Candidate) -> bool:
 
 def _vanishing(a: Candidate, b: Candidate, ctx: Context) -> bool:
     """Updates that are small because the gradient is: negligible, or adding up to little, under an optimizer
-    whose step shrinks with the gradient. An adaptive optimizer's steps do not (its small updates are its
-    rate's), and a rate a schedule holds down, a clip, an eps or a rounding are settings no gradient makes."""
+    whose step shrinks with the gradient (an adaptive optimizer's do not: its small updates are its rate's),
+    or an adaptive optimizer's eps that damps a gradient that vanished below it. A rate a schedule holds
+    down, a clip or a rounding are settings no gradient makes."""
     return (b.cause == C.LEARNING_RATE_TOO_LOW and a.kind == "vanishing" and _no_gradient(a, b)
-            and b.kind in ("negligible", "still") and not ctx.adaptive())
+            and (b.kind in ("negligible", "still") and not ctx.adaptive() or b.kind == "eps"))
 
 
 def _nonfinite(a: Candidate, b: Candidate, ctx: Context) -> bool:
