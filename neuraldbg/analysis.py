@@ -286,15 +286,9 @@ def _loss_ahead(curve, th: Thresholds) -> np.ndarray:
     at most a quarter of the run; fewer at the end): its level from there, batch noise aside."""
     if curve is None or not len(curve.filled):
         return np.zeros(0)
-    v = curve.filled
-    n = len(v)
-    w = max(2, min(th.plateau_steps // 2, n // 4))
-    ahead = np.empty(n)
-    if n >= w:
-        ahead[:n - w + 1] = np.median(np.lib.stride_tricks.sliding_window_view(v, w), axis=1)
-    for i in range(max(n - w + 1, 0), n):
-        ahead[i] = np.median(v[i:])
-    return ahead
+    w = max(2, min(th.plateau_steps // 2, len(curve.filled) // 4))
+    # the rolling median of the losses read backward, turned forward again
+    return health_mod._rolling_median(curve.filled[::-1], w)[::-1]
 
 
 def _loss_stopped(trace: Trace, curve, ahead: np.ndarray, th: Thresholds) -> tuple | None:
