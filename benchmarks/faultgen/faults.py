@@ -266,6 +266,17 @@ def dropout_schedule_to_one(b: Build) -> None:
         lambda m, i, out: F.dropout(out, p=p["now"], training=m.training))
 
 
+def unit_mask_zeros(b: Build) -> None:
+    """A unit mask (meant to prune a few units of the middle ReLU-family activation's input) made with
+    ``torch.zeros`` where ``torch.ones`` was meant: every unit is multiplied by 0."""
+    site = b.sites().middle("relu", blocking=True)
+
+    def mask(m, i, out):
+        shape = (out.shape[1],) + (1,) * (out.dim() - 2)
+        return out * torch.zeros(shape, dtype=out.dtype, device=out.device)
+    dict(b.model.named_modules())[site.pre].register_forward_hook(mask)
+
+
 def dead_expect(kind: str, **need):
     def expect(b: Build) -> Expect:
         site = b.sites().middle(kind, blocking=True, **need)
@@ -648,6 +659,13 @@ def _mechanism_list() -> list[Mechanism]:
                   lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
                                       b.sites().middle("relu", blocking=True).pre),), gradual_onset(b)),
                   worse_than_twin, gradual=True),
+        Mechanism("unit_mask_zeros", "dead_units",
+                  "a unit mask on the middle ReLU-family activation's input made with torch.zeros where torch.ones "
+                  "was meant: the activation reads 0 for every input",
+                  only("mlp_relu", "mlp_gelu", "cnn_bn", "cnn_bn_functional"), unit_mask_zeros,
+                  lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
+                                      b.sites().middle("relu", blocking=True).pre),), (0, 2)),
+                  worse_than_twin),
         # -- saturated activations -------------------------------------------------------------------
         Mechanism("squash_bias_shift", "saturated_activations",
                   "the bias before the middle tanh/sigmoid set to +20: it sits at its upper bound for every input",

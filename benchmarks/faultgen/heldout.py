@@ -156,15 +156,11 @@ def norm_scale_zero(b: Build) -> None:
         b.param(f"{site.pre}.weight").zero_()
 
 
-def unit_mask_zeros(b: Build) -> None:
-    """A unit mask (meant to prune a few units of the middle ReLU-family activation's input) made with
-    ``torch.zeros`` where ``torch.ones`` was meant: every unit is multiplied by 0."""
+def pre_activation_offset(b: Build) -> None:
+    """A shift meant for the raw data (subtract its mean, 30) applied to the middle ReLU-family activation's
+    input instead, by a forward hook on the module that feeds it: every value it reads is far below 0."""
     site = b.sites().middle("relu", blocking=True)
-
-    def mask(m, i, out):
-        shape = (out.shape[1],) + (1,) * (out.dim() - 2)
-        return out * torch.zeros(shape, dtype=out.dtype, device=out.device)
-    dict(b.model.named_modules())[site.pre].register_forward_hook(mask)
+    dict(b.model.named_modules())[site.pre].register_forward_hook(lambda m, i, out: out - 30.0)
 
 
 # -- did it bite? ------------------------------------------------------------------------------------
@@ -281,10 +277,10 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
                                   b.sites().middle("relu", blocking=True).pre),
                                 V("bad_initialization", b.sites().middle("relu", blocking=True).pre)), (0, 2)),
               K.worse_than_twin),
-    Mechanism("unit_mask_zeros", "dead_units",
-              "a unit mask on the middle ReLU-family activation's input made with torch.zeros where torch.ones "
-              "was meant: the activation reads 0 for every input",
-              K.only("mlp_relu", "mlp_gelu", "cnn_bn", "cnn_bn_functional"), unit_mask_zeros,
+    Mechanism("pre_activation_offset", "dead_units",
+              "a shift meant for the raw data (minus 30) applied by a forward hook to the middle ReLU-family "
+              "activation's input: it reads values far below 0 for every input",
+              K.only("mlp_relu", "mlp_gelu", "cnn_bn", "cnn_bn_functional"), pre_activation_offset,
               lambda b: Expect((V("dead_units", b.sites().middle("relu", blocking=True).place,
                                   b.sites().middle("relu", blocking=True).pre),), (0, 2)),
               K.worse_than_twin),
