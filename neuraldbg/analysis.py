@@ -198,6 +198,31 @@ def _grad_rms(trace: Trace) -> float:
     return float(np.median(np.nanmedian(per_step, axis=1)))
 
 
+def _outputs_read(trace: Trace, th: Thresholds) -> dict[str, tuple[str, ...]]:
+    """Per layer, on each sampled step (as ``Context.sampled``), what its recorded output held: "zero" (exactly 0
+    for every value: its largest |value| is 0), with "zero_weights" when its own parameters are all 0 too;
+    "positive" (values above 0: a mean above minus ``source_spread`` standard deviations); "" (neither, or not
+    read). What a ReLU reading it can make of it: nothing but 0 from a "zero" source, some units firing from
+    a "positive" one."""
+    st = trace.stats
+    if st.n == 0:
+        return {}
+    data = st.data.astype(np.float64)
+    mean, std = data[:, :, int(Stat.ACT_MEAN)], data[:, :, int(Stat.ACT_STD)]
+    top, weights = data[:, :, int(Stat.ACT_ABSMAX)], data[:, :, int(Stat.W_NORM)]
+    with np.errstate(invalid="ignore"):
+        zero = top == 0
+        positive = (std > 0) & (mean > -th.source_spread * std) & ~zero
+        still = zero & (weights == 0)
+    out = {}
+    for i, layer in enumerate(trace.layers):
+        col = np.where(still[:, i], "zero_weights", np.where(zero[:, i], "zero", np.where(positive[:, i], "positive",
+                                                                                            "")))
+        if col.any():
+            out[layer.name] = tuple(str(v) for v in col)
+    return out
+
+
 def _loops(trace: Trace) -> dict[str, list[list]]:
     """Operations applied in a loop of the forward, each call reading what the one before made
     (``health.loop_chains``: a recurrence written by hand, a stack of layers applied in a ``for``): per loop, by
@@ -490,6 +515,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   param_dtype=str(trace.meta.get("param_dtype") or ""),
                   moving_objective=bool(trace.meta.get("loss_moving")),
                   through_time=dict(trace.meta.get("through_time") or {}), loops=_loops(trace),
+                  outputs_read=_outputs_read(trace, thresholds),
                   positions_read=dict(trace.meta.get("positions_read") or {}),
                   order_blind=dict(trace.meta.get("order_blind") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),

@@ -7,7 +7,10 @@ a module tracker (global forward pre/post hooks, for the same passes) says which
 which module produced a tensor. Attribution:
 
 - an activation (``F.relu``, ``torch.tanh``, ``F.softmax``, ...) belongs to the module whose output
-  it consumes: ``F.relu(self.conv2(x))`` is "F.relu after `conv2`";
+  it consumes: ``F.relu(self.conv2(x))`` is "F.relu after `conv2`"; so is ``F.relu(self.conv2(x) * mask)``,
+  or a ReLU reading what a forward hook made of ``conv2``'s output: through operations with one input
+  that needs a gradient (a mask, a shift, a reshape, a sum with data or a buffer: ``WALK_DEPTH`` of
+  them at most), not through one with another (a residual sum, a learned scale);
 - any other operation, and an activation whose input is no module's output, belongs to the
   innermost module running at that moment ("softmax in `blocks.0.attn`"); an operation written in
   the model's own forward on a module's output belongs to that module;
@@ -206,6 +209,9 @@ def _undispatched():
     return torch._C.DisableTorchFunction()
 
 
+WALK_DEPTH = 4  # operations of one input walked back from an activation's input to a module's output
+
+
 class ModuleTracker:
     """For one forward pass: the stack of running modules and the module that produced each tensor.
 
@@ -220,8 +226,15 @@ class ModuleTracker:
         self.hooks = hooks or {}
         self.stack: list[str] = []
         self._outputs: dict[int, tuple[weakref.ref, str]] = {}
+        # the autograd node of each output, for this pass (None: a functional activation's, see ``opaque``)
+        self._nodes: dict[int, tuple[object, str | None]] = {}
         self.versions: dict[int, int] = {}   # per module: the version counter of its first input when it started
         self.calls: dict[str, int] = {}      # per module: how many times it has started in this pass
+        # per module, over the passes tracked: the module whose output its first input is, or was computed from,
+        # and whether through operations between (``source_of``), as first seen ((None, False): the model's own
+        # input, a sum of several, a tensor with no autograd node)
+        self.reads: dict[str, tuple[str | None, bool]] = {}
+        self.through = False
         self._handles: list = []
         self._full = True
 
@@ -235,6 +248,7 @@ class ModuleTracker:
         if not keep:
             self.stack.clear()
             self._outputs.clear()
+            self._nodes.clear()
             self.versions.clear()
             self.calls.clear()
         self._full = full
@@ -252,6 +266,7 @@ class ModuleTracker:
     def __exit__(self, *exc) -> None:
         self.pause()
         self._outputs.clear()
+        self._nodes.clear()
         self.versions.clear()
         self.stack.clear()
 
@@ -264,6 +279,8 @@ class ModuleTracker:
                 with _undispatched():
                     if not args[0].is_inference():
                         self.versions[id(module)] = args[0]._version
+                if name not in self.reads:
+                    self.reads[name] = self.source_of(args[0])
 
     def entered(self, module, args) -> None:
         """``module`` started before the tracker did (the tracker started from its own pre-hook)."""
@@ -286,6 +303,12 @@ class ModuleTracker:
             first = output[0] if isinstance(output, (tuple, list)) and output else output
             if isinstance(first, torch.Tensor):
                 self._outputs[id(first)] = (weakref.ref(first), name)
+                with _undispatched():
+                    node = first.grad_fn
+                if node is not None:  # (held for the pass: its id stays its own; the innermost module's, first)
+                    held = self._nodes.get(id(node))
+                    if held is None or held[1] is None:
+                        self._nodes[id(node)] = (node, name)
         hook = self.hooks.get(id(module))
         if hook is not None:
             with _undispatched():
@@ -304,15 +327,59 @@ class ModuleTracker:
             self._outputs[id(out)] = (weakref.ref(out), hit[1])
 
     def producer(self, t) -> str | None:
-        """The module whose output ``t`` is, if any, in this pass."""
+        """The module whose output ``t`` is, if any, in this pass, or whose output ``t`` was computed from by
+        operations of one input that needs a gradient (see the module docstring)."""
+        return self.origin(t)[0]
+
+    def origin(self, t) -> tuple[str | None, bool]:
+        """``producer(t)``, and whether ``t`` was computed from that module's output by operations between."""
         hit = self._outputs.get(id(t)) if isinstance(t, torch.Tensor) else None
-        return hit[1] if hit is not None and hit[0]() is t else None
+        if hit is not None and hit[0]() is t:
+            return hit[1], False
+        found = self._computed_from(t) if isinstance(t, torch.Tensor) and self._nodes else None
+        return (found[0], found[1] > 0) if found is not None else (None, False)
+
+    def source_of(self, t) -> tuple[str | None, bool]:
+        """The innermost module whose output ``t`` is, as its autograd node says (a tensor changed in place
+        since is no module's output as it was), and whether operations between made ``t`` of it."""
+        found = self._computed_from(t) if isinstance(t, torch.Tensor) and self._nodes else None
+        return (found[0], found[1] > 0) if found is not None else (None, False)
+
+    def opaque(self, t) -> None:
+        """``t`` is a functional activation's output, a layer of its own: what is computed from it is not
+        ``_computed_from`` the module before it (a module whose output it is still is its producer)."""
+        if isinstance(t, torch.Tensor):
+            with _undispatched():
+                node = t.grad_fn
+            if node is not None and id(node) not in self._nodes:
+                self._nodes[id(node)] = (node, None)
+
+    def _computed_from(self, t: torch.Tensor) -> tuple[str, int] | None:
+        """The module whose output's autograd node ``t``'s is, or is reached from through nodes of one input
+        (a parameter is an input: a learned scale is a computation of its own; a functional activation is a
+        layer of its own), and how many nodes back."""
+        with _undispatched():
+            node = t.grad_fn
+            for hops in range(WALK_DEPTH + 1):
+                if node is None:
+                    return None
+                hit = self._nodes.get(id(node))
+                if hit is not None and hit[0] is node:
+                    return (hit[1], hops) if hit[1] is not None else None
+                inputs = [f for f, _ in node.next_functions if f is not None]
+                if len(inputs) != 1:
+                    return None
+                node = inputs[0]
+        return None
 
     def attribute(self, spec_role: Role, x) -> tuple[str, Relation]:
-        """Where an op on input ``x`` belongs (see the module docstring)."""
-        producer = self.producer(x)
+        """Where an op on input ``x`` belongs (see the module docstring). ``through`` says, until the next
+        call, whether an op ``after`` a module reads what operations between made of its output."""
+        producer, through = self.origin(x)
         inner = self.inner
+        self.through = False
         if producer is not None and (spec_role == Role.ACTIVATION or inner == ""):
+            self.through = through
             return producer, Relation.AFTER
         return inner, Relation.IN
 
@@ -435,6 +502,7 @@ class FunctionalObserver(TorchFunctionMode):
             if gated is not None and torch.is_grad_enabled() and self.tracker.inner not in self.skip_names:
                 owner, rel = self.tracker.attribute(Role.ACTIVATION, gated[0])
                 self.sink(owner, rel, gated[1], out, None)
+                self.tracker.opaque(out)
                 return out
         if spec is None or spec.role == Role.NUMERIC:
             if self._marked:  # the logits of an attention keep their provenance through same-shape ops
@@ -465,6 +533,7 @@ class FunctionalObserver(TorchFunctionMode):
         self.sink(owner, rel, _with_bounds(spec, args, kwargs), out, None)
         if spec.role == Role.ACTIVATION:
             self._activated[id(out)] = (weakref.ref(out), owner)
+            self.tracker.opaque(out)
         return out
 
 

@@ -96,7 +96,9 @@ class LayerInfo:
     # "passthrough": the module ran but only returned its input; "bidirectional": a recurrent module that runs
     # both ways along the sequence; "positions": outputs per unit in a batch (where dead units are counted);
     # "applications": the most times it ran in one sampled pass, where more than once (a block shared across
-    # depth, a cell applied per time step)
+    # depth, a cell applied per time step); "reads": the module whose output its input is, or was computed from
+    # by operations of one input (a mask, a shift), where known; "through": what it reads (its "reads", or the
+    # module a functional operation is "after") went through such operations first
     extra: dict = field(default_factory=dict)
 
     @property
@@ -151,8 +153,8 @@ class LayerInfo:
                    order=None if d.get("order") is None else int(d["order"]), extra=extra)
 
 
-_EXTRA_TEXT = ("owner", "relation", "follows")
-_EXTRA_FLAGS = ("passthrough", "bidirectional")
+_EXTRA_TEXT = ("owner", "relation", "follows", "reads")
+_EXTRA_FLAGS = ("passthrough", "bidirectional", "through")
 
 
 def parametrizing_modules(model: nn.Module) -> set[int]:

@@ -1118,6 +1118,22 @@ class Recorder:
                 self._tracker.pause()
             else:
                 self._tracker.__exit__(None, None, None)
+            self._note_reads()
+
+    _reads_noted = 0  # how many of the tracker's ``reads`` are in the layer table
+
+    def _note_reads(self) -> None:
+        """Into the layer table (``extra["reads"]``): the module whose output a module reads, first seen."""
+        reads = self._tracker.reads
+        if len(reads) == self._reads_noted:
+            return
+        for name, (src, through) in list(reads.items())[self._reads_noted:]:
+            idx = self._index_of_name.get(name)
+            if idx is not None and src is not None and src != name and "reads" not in self.layers[idx].extra:
+                self.layers[idx].extra["reads"] = src
+                if through:
+                    self.layers[idx].extra["through"] = True
+        self._reads_noted = len(reads)
 
     def _on_forward_end(self, module, args, output):
         self._root_depth = max(self._root_depth - 1, 0)
@@ -1287,6 +1303,8 @@ class Recorder:
         self._part_open = False
         if self._tracking:
             self._stop_observer()
+        else:  # (paused after its last child: what it knew of the pass is done with)
+            self._tracker.__exit__(None, None, None)
         if self._rec is not None:
             self._rec.forward_done = True
             self._find_loops(self._rec)
@@ -1611,7 +1629,8 @@ class Recorder:
         src = self._index_of_name.get(owner)
         info = LayerInfo(index=len(self.layers), name=name, type_name=spec.label, kind=spec.kind, bounds=spec.bounds,
                          channels_first=src is not None and self.layers[src].channels_first,
-                         extra={"owner": owner, "relation": rel.value})
+                         extra={"owner": owner, "relation": rel.value, **({"through": True} if self._tracker.through
+                                                                           and rel == Relation.AFTER else {})})
         self.trace.add_layers([info])  # the recorder's layer list is the trace's
         self._index_of_name[name] = info.index
         self._sites[key] = info.index

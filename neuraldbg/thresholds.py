@@ -30,6 +30,10 @@ class Thresholds:
     # -- activations -------------------------------------------------------------------------------
     dead_fraction: float = _f(0.6, "dead units", "linear", 0.05, 1.0,
                               "share of a ReLU layer's units never positive over a batch for the layer to be dead")
+    source_spread: float = _f(1.0, "source spread", "linear", 0.1, 5.0,
+                              "a layer's output whose mean is above minus this many of its standard deviations has "
+                              "values above 0 (a whole ReLU layer that reads it and gets none: something between "
+                              "them takes them away)", slider=False)
     saturated_fraction: float = _f(0.6, "saturated outputs", "linear", 0.05, 1.0,
                                    "share of a sigmoid/tanh layer's outputs at their bounds for it to be saturated")
     activation_growth: float = _f(1e3, "activation growth", "log", 3.0, 1e6,

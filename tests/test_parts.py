@@ -149,7 +149,7 @@ def test_the_childrens_hooks_do_nothing_inside_the_models_own_forward():
         return dbg
     mixed, whole = run(True), run(False)
     top = mixed.explain()[0]
-    assert (top.cause, top.layer) == (whole.explain()[0].cause, whole.explain()[0].layer) == ("dead_units", "")
+    assert (top.cause, top.layer) == (whole.explain()[0].cause, whole.explain()[0].layer) == ("dead_units", "body")
     assert [l.name for l in mixed.trace.layers] == [l.name for l in whole.trace.layers]  # one ReLU site, once
     assert mixed.trace.meta.get("passes_per_step", 1.0) <= 1.0
 

@@ -3,6 +3,7 @@ at their bounds. Each blocks the gradient to the layers before it."""
 from __future__ import annotations
 
 from ..causes import Cause
+from ..layers import Kind
 from ..events import SemanticEvent
 from ..patterns import LinkKind
 from ..states import ActState, Signal
@@ -65,6 +66,37 @@ def _dropped(ctx: Context) -> list[Candidate]:
     return out
 
 
+def _zero_from(ctx: Context, layer: str, step: int, depth: int = 4) -> tuple[str, str | None, str]:
+    """Where a whole layer that reads nothing above 0 at ``step`` gets that from, as (how, the layer, the layer
+    reading it), from what the layers it was seen to read output then: "zero_weights", it reads as it is the
+    output of a layer whose weights are all 0; "zero", of a layer with weights that outputs 0 all the same;
+    "between", what operations between (a mask, a shift, a forward hook) made of an output with values above 0.
+    A layer with no weights of its own whose output is 0 (a normalisation of a constant has weights; a pooling,
+    a reshape has none) is followed back to what it reads, ``depth`` layers at most; a layer of units that are
+    dead themselves ends the search. ("", None, layer): none of these, or not known."""
+    reader = layer
+    for _ in range(depth):
+        source, through = ctx.source(reader)
+        if source is None:
+            break
+        read = ctx.output_read(source, step)
+        if through:
+            return ("between", source, reader) if read == "positive" else ("", None, layer)
+        info = ctx.layers[source]
+        if read == "zero_weights" and info.n_params > 0:
+            return read, source, reader
+        if read != "zero" or info.kind in (Kind.RELU, Kind.BOUNDED, Kind.SMOOTH):
+            break
+        if info.n_params > 0:
+            # (a layer with weights that outputs 0: what it reads may be where the zeros come from)
+            up, up_through = ctx.source(source)
+            if up is not None and up_through and ctx.output_read(up, step) == "positive":
+                return "between", up, source
+            return "zero", source, reader
+        reader = source
+    return "", None, layer
+
+
 def candidates(ctx: Context) -> list[Candidate]:
     out = _dropped(ctx)
     for ev in ctx.all(Signal.ACTIVATION, ActState.DEAD):
@@ -73,13 +105,19 @@ def candidates(ctx: Context) -> list[Candidate]:
         blocked = ctx.linked(LinkKind.BLOCKS, ev)
         downstream = _downstream(ctx, ev) if frac >= ALL_DEAD else []
         penalised = ev.layer in ctx.loss_terms
+        # a whole layer that reads nothing above 0: what the layer it reads output then says where that comes
+        # from (a source that outputs exactly 0, with its weights at 0 or not; or one with values above 0, which
+        # something between them takes away)
+        read, source, reader = _zero_from(ctx, ev.layer, ev.step) if frac >= ALL_DEAD else ("", None, ev.layer)
         out.append(Candidate(Cause.DEAD_UNITS, ev.layer, ev.step, "penalised" if penalised else "dead", [ev],
                              severity=past_fraction(worst, ctx.th.dead_fraction), persistence=persistence(ev, ctx),
                              partial=True,
                              symptoms=blocked + downstream, loss_kinds=_loss_kinds(ctx, ev),
                              acting_from=ctx.first_step if penalised else None,
                              facts={"fraction": frac, "blocked": blocked, "downstream": downstream,
-                                    "previous": ctx.previous(ev.layer), "term": ctx.loss_terms.get(ev.layer)}))
+                                    "previous": ctx.previous(ev.layer), "read": read, "source": source,
+                                    "reader": reader,
+                                    "term": ctx.loss_terms.get(ev.layer)}))
     for ev in ctx.all(Signal.ACTIVATION, ActState.SATURATED):
         frac = _share(ev, "saturated_fraction")
         worst = max(frac, _share(ev, "saturated_peak", frac))

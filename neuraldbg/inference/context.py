@@ -4,8 +4,8 @@ Nothing here holds raw statistics: the earlier stages have turned them into stat
 """
 from __future__ import annotations
 
+import bisect
 import math
-
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -116,6 +116,9 @@ class Context:
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
     through_time: dict = field(default_factory=dict)
+    # per layer with any: what its output held on each sampled step ("zero", "zero_weights", "positive", ""; see
+    # ``analysis._outputs_read``)
+    outputs_read: dict = field(default_factory=dict)
     # per loop of one operation in the forward (by its first call's site), rows as ``through_time``'s over its calls
     loops: dict = field(default_factory=dict)
     # an embedding of a 2-D batch of tokens: the positions its output's gradient reaches, per sampled pass,
@@ -235,6 +238,25 @@ class Context:
             return None
         before = [n for n, r in self.rank.items() if r < pos]
         return max(before, key=self.rank.__getitem__) if before else None
+
+    def output_read(self, name: str | None, step: int) -> str:
+        """What ``name``'s output held on the sampled step at or before ``step`` (see ``outputs_read``)."""
+        col = self.outputs_read.get(name) if name else None
+        if not col or not self.sampled:
+            return ""
+        i = max(bisect.bisect_right(self.sampled, step) - 1, 0)
+        return col[i] if i < len(col) else ""
+
+    def source(self, name: str) -> tuple[str | None, bool]:
+        """The layer whose output ``name`` was seen to read (the module a functional operation is attributed
+        after, the one a module's input came from: ``extra["reads"]``), and whether through operations between
+        (a mask, a shift, a forward hook); (None, False) where not seen."""
+        info = self.layers.get(name)
+        extra = info.extra if info is not None else {}
+        known = extra.get("owner") if extra.get("relation") == "after" else extra.get("reads")
+        if known in self.layers:
+            return str(known), bool(extra.get("through"))
+        return None, False
 
     def previous_weight_layer(self, name: str) -> str | None:
         pos = self.rank.get(name, -1)

@@ -305,6 +305,15 @@ def _own(c: Candidate, ctx: Context) -> list[str]:
         if k == "penalised":
             lines.append(f"the loss reads `{c.layer}`'s output directly ({_term(f.get('term'))}): a penalty on its "
                          "activations pushes its units toward zero from the first step, and below it")
+        elif ctx.from_start(c.step) and f.get("read") == "zero_weights":
+            lines.append(f"present from step {c.step}: the weights of `{f['source']}` are all 0, so it outputs 0 for "
+                         "every input")
+        elif ctx.from_start(c.step) and f.get("read") == "zero":
+            lines.append(f"present from step {c.step}: `{f['source']}` outputs 0 for every input, though its weights "
+                         "are not 0")
+        elif ctx.from_start(c.step) and f.get("read") == "between":
+            lines.append(f"present from step {c.step}: `{f['source']}`'s output has values above 0, and what "
+                         f"`{f['reader']}` reads of it, through operations between them, has none")
         elif ctx.from_start(c.step) and f.get("previous"):
             lines.append(f"present from step {c.step}: `{f['previous']}` feeds `{c.layer}` only non-positive values "
                          "(its bias or weight scale)")
@@ -1238,9 +1247,25 @@ def fix(c: Candidate, ctx: Context, *, lr_way: str = "") -> str:
                 "stop it growing (cap it, or warm it up to a fixed value); the units it has already killed stay dead: "
                 "retrain from before they died, or penalise through a nn.LeakyReLU(0.01)")
     if c.cause == Cause.DEAD_UNITS:
-        prev = f.get("previous")
-        text = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace `{c.layer}` by "
-                "nn.LeakyReLU(0.01)" if prev else f"replace `{c.layer}` by nn.LeakyReLU(0.01)")
+        prev, read = f.get("previous"), f.get("read", "")
+        if read:
+            prev = f.get("source") or prev
+        if prev and read == "zero_weights":
+            text = (f"initialise `{prev}`'s weights as its kind is (a normalisation's scale to 1, a linear or "
+                    f"convolution layer's with nn.init.kaiming_normal_): they are all 0, so it outputs 0 for every "
+                    f"input, and `{c.layer}` passes no gradient back at 0 to move them (a zero-init is for the last "
+                    "layer of a residual branch only)")
+        elif prev and read == "zero":
+            text = (f"find what multiplies `{prev}`'s output by 0: it is 0 for every input though its weights are "
+                    "not (a mask or gate made with torch.zeros where torch.ones was meant, a forward hook on it)")
+        elif prev and read == "between":
+            reader = f.get("reader") or c.layer
+            gets = "reads none" if reader == c.layer else "outputs 0 for every input"
+            text = (f"check what is done to `{prev}`'s output before `{reader}` reads it (a mask, a shift, a forward "
+                    f"hook on `{prev}`): it has values above 0, and `{reader}` {gets}")
+        else:
+            text = (f"re-initialise `{prev}` (bias to 0, nn.init.kaiming_normal_ on its weight) or replace "
+                    f"`{c.layer}` by nn.LeakyReLU(0.01)" if prev else f"replace `{c.layer}` by nn.LeakyReLU(0.01)")
         if not ctx.from_start(c.step) and may_lower:
             text += f"; if the units died during training, lower the learning rate from {high} to ~{high10}"
             if ctx.lr_rising == ctx.lr_rising:
