@@ -198,6 +198,21 @@ def _grad_rms(trace: Trace) -> float:
     return float(np.median(np.nanmedian(per_step, axis=1)))
 
 
+def _loss_at_start(trace: Trace, chance: float, uniform: float, width: float) -> tuple[float, float]:
+    """The loss recorded at the first step, before any update, and the loss a uniform guess gives over the
+    classes seen or over the model's outputs (``width``: the log of their number), whichever is higher, or
+    chance where higher still; NaNs when either is not known, or the loss is no mean class loss (summed,
+    scaled, or more than a cross-entropy)."""
+    paths = trace.meta.get("loss_paths") or []
+    if not health_mod.mean_class_loss(paths) or losspath.summed(paths):
+        return math.nan, math.nan
+    floor = max((v for v in (chance, uniform, width) if v == v), default=math.nan)
+    if not trace.loss.n or int(trace.loss.steps[0]) != 0 or not floor > 0:
+        return math.nan, math.nan
+    first = float(trace.loss.data[0])
+    return (first, floor) if math.isfinite(first) else (math.nan, math.nan)
+
+
 def _outputs_read(trace: Trace, th: Thresholds) -> dict[str, tuple[str, ...]]:
     """Per layer, on each sampled step (as ``Context.sampled``), what its recorded output held: "zero" (exactly 0
     for every value: its largest |value| is 0), with "zero_weights" when its own parameters are all 0 too;
@@ -453,6 +468,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
     origin is then the run's first, wherever it came from)."""
     curve = None
     least, classes_uniform = health_mod.loss_floor(trace)
+    chance, uniform = math.nan, math.nan
     if trace.loss.n:
         chance, uniform = health_mod.chance_levels(trace, thresholds)
         curve = health_mod.loss_curve(trace.loss.data, thresholds, chance,
@@ -516,6 +532,7 @@ def analyze(trace: Trace, thresholds: Thresholds, steps: int = 0, ranks=None) ->
                   moving_objective=bool(trace.meta.get("loss_moving")),
                   through_time=dict(trace.meta.get("through_time") or {}), loops=_loops(trace),
                   outputs_read=_outputs_read(trace, thresholds),
+                  loss_at_start=_loss_at_start(trace, chance, uniform, classes_uniform),
                   positions_read=dict(trace.meta.get("positions_read") or {}),
                   order_blind=dict(trace.meta.get("order_blind") or {}),
                   optimizer_eps=float(trace.meta.get("optimizer_eps", math.nan)),

@@ -378,7 +378,9 @@ class ModuleTracker:
         producer, through = self.origin(x)
         inner = self.inner
         self.through = False
-        if producer is not None and (spec_role == Role.ACTIVATION or inner == ""):
+        # (only an activation is followed back through operations between: any other op on what they made of a
+        # module's output, in the model's forward or in the loss, is no more that module's)
+        if producer is not None and (spec_role == Role.ACTIVATION or inner == "" and not through):
             self.through = through
             return producer, Relation.AFTER
         return inner, Relation.IN

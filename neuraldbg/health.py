@@ -724,10 +724,15 @@ def chance_levels(trace: Trace, th: Thresholds) -> tuple[float, float]:
     cross-entropy averaged over the batch and nothing else (a binary one with logits included; summed, with
     terms added or label smoothing, it is not known), and the loss of a uniform prediction over the classes
     seen (log of their number: where a model initialised as usual starts). NaNs when not known."""
-    paths = trace.meta.get("loss_paths") or []
-    if not paths or any(not p or p[0] not in _MEAN_CLASS_LOSSES for p in paths):
+    if not mean_class_loss(trace.meta.get("loss_paths") or []):
         return math.nan, math.nan
     return class_chance(trace, th)
+
+
+def mean_class_loss(paths: list) -> bool:
+    """The recorded loss is a class loss and nothing else (its graph's paths, see ``losspath``): a
+    cross-entropy, or a binary one with logits, with no term added and no scale."""
+    return bool(paths) and all(p and p[0] in _MEAN_CLASS_LOSSES for p in paths)
 
 
 def class_chance(trace: Trace, th: Thresholds) -> tuple[float, float]:

@@ -89,7 +89,8 @@ class LayerInfo:
     channels_first: bool = False
     order: int | None = None             # set when first seen in a forward pass
     # "recurrent_scale", "weight_scale" (vs the default init, when watching starts); "bias_rms": the RMS of a
-    # Linear or convolution layer's bias when watching starts; "equal_weights": the one
+    # Linear or convolution layer's bias when watching starts; "pruned": the share of its weights a pruning mask
+    # (torch.nn.utils.prune) holds at 0 when watching starts; "equal_weights": the one
     # value every weight of a Linear or convolution holds when watching starts (zero, or a constant); for a functional
     # operation (a "site"): "owner", the module it is attributed to,
     # and "relation", "after" (it consumes that module's output) or "in" (it runs in its forward);
@@ -135,14 +136,15 @@ class LayerInfo:
                 "n_trainable": self.n_trainable, "channels_first": self.channels_first, "order": self.order,
                 "recurrent_scale": self.extra.get("recurrent_scale"), "weight_scale": self.extra.get("weight_scale"),
                 "equal_weights": self.extra.get("equal_weights"), "bias_rms": self.extra.get("bias_rms"),
+                "pruned": self.extra.get("pruned"),
                 "positions": self.extra.get("positions"), "applications": self.extra.get("applications"),
                 **{k: self.extra[k] for k in _EXTRA_TEXT + _EXTRA_FLAGS if k in self.extra}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LayerInfo":
         bounds = d.get("bounds")
-        extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale", "equal_weights", "bias_rms")
-                       if d.get(k) is not None}
+        extra: dict = {k: float(d[k]) for k in ("recurrent_scale", "weight_scale", "equal_weights", "bias_rms",
+                                                "pruned") if d.get(k) is not None}
         extra.update({k: int(d[k]) for k in ("positions", "applications") if d.get(k) is not None})
         extra.update({k: str(d[k]) for k in _EXTRA_TEXT if d.get(k) is not None})
         extra.update({k: True for k in _EXTRA_FLAGS if d.get(k)})
@@ -292,8 +294,21 @@ def equal_weights(module: nn.Module) -> float | None:
     return float(first) if same else None
 
 
+def pruned_share(module: nn.Module) -> float | None:
+    """The largest share of a tensor's entries that a pruning mask holds at 0 (``torch.nn.utils.prune``: a
+    ``<name>_mask`` buffer beside a ``<name>_orig`` parameter), None when the module is not pruned."""
+    shares = []
+    with torch.no_grad():
+        for key, mask in module.named_buffers(recurse=False):
+            if key.endswith("_mask") and isinstance(getattr(module, key[:-5] + "_orig", None), nn.Parameter) \
+                    and isinstance(mask, torch.Tensor) and mask.numel() and not mask.is_meta:
+                shares.append(float((mask == 0).float().mean()))
+    return max(shares) if shares else None
+
+
 def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
     own = own_parameters(module)
+    pruned = pruned_share(module)
     scale = recurrent_scale(module)
     equal = equal_weights(module)
     wscale = weight_scale(module) if equal is None else None  # equal weights have no spread to compare
@@ -306,4 +321,5 @@ def describe(index: int, name: str, module: nn.Module) -> LayerInfo:
                             **({} if wscale is None else {"weight_scale": wscale}),
                             **({} if brms is None else {"bias_rms": brms}),
                             **({} if equal is None else {"equal_weights": equal}),
+                            **({} if not pruned else {"pruned": pruned}),
                             **({"bidirectional": True} if getattr(module, "bidirectional", False) is True else {})})

@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -281,6 +282,24 @@ def _weak_hook(owner, method: str) -> Callable:
 def _disable_under_compile(fn):
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(fn) if disable is not None else fn
+
+
+def _callable_children(module: nn.Module, prefix: str = "", seen: set | None = None) -> list[tuple[str, nn.Module]]:
+    """The modules a model driven by its parts calls: its children, and in place of a container with no
+    forward of its own (an nn.ModuleList, an nn.ModuleDict), that container's, by their dotted names; each
+    module once (the first name it is reached by), and none of a parametrization's (run on a weight as it is
+    read, not called by the loop)."""
+    seen = set() if seen is None else seen
+    out = []
+    for name, m in module.named_children():
+        if id(m) in seen or (name == "parametrizations" and parametrize.is_parametrized(module)):
+            continue
+        seen.add(id(m))
+        if type(m).forward is nn.Module.forward and next(m.children(), None) is not None:
+            out += _callable_children(m, f"{prefix}{name}.", seen)
+        else:
+            out.append((f"{prefix}{name}", m))
+    return out
 
 
 def _cut(v):
@@ -1222,8 +1241,9 @@ class Recorder:
     def _watch_parts(self) -> None:
         """Hook the model's children: from now on a pass may begin at the first of them called in a step, when
         the model's own forward does not run (see ``_parts``). Their hooks do nothing inside that forward."""
-        self._parts = {id(m): name for name, m in self.inner.named_children()}
-        for m in self.inner.children():
+        parts = _callable_children(self.inner)
+        self._parts = {id(m): name for name, m in parts}
+        for _, m in parts:
             self._handles.append(m.register_forward_pre_hook(self._on_part_start, with_kwargs=True))
             self._handles.append(m.register_forward_hook(self._on_part_end, always_call=True))
 

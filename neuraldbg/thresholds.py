@@ -38,6 +38,11 @@ class Thresholds:
                                    "share of a sigmoid/tanh layer's outputs at their bounds for it to be saturated")
     activation_growth: float = _f(1e3, "activation growth", "log", 3.0, 1e6,
                                   "growth of a layer's output spread since the first sample that is anomalous")
+    outputs_out_of_scale: float = _f(10.0, "outputs out of scale", "log", 2.0, 1e4,
+                                     "a classification loss that starts, at the first step (before any update), "
+                                     "this many times above a uniform guess's loss: the model's outputs are far "
+                                     "out of scale as initialised (where no layer's gain says which weights)",
+                                     slider=False)
     layer_gain: float = _f(10.0, "layer gain", "log", 2.0, 1e3,
                            "output/input scale (RMS) ratio of a weight layer (either way) that points at its "
                            "init scale")

@@ -78,6 +78,54 @@ def test_a_model_driven_by_its_parts_has_its_steps_sampled_and_its_losses_stampe
     assert [int(s) for s in dbg.trace.stats.steps[:3]] == [0, 1, 2]
 
 
+class Listed(nn.Module):
+    """Blocks kept in an nn.ModuleList and a head, no forward: the loop calls each block, never the list."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(16 if i == 0 else 64, 64), nn.ReLU()) for i in range(3)])
+        self.head = nn.Linear(64, 4)
+
+    def score(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class ListedWhole(Listed):
+    def forward(self, x):
+        return self.score(x)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("lr,prepare,expected", [
+    (1e-6, None, [("learning_rate_too_low", "")]),
+    (0.05, lambda m: m.blocks[1][0].bias.data.fill_(-20.0), [("dead_units", "blocks.1.1")]),
+    (0.05, None, []),
+])
+def test_blocks_in_a_module_list_called_one_by_one_read_as_the_net_driven_whole(seed, lr, prepare, expected):
+    """The parts of a model with no forward are the modules it calls: an nn.ModuleList is never called, its
+    blocks are. Each step is a pass, its loss stamped with its step."""
+    def run(model):
+        if prepare is not None:
+            prepare(model)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        data = teacher_classes(16, 4, seed=seed)
+        with NeuralDbg(model, optimizer=opt) as dbg:
+            for step in range(300):
+                x, y = data(step)
+                opt.zero_grad()
+                loss = F.cross_entropy(model.score(x) if type(model) is Listed else model(x), y)
+                loss.backward()
+                opt.step()
+                dbg.record_loss(loss)
+        return dbg
+    parts, whole = run(Listed(seed)), run(ListedWhole(seed))
+    assert _top(parts) == _top(whole) == expected, parts.report()
+    assert [int(s) for s in parts.trace.loss.steps] == list(range(300))
+
+
 class _Sqrt(nn.Module):
     """sqrt(k x - 0.5): NaN once its input goes below 0.5 / k."""
 

@@ -65,6 +65,8 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
     if a.kind == "unscaled":
         if b.cause == C.LEARNING_RATE_TOO_HIGH:  # the first layer's gradient, and update, scale with its input
             return _early(a, b, ctx)
+        if b.cause == C.BAD_INITIALIZATION and b.kind == "outputs":  # inputs out of scale make outputs so
+            return _after(a, b)
         first = ctx.input_reach()
         return _after(a, b) and (b.layer in first or any(e.layer in first for e in b.events))
     if a.kind == "input_small":  # the first layer's weight gradient scales with its input, its output is its
@@ -96,7 +98,7 @@ def _data(a: Candidate, b: Candidate, ctx: Context) -> bool:
 # -- initialisation ---------------------------------------------------------------------------------------------
 
 def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
-    grows = a.kind in ("amplifies", "recurrent", "saturating")
+    grows = a.kind in ("amplifies", "recurrent", "saturating", "outputs")
     if a.kind == "symmetric":  # units that stay identical: their scale, activations and gradients follow from it
         return (b.cause in (C.BAD_INITIALIZATION, C.DEAD_UNITS, C.SATURATED_ACTIVATIONS, C.VANISHING_GRADIENTS,
                             C.EXPLODING_GRADIENTS, C.LEARNING_RATE_TOO_LOW) and _early(a, b, ctx)
@@ -127,6 +129,9 @@ def _init(a: Candidate, b: Candidate, ctx: Context) -> bool:
         # a layer's weights k times too large make its updates k times smaller next to them: at their usual
         # scale the same updates would have counted in some layer (a rate decades too low, or small updates
         # in layers of a usual scale, are the rate's own)
+        if a.kind == "saturating":  # weights that pin their units at the bounds are far above their scale, and
+            # the updates small next to them (an adaptive optimizer's step does not grow with them)
+            return b.kind in ("still", "negligible")
         if a.kind != "amplifies" or a.facts.get("biased"):
             return False
         gains = {e.layer: e.values.get("gain", math.nan) for e in a.events}

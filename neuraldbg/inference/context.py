@@ -116,6 +116,8 @@ class Context:
     moving_objective: bool = False  # the loss depends on weights outside the model that another optimizer moves
     # per recurrent layer: [step, gradient reaching the first time step / the most any step gets, time steps]
     through_time: dict = field(default_factory=dict)
+    # the loss at the first step, before any update, and a uniform guess's over the classes (NaNs: not known)
+    loss_at_start: tuple = (math.nan, math.nan)
     # per layer with any: what its output held on each sampled step ("zero", "zero_weights", "positive", ""; see
     # ``analysis._outputs_read``)
     outputs_read: dict = field(default_factory=dict)

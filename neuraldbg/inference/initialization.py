@@ -87,6 +87,31 @@ def _output_shrinks(ctx: Context, e) -> bool:
             and not _off(ctx, e.values.get("weight_scale", 1.0)))
 
 
+def _feeding_weights(ctx: Context, name: str) -> str | None:
+    """The weights that feed a layer: the module with parameters of its own a functional operation runs in
+    (weights the module applies in its forward, ``""`` for the model's own), else the weight layer before it."""
+    info = ctx.layers.get(name)
+    owner = info.extra.get("owner") if info is not None and info.extra.get("relation") == "in" else None
+    if owner is not None and owner in ctx.layers and ctx.layers[owner].n_params > 0:
+        return owner
+    return ctx.previous_weight_layer(name)
+
+
+def _outputs(ctx: Context) -> list[Candidate]:
+    """A classifier whose loss at the first step, before any update, is ``outputs_out_of_scale`` times a
+    uniform guess's or more: its outputs are far out of scale as initialised (weights drawn at a spread of 1
+    where 1/sqrt(fan_in) was meant, a logit scale far above 1). Read where no layer's gain names the weights
+    (the model's own parameters, applied in its forward, that no module hook sees)."""
+    first, uniform = ctx.loss_at_start
+    if not (first == first and uniform > 0) or first < ctx.th.outputs_out_of_scale * uniform:
+        return []
+    ratio = first / uniform
+    return [Candidate(Cause.BAD_INITIALIZATION, "", ctx.first_step, "outputs", [],
+                      severity=past_ratio(ratio, ctx.th.outputs_out_of_scale), persistence=1.0, needs_harm=True,
+                      lasting=True, loss_kinds=losses.SLOWED,
+                      facts={"ratio": ratio, "loss": first, "uniform": uniform})]
+
+
 def candidates(ctx: Context) -> list[Candidate]:
     out = _symmetric(ctx)
     # (an input far below unit scale amplified by weights at their default spread is the data's)
@@ -143,13 +168,15 @@ def candidates(ctx: Context) -> list[Candidate]:
                                     "after_norm": group[-1].values.get("after_norm", 0.0) > 0,
                                     "biased_layers": [e.layer for e in named] if biased else [],
                                     "layers": [e.layer for e in group]}))
+    if not any(c.kind == "amplifies" for c in out):
+        out += _outputs(ctx)
     # several bounded layers saturated from the first step, each behind a weight layer: one root, the initial
     # weight scale, rather than one saturation per layer
     sat = [e for e in ctx.all(Signal.ACTIVATION, ActState.SATURATED)
-           if ctx.from_start(e) and ctx.previous_weight_layer(e.layer)]
+           if ctx.from_start(e) and _feeding_weights(ctx, e.layer) is not None]
     if len({e.layer for e in sat}) >= 2:
         sat.sort(key=lambda e: ctx.rank.get(e.layer, 0))
-        weights = list(dict.fromkeys(w for w in (ctx.previous_weight_layer(e.layer) for e in sat) if w))
+        weights = list(dict.fromkeys(w for w in (_feeding_weights(ctx, e.layer) for e in sat) if w is not None))
         fracs = [e.values.get("saturated_fraction", 1.0) for e in sat]
         out.append(Candidate(Cause.BAD_INITIALIZATION, weights[0] if len(weights) == 1 else "", sat[0].step,
                              "saturating", sat,

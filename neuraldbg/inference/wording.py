@@ -791,6 +791,10 @@ def _precision_lines(c: Candidate, ctx: Context) -> list[str]:
 
 def _init_lines(c: Candidate, ctx: Context) -> list[str]:
     f, k = c.facts, c.kind
+    if k == "outputs":
+        return [f"the loss at step {c.step}, before any update, is {fmt(f['loss'])}: {fmt(f['ratio'])}x what a uniform "
+                f"guess over the classes gives ({fmt(f['uniform'])}), so the model's outputs start far out of scale",
+                *symptom_lines(c.symptoms, 2)]
     if k == "symmetric":
         held = " and ".join(fmt(v) for v in f["values"])
         lines = [f"at step {c.step}, {layer_list(f['layers'])} start with all their weights equal ({held}), one "
@@ -798,6 +802,10 @@ def _init_lines(c: Candidate, ctx: Context) -> list[str]:
                  "the units stay identical (each layer learns as if it had one unit)"]
         if 0.0 in f["values"]:
             lines.append("zero weights pass no gradient back: the layers before them do not learn at all")
+        pruned = _pruned(c, ctx)
+        if pruned:
+            lines.append(f"a pruning mask (torch.nn.utils.prune) holds {layer_list(list(pruned))} at 0: it removes "
+                         + ", ".join(f"{share:.0%} of `{n}`'s weights" for n, share in pruned.items()))
         return lines
     if k == "recurrent" and f.get("time_growth", math.nan) >= ctx.th.layer_gain and not (
             f["recurrent_scale"] > ctx.th.layer_gain or f["recurrent_scale"] < 1 / ctx.th.layer_gain):
@@ -816,8 +824,9 @@ def _init_lines(c: Candidate, ctx: Context) -> list[str]:
     if k == "saturating":
         kinds = sorted({ctx.layers[n].type_name for n in f["saturated"] if n in ctx.layers})
         fr = f["fractions"]
-        return [f"at step {c.step}, {layer_list(f['layers'])} start with weights too large for the {'/'.join(kinds)} "
-                "after them",
+        return [f"at step {c.step}, {_weights_of(f['layers'])} start with weights too large for the "
+                f"{'/'.join(kinds)} after them" + (", applied once per step of a loop in the forward (a recurrence)"
+                                                   if _in_loop(f["saturated"], ctx) else ""),
                 f"{min(fr):.0%}-{max(fr):.0%} of the outputs of {layer_list(f['saturated'])} are pinned at their "
                 "bounds "
                 f"from step {c.step}"]
@@ -1747,8 +1756,36 @@ def _cut_by_schedule(ctx: Context) -> int | None:
     return decline[-1].step if decline else None
 
 
+def _weights_of(layers: list[str]) -> str:
+    """Weight layers by name; ``""``, the model's own weights, as such."""
+    named = layer_list(layers)
+    if "" not in layers:
+        return named
+    own = "the model's own weights (the parameters its forward applies)"
+    return f"{named} and {own}" if named else own
+
+
+def _in_loop(layers: list[str], ctx: Context) -> bool:
+    """Some of ``layers`` are calls of one operation in a loop of the forward, each reading the one before."""
+    return any(ctx.layers[n].extra.get("follows") for n in layers if n in ctx.layers)
+
+
+def _pruned(c: Candidate, ctx: Context) -> dict[str, float]:
+    """The layers of a symmetric start whose equal weights are zeros a pruning mask holds: layer -> the share
+    it removes."""
+    if 0.0 not in c.facts.get("values", ()):
+        return {}
+    layers = [ctx.layers[n] for n in c.facts.get("layers", ()) if n in ctx.layers]
+    return {info.name: float(info.extra["pruned"]) for info in layers
+            if info.extra.get("equal_weights") == 0.0 and info.extra.get("pruned")}
+
+
 def _init_fix(c: Candidate, ctx: Context) -> str:
     f, k = c.facts, c.kind
+    if k == "symmetric" and _pruned(c, ctx):
+        return (f"prune a smaller share of {layer_list(list(_pruned(c, ctx)))}: prune's amount is the share it "
+                "removes (amount=0.99 removes 99%, and a global one may take whole layers), so a mask that holds "
+                "a layer at 0 leaves it nothing to learn; prune after training, or by steps")
     if k == "symmetric":
         return (f"initialise {layer_list(f['layers'])} with random weights (PyTorch's default init, or "
                 "nn.init.kaiming_normal_ for ReLU, xavier_normal_ for tanh) instead of nn.init.zeros_ / constant_: "
@@ -1757,11 +1794,20 @@ def _init_fix(c: Candidate, ctx: Context) -> str:
         return (f"re-initialise the recurrent weights of `{c.layer}` (weight_hh_l*) with nn.init.orthogonal_, or keep "
                 "PyTorch's default init (uniform in +-1/sqrt(hidden_size)); clip gradients at max_norm=1.0 (a "
                 "recurrent net's usual guard against a gradient that grows through time)")
+    if k == "outputs":
+        return ("initialise the weights at the scale of their inputs: a spread of ~1/sqrt(fan_in) "
+                "(nn.init.kaiming_normal_ before a ReLU, xavier_normal_ otherwise; torch.randn(fan_in, fan_out) "
+                "/ fan_in ** 0.5 by hand), not torch.randn's 1; or find what multiplies the outputs (a scale or a "
+                "temperature far from 1)")
     if k == "saturating":
         kinds = sorted({ctx.layers[n].type_name for n in f["saturated"] if n in ctx.layers})
-        gain = "5/3, nn.init.calculate_gain('tanh')" if "Tanh" in kinds else "1"
-        return (f"re-initialise {layer_list(f['layers'])} with nn.init.xavier_uniform_ (gain {gain}) instead of their "
-                f"current scale, or add nn.LayerNorm before each {'/'.join(kinds)}")
+        gain = "5/3, nn.init.calculate_gain('tanh')" if any("tanh" in t.lower() for t in kinds) else "1"
+        text = (f"re-initialise {_weights_of(f['layers'])} with nn.init.xavier_uniform_ (gain {gain}) instead of "
+                f"their current scale, or add nn.LayerNorm before each {'/'.join(kinds)}")
+        if _in_loop(f["saturated"], ctx):
+            text += ("; the weights applied to the state at every step of the loop want a spread of ~1/sqrt(hidden "
+                     "size) or nn.init.orthogonal_, not torch.randn's 1")
+        return text
     target = f"`{c.layer}` starts" if c.layer else "the weight layers start"
     g = f["gain"]
     if f["biased"] and c.layer:
