@@ -1,5 +1,6 @@
-"""A classifier whose outputs start far out of scale, in weights no module hook sees (held by the model and
-applied in its forward): the loss at the first step, before any update, says it."""
+"""Weights the model holds and applies in its own forward, which no module hook sees, initialised out of scale:
+a classifier whose outputs start far out of scale (the loss at the first step, before any update, says it),
+and a recurrence written by hand whose state saturates its tanh from the first step."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -51,3 +52,47 @@ def test_weights_drawn_at_unit_spread_are_the_init_not_the_learning_rate(seed):
     assert not [h for h in hyps[1:] if h.confidence >= 0.5]
     torch.manual_seed(seed)
     assert not [h for h in train(Scratch(scaled=True), seed).explain() if h.confidence >= 0.5]
+
+
+class ScratchRNN(nn.Module):
+    """A tanh RNN written by hand; its state-to-state weights drawn with torch.randn, scaled or not."""
+
+    def __init__(self, scaled: bool, d: int = 4, h: int = 64):
+        super().__init__()
+        self.wx = nn.Parameter(torch.randn(d, h) / d ** 0.5)
+        self.wh = nn.Parameter(torch.randn(h, h) * (0.5 / h ** 0.5 if scaled else 1.0))
+        self.b = nn.Parameter(torch.zeros(h))
+        self.wo = nn.Parameter(torch.randn(h, 2) / h ** 0.5)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], self.wh.shape[0])
+        for t in range(x.shape[1]):
+            h = torch.tanh(x[:, t] @ self.wx + h @ self.wh + self.b)
+        return h @ self.wo
+
+
+def sequences(step, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    x = torch.randn(32, 12, 4, generator=g)
+    return x, (x[:, :, 0].sum(dim=1) > 0).long()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_recurrence_by_hand_that_saturates_from_the_start_is_its_weights_not_the_learning_rate(seed):
+    def run(scaled):
+        torch.manual_seed(seed)
+        model = ScratchRNN(scaled)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        with NeuralDbg(model, optimizer=opt) as dbg:
+            for step in range(200):
+                x, y = sequences(step, seed)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                dbg.record_loss(loss)
+        return dbg.explain()
+    top = run(False)[0]
+    assert (str(top.cause), top.layer, top.step) == ("bad_initialization", "", 0) and top.confidence >= 0.5
+    assert "1/sqrt(hidden" in top.suggestion and "raise the learning rate" not in top.suggestion
+    assert not [h for h in run(True) if h.confidence >= 0.5]
