@@ -168,7 +168,7 @@ def candidates(ctx: Context) -> list[Candidate]:
                                     "after_norm": group[-1].values.get("after_norm", 0.0) > 0,
                                     "biased_layers": [e.layer for e in named] if biased else [],
                                     "layers": [e.layer for e in group]}))
-    if not any(c.kind == "amplifies" for c in out):
+    if not any(c.kind in ("amplifies", "recurrent") for c in out):  # (a layer's scale named: the outputs follow)
         out += _outputs(ctx)
     # several bounded layers saturated from the first step, each behind a weight layer: one root, the initial
     # weight scale, rather than one saturation per layer
