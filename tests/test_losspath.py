@@ -92,6 +92,30 @@ def test_a_softmax_module_before_cross_entropy_is_named_with_its_fix():
     assert reloaded.explain()[0].chain[0] == top.chain[0]
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_small_updates_a_softmax_applied_twice_leaves_are_in_its_chain(seed):
+    """Under SGD the doubled softmax's faded gradient moves the weights a few percent of their norm over the
+    run: that is the loss's doing, in its chain, not a learning rate of its own to look at."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10),
+                          nn.Softmax(dim=1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2048, 64, generator=g)
+    y = (x[:, :10]).argmax(1)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(200):
+            i = (step * 64) % 2048
+            loss = F.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    hyps = dbg.explain()
+    assert hyps[0].cause == "loss_plateau" and "softmax applied twice" in hyps[0].chain[0]
+    assert not [h for h in hyps[1:] if h.confidence >= CONFIDENT], dbg.report()
+
+
 def test_a_sigmoid_before_cross_entropy_is_named_with_a_fix_for_cross_entropy():
     """``F.cross_entropy`` (a softmax inside) on sigmoid outputs: the fix removes the sigmoid; it does not
     send a multi-class loss to a binary one."""

@@ -244,6 +244,9 @@ def _loss_family(a: Candidate, b: Candidate, ctx: Context) -> bool:
         return True  # a scale read across layers the hooks do not see (they sit between the watched ones)
     if a.kind == "eval_mode":
         return _unnormalised(a, b, ctx)
+    if a.kind == "on_probabilities":  # a loss of probabilities passes back a gradient that fades as they sharpen:
+        # the updates small next to the weights are its, no rate to raise
+        return b.cause == C.LEARNING_RATE_TOO_LOW and b.step >= a.step
     if a.kind in ("not_stepped", "foreign", "unreached", "cleared", "unoptimized", "unregistered", "remade",
                   "no_gradient"):
         return b.cause in (C.LOSS_PLATEAU, C.LEARNING_RATE_TOO_LOW) and b is not a
