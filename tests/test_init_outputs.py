@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import NeuralDbg
-from zoo import teacher_classes
+from zoo import Run, teacher_classes
+from zoo import train as train_run
 
 
 class Scratch(nn.Module):
@@ -27,18 +27,9 @@ class Scratch(nn.Module):
         return x
 
 
-def train(model, seed, steps=200):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    data = teacher_classes(16, 4, seed=seed)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(steps):
-            x, y = data(step)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
-    return dbg
+def train(model, seed, steps=200, data=None, opt=None):
+    opt = opt or torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return train_run(Run(model, opt, data or teacher_classes(16, 4, seed=seed), steps=steps))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -82,16 +73,8 @@ def test_a_recurrence_by_hand_that_saturates_from_the_start_is_its_weights_not_t
     def run(scaled):
         torch.manual_seed(seed)
         model = ScratchRNN(scaled)
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-        with NeuralDbg(model, optimizer=opt) as dbg:
-            for step in range(200):
-                x, y = sequences(step, seed)
-                opt.zero_grad()
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                dbg.record_loss(loss)
-        return dbg.explain()
+        return train(model, seed, data=lambda step: sequences(step, seed),
+                     opt=torch.optim.Adam(model.parameters(), lr=3e-3)).explain()
     top = run(False)[0]
     assert (str(top.cause), top.layer, top.step) == ("bad_initialization", "", 0) and top.confidence >= 0.5
     assert "1/sqrt(hidden" in top.suggestion and "raise the learning rate" not in top.suggestion

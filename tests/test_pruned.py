@@ -1,12 +1,12 @@
 """Layers a pruning mask (torch.nn.utils.prune) holds at 0: named with the mask in their fix, not an init."""
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import prune
 
 from neuraldbg import NeuralDbg
-from zoo import teacher_classes
+from zoo import Run, teacher_classes
+from zoo import train as train_run
 
 
 def train(amount, seed, steps=200):
@@ -15,16 +15,7 @@ def train(amount, seed, steps=200):
     prune.global_unstructured([(model[i], "weight") for i in (0, 2, 4)], pruning_method=prune.L1Unstructured,
                               amount=amount)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    data = teacher_classes(16, 4, seed=seed)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for step in range(steps):
-            x, y = data(step)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            dbg.record_loss(loss)
-    return dbg
+    return train_run(Run(model, opt, teacher_classes(16, 4, seed=seed), steps=steps))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
